@@ -1,0 +1,37 @@
+"""The monitoring side never pays for torch; the headless side never imports textual.
+
+Each module is imported in a fresh interpreter and `sys.modules` is inspected afterwards.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+TORCH_FREE = ["tideborn.config", "tideborn.events", "tideborn.rundir", "tideborn.errors", "tideborn.cli",
+              "tideborn.trainer.cli", "tui.app"]
+OPTIONAL_TORCH_FREE = ["tideborn.anomaly", "tideborn.tools.train_run"]
+HEADLESS = ["tideborn.trainer.loop", "tideborn.trainer.cli", "tideborn.config", "tideborn.events"]
+
+
+def imported_after(module: str) -> set[str]:
+    code = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return set(json.loads(out))
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_monitoring_modules_do_not_import_torch(module):
+    assert "torch" not in imported_after(module)
+
+
+@pytest.mark.parametrize("module", OPTIONAL_TORCH_FREE)
+def test_run_tools_do_not_import_torch(module):
+    pytest.importorskip(module)
+    assert "torch" not in imported_after(module)
+
+
+@pytest.mark.parametrize("module", HEADLESS)
+def test_headless_modules_do_not_import_textual(module):
+    assert "textual" not in imported_after(module)

@@ -1,0 +1,32 @@
+"""The `tideborn` console script: one entry point for the trainer's commands and the tools."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: tideborn COMMAND ...
+
+commands:
+  train     train (resumes from the newest checkpoint)     tideborn train --config configs/smoke.toml
+  summary   show the network and the settings train uses   tideborn summary --config configs/smoke.toml
+  config    print the resolved settings as JSON            tideborn config --config configs/smoke.toml
+
+Each command takes --help."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command = argv[0]
+    if command in ("train", "summary", "config"):
+        from tideborn.trainer.cli import main as trainer_main
+
+        return trainer_main(argv, prog="tideborn")
+    print(f"tideborn: error: unknown command {command!r} (see tideborn --help)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""The settings schema: one frozen dataclass per TOML section, composed in `Settings`.
+
+Every field carries a one-line docstring (the string literal right after it); `docs/training.md`'s
+settings reference is generated from those lines, and a test keeps it current. Validation lives in
+`__post_init__` and raises `SettingError` naming the user-facing key; the loader adds where the value
+came from. Derived values are properties, never mutation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+ACTIVATIONS = ("relu", "silu", "mish")
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULES = ("cosine", "step", "constant")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PROGRESS_STYLES = ("auto", "line", "plain", "off")
+DATA_KINDS = ("auto", "synthetic", "hcpe", "psv")
+ENGINE_TYPES = ("dl",)
+MODES = ("scratch", "finetune")
+
+
+class SettingError(ValueError):
+    """A setting holds a value it must not; `key` is the dotted name the user writes."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+def _check(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise SettingError(key, message)
+
+
+def _one_of(value: str, choices: tuple[str, ...], key: str) -> None:
+    _check(value in choices, key, f"must be one of {', '.join(choices)}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    type: str = "dl"
+    """Engine family this run trains; only `dl` (the policy/value ResNet) is handled by this trainer."""
+    network: str = ""
+    """Architecture preset that sets `[model]` fields (e.g. `resnet10x192`); empty: `[model]` as given."""
+    mode: str = "scratch"
+    """`scratch` trains from random weights; `finetune` starts from `run.init_checkpoint`'s weights at step 0."""
+    init_checkpoint: str = ""
+    """Checkpoint whose weights a `finetune` run starts from (optimizer and step start fresh)."""
+
+    def __post_init__(self) -> None:
+        if self.type == "nnue":
+            raise SettingError(
+                "run.type",
+                "'nnue' is not handled by this trainer: tideborn trains dl (policy/value ResNet) "
+                "networks only; train NNUE with an NNUE trainer",
+            )
+        _one_of(self.type, ENGINE_TYPES, "run.type")
+        _one_of(self.mode, MODES, "run.mode")
+        if self.mode == "finetune":
+            _check(bool(self.init_checkpoint), "run.init_checkpoint",
+                   "must name a checkpoint when run.mode is 'finetune'")
+
+
+@dataclass(frozen=True)
+class PathSettings:
+    data_root: str = "."
+    """Directory that relative `data.train` / `data.test` paths resolve against."""
+    runs_root: str = "runs"
+    """Directory that a relative `runtime.out_dir` resolves against."""
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    blocks: int = 10
+    """Number of residual blocks in the tower."""
+    channels: int = 192
+    """Channels of every convolution in the tower."""
+    activation: str = "relu"
+    """Activation function: relu, silu or mish."""
+    value_channels: int = 27
+    """Channels of the value head's 1x1 convolution."""
+    value_hidden: int = 256
+    """Width of the value head's hidden fully connected layer."""
+
+    def __post_init__(self) -> None:
+        _check(self.blocks >= 1, "model.blocks", f"must be >= 1; got {self.blocks}")
+        _check(self.channels >= 1, "model.channels", f"must be >= 1; got {self.channels}")
+        _one_of(self.activation, ACTIVATIONS, "model.activation")
+        _check(self.value_channels >= 1, "model.value_channels", f"must be >= 1; got {self.value_channels}")
+        _check(self.value_hidden >= 1, "model.value_hidden", f"must be >= 1; got {self.value_hidden}")
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    kind: str = "auto"
+    """`synthetic` (random batches, for smoke runs), `hcpe` or `psv` teacher files, or `auto`: synthetic without `data.train`, else from the files' extension (.hcpe; .bin/.psv)."""
+    train: tuple[str, ...] = ()
+    """Training files or globs (teacher data kinds only)."""
+    test: tuple[str, ...] = ()
+    """Held-out files or globs for evaluation (teacher data kinds only)."""
+    eval_scale: float = 756.0
+    """Evaluation (centipawn-like) units per logit in the value target's `sigmoid(eval / eval_scale)` (dlshogi's 756)."""
+    bad_records: str = "skip"
+    """A record whose move is empty or illegal: `skip` it (counted, reported in a `warning` event) or `error`."""
+    workers: int = 2
+    """Worker processes decoding teacher records into tensors (0 decodes in the training process)."""
+    prefetch_batches: int = 4
+    """Batches each worker prepares ahead of the training step."""
+    eval_positions: int = 8192
+    """At most this many `data.test` positions per evaluation."""
+
+    def __post_init__(self) -> None:
+        _one_of(self.kind, DATA_KINDS, "data.kind")
+        _check(self.eval_scale > 0, "data.eval_scale", f"must be > 0; got {self.eval_scale}")
+        _one_of(self.bad_records, ("skip", "error"), "data.bad_records")
+        _check(self.workers >= 0, "data.workers", f"must be >= 0; got {self.workers}")
+        _check(self.prefetch_batches >= 1, "data.prefetch_batches", f"must be >= 1; got {self.prefetch_batches}")
+        _check(self.eval_positions >= 1, "data.eval_positions", f"must be >= 1; got {self.eval_positions}")
+        _check(self.resolved_kind != "unknown", "data.train",
+               "cannot tell the format from the file extensions (.hcpe for hcpe; .bin or .psv for psv); "
+               "set data.kind=\"hcpe\" or \"psv\"")
+        if self.kind in ("hcpe", "psv"):
+            _check(bool(self.train), "data.train", f"must list at least one file when data.kind is {self.kind!r}")
+
+    @property
+    def resolved_kind(self) -> str:
+        """`synthetic`, `hcpe` or `psv`: what `auto` means for these files."""
+        if self.kind != "auto":
+            return self.kind
+        if not self.train:
+            return "synthetic"
+        kinds = {_kind_from_extension(p) for p in (*self.train, *self.test)}
+        return kinds.pop() if len(kinds) == 1 else "unknown"
+
+
+def _kind_from_extension(path: str) -> str:
+    suffix = path.lower().rsplit(".", 1)[-1] if "." in path else ""
+    return {"hcpe": "hcpe", "bin": "psv", "psv": "psv"}.get(suffix, "unknown")
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    batch_size: int = 1024
+    """Positions per optimizer step on each rank (split into `accumulation_steps` micro-batches)."""
+    accumulation_steps: int = 1
+    """Micro-batches per step; gradients are accumulated and applied once per step."""
+    optimizer: str = "sgd"
+    """Optimizer: `sgd` (momentum, optionally Nesterov) or `adamw`."""
+    lr: float = 0.1
+    """Peak learning rate, reached at the end of warm-up."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    nesterov: bool = True
+    """Use Nesterov momentum with SGD."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's beta1 and beta2."""
+    weight_decay: float = 1e-4
+    """Decoupled (AdamW) or L2 (SGD) weight decay."""
+    grad_clip_norm: float = 0.0
+    """Clip the gradients' global L2 norm to this value; 0 disables clipping (the norm is logged either way)."""
+    schedule: str = "cosine"
+    """Learning-rate decay after warm-up: `cosine` to `min_lr_ratio * lr` at max_steps, `step`, or `constant`."""
+    warmup_steps: int = 0
+    """Steps of linear warm-up from 0 to `lr`."""
+    min_lr_ratio: float = 0.0
+    """Cosine schedule's final learning rate as a fraction of `lr`."""
+    decay_steps: tuple[int, ...] = ()
+    """Step schedule: the steps at which the learning rate is multiplied by `decay_gamma`."""
+    decay_gamma: float = 0.1
+    """Step schedule: the factor applied at each of `decay_steps`."""
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "optim.batch_size", f"must be >= 1; got {self.batch_size}")
+        _check(self.accumulation_steps >= 1, "optim.accumulation_steps",
+               f"must be >= 1; got {self.accumulation_steps}")
+        _check(self.batch_size % self.accumulation_steps == 0, "optim.accumulation_steps",
+               f"must divide optim.batch_size ({self.batch_size}); got {self.accumulation_steps}")
+        _one_of(self.optimizer, OPTIMIZERS, "optim.optimizer")
+        _check(self.lr > 0, "optim.lr", f"must be > 0; got {self.lr}")
+        _check(0 <= self.momentum < 1, "optim.momentum", f"must be in [0, 1); got {self.momentum}")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas",
+               f"must be two numbers in [0, 1); got {list(self.betas)}")
+        _check(self.weight_decay >= 0, "optim.weight_decay", f"must be >= 0; got {self.weight_decay}")
+        _check(self.grad_clip_norm >= 0, "optim.grad_clip_norm", f"must be >= 0; got {self.grad_clip_norm}")
+        _one_of(self.schedule, SCHEDULES, "optim.schedule")
+        _check(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0; got {self.warmup_steps}")
+        _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1]; got {self.min_lr_ratio}")
+        _check(all(s >= 1 for s in self.decay_steps), "optim.decay_steps",
+               f"must be steps >= 1; got {list(self.decay_steps)}")
+        _check(list(self.decay_steps) == sorted(self.decay_steps), "optim.decay_steps",
+               f"must be in increasing order; got {list(self.decay_steps)}")
+        _check(0 < self.decay_gamma <= 1, "optim.decay_gamma", f"must be in (0, 1]; got {self.decay_gamma}")
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batch_size // self.accumulation_steps
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    policy_weight: float = 1.0
+    """Weight of the policy cross-entropy in the total loss."""
+    value_weight: float = 1.0
+    """Weight of the value binary cross-entropy in the total loss."""
+    value_lambda: float = 0.333
+    """Value target mix: `(1 - value_lambda) * result + value_lambda * sigmoid(eval / data.eval_scale)` (dlshogi's ~1/3)."""
+
+    def __post_init__(self) -> None:
+        _check(self.policy_weight >= 0, "loss.policy_weight", f"must be >= 0; got {self.policy_weight}")
+        _check(self.value_weight >= 0, "loss.value_weight", f"must be >= 0; got {self.value_weight}")
+        _check(0 <= self.value_lambda <= 1, "loss.value_lambda", f"must be in [0, 1]; got {self.value_lambda}")
+        _check(self.policy_weight + self.value_weight > 0, "loss.value_weight",
+               "policy_weight and value_weight must not both be 0")
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    max_steps: int = 1000
+    """Train until this many optimizer steps have been taken (counting resumed ones)."""
+    seed: int = 0
+    """Seed for weight initialisation and the data order; the same seed gives the same run."""
+    device: str = "auto"
+    """`auto` (CUDA if available, else CPU), `cpu`, `cuda` or `cuda:N`."""
+    precision: str = "auto"
+    """Autocast precision: `auto` (bf16 on CUDA that supports it, else fp32), `fp32`, `bf16`, or `fp16` (with a grad scaler)."""
+    tf32: bool = True
+    """Allow TF32 matrix multiplies and convolutions on CUDA."""
+    channels_last: bool = True
+    """Use the channels_last memory format on CUDA (faster convolutions with tensor cores)."""
+    compile: bool = False
+    """Compile the model with `torch.compile` (slower start, faster steps)."""
+    threads: int = 0
+    """CPU threads for torch (`torch.set_num_threads`); 0 keeps torch's default."""
+    out_dir: str = "ckpt/default"
+    """Run directory for events and checkpoints; relative paths resolve against `paths.runs_root`."""
+    log_every: int = 10
+    """Write a `step` event (and a progress line) every this many steps."""
+    checkpoint_every: int = 1000
+    """Write a checkpoint every this many steps (and always at the end)."""
+    eval_every: int = 1000
+    """Evaluate on `data.test` every this many steps (and at the end); teacher data with test files only."""
+    keep_checkpoints: int = 5
+    """How many of the newest step checkpoints to keep; older ones are deleted after a new one is written."""
+    progress: str = "auto"
+    """Terminal progress: `auto` (updating line on a terminal, else `plain`), `line`, `plain` (a line per log), `off`."""
+    stop_on_nonfinite: bool = True
+    """Stop the run with `run_failed` when a logged loss is NaN or infinite (the last checkpoint stays good)."""
+
+    def __post_init__(self) -> None:
+        _check(self.max_steps >= 1, "runtime.max_steps", f"must be >= 1; got {self.max_steps}")
+        _check(self.seed >= 0, "runtime.seed", f"must be >= 0; got {self.seed}")
+        _check(self.device in ("auto", "cpu", "cuda") or (self.device.startswith("cuda:")
+                                                           and self.device[5:].isdigit()),
+               "runtime.device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+        _one_of(self.precision, PRECISIONS, "runtime.precision")
+        _check(self.threads >= 0, "runtime.threads", f"must be >= 0; got {self.threads}")
+        _check(bool(self.out_dir), "runtime.out_dir", "must not be empty")
+        _check(self.log_every >= 1, "runtime.log_every", f"must be >= 1; got {self.log_every}")
+        _check(self.eval_every >= 1, "runtime.eval_every", f"must be >= 1; got {self.eval_every}")
+        _check(self.checkpoint_every >= 1, "runtime.checkpoint_every",
+               f"must be >= 1; got {self.checkpoint_every}")
+        _check(self.keep_checkpoints >= 1, "runtime.keep_checkpoints",
+               f"must be >= 1; got {self.keep_checkpoints}")
+        _one_of(self.progress, PROGRESS_STYLES, "runtime.progress")
+
+
+@dataclass(frozen=True)
+class Settings:
+    run: RunSettings = field(default_factory=RunSettings)
+    """What is trained and from where: engine family, network preset, mode."""
+    paths: PathSettings = field(default_factory=PathSettings)
+    """Project-level roots, usually set in `tideborn.toml`."""
+    model: ModelSettings = field(default_factory=ModelSettings)
+    """The policy/value ResNet's shape."""
+    data: DataSettings = field(default_factory=DataSettings)
+    """Where training positions come from."""
+    optim: OptimSettings = field(default_factory=OptimSettings)
+    """Batch, optimizer and learning-rate schedule."""
+    loss: LossSettings = field(default_factory=LossSettings)
+    """How the policy and value losses combine."""
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    """Length, device, precision, logging and checkpoint cadence."""
+
+    def __post_init__(self) -> None:
+        for step in self.optim.decay_steps:
+            _check(step <= self.runtime.max_steps, "optim.decay_steps",
+                   f"step {step} is past runtime.max_steps ({self.runtime.max_steps})")
+
+    def to_dict(self) -> dict:
+        """Plain data (dicts, lists, str, int, float, bool): JSON, TOML and `torch.load(weights_only=True)` safe."""
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Settings)}  # type: ignore[misc]
+
+# Settings a checkpoint cannot be resumed under when they differ: they change the network (its
+# parameter shapes or its function), the optimizer's state layout, or what the data cursor counts.
+RESUME_FIXED_KEYS = (
+    "model.blocks", "model.channels", "model.value_channels", "model.value_hidden", "model.activation",
+    "optim.optimizer", "data.kind", "run.type",
+)

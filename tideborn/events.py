@@ -1,0 +1,134 @@
+"""The JSONL event stream: one JSON object per line, each appended with a single write.
+
+Writers (the trainer's rank 0) append; readers (status, watch, the TUI) follow the file from a byte
+offset, hold back a torn last line until its newline arrives, and skip lines they cannot parse while
+counting them. Non-finite floats are written as the strings "nan", "inf" and "-inf" so every line
+stays strict JSON (`jq` reads it); `as_float` turns them back. Schema: docs/events.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+TERMINAL_KINDS = ("run_finished", "run_stopped", "run_failed")
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def encode_event(kind: str, fields: typing.Mapping[str, object], now: float | None = None) -> bytes:
+    record = {"v": SCHEMA_VERSION, "time": time.time() if now is None else now, "kind": kind}
+    record.update(fields)
+    return (json.dumps(_jsonable(record), separators=(",", ":"), allow_nan=False, default=str) + "\n").encode()
+
+
+def as_float(value: object) -> float | None:
+    """A loss or rate from an event as a float ("nan"/"inf"/"-inf" included); None if absent or not numeric."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        return _NONFINITE.get(value)
+    return None
+
+
+class EventWriter:
+    """Appends events to `path`; each event is one `os.write` of one line (O_APPEND), so it is flushed
+    when `emit` returns and a concurrent reader sees whole lines or a torn tail, never interleaving."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def emit(self, kind: str, **fields: object) -> dict:
+        if self._fd is None:
+            raise ValueError(f"event writer for {self.path} is closed")
+        data = encode_event(kind, fields)
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        return json.loads(data)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> EventWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class EventReader:
+    """Reads new complete events from `path` since the last call, from a byte offset.
+
+    A file that shrank or was replaced (another inode) is read again from the start.
+    """
+
+    path: Path
+    offset: int = 0
+    malformed: int = 0
+    """Complete lines that were not a JSON object (counted, skipped)."""
+    _inode: int | None = field(default=None, repr=False)
+    _line_number: int = 0
+
+    def read_new(self, max_bytes: int = 64 * 1024 * 1024) -> list[dict]:
+        try:
+            with open(self.path, "rb") as handle:
+                stat = os.fstat(handle.fileno())
+                if self._inode is not None and (stat.st_ino != self._inode or stat.st_size < self.offset):
+                    self.offset, self._line_number = 0, 0
+                self._inode = stat.st_ino
+                handle.seek(self.offset)
+                chunk = handle.read(max_bytes)
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return []  # nothing complete yet: a torn line waits for its newline
+        events = []
+        for line in chunk[: end + 1].splitlines():
+            self._line_number += 1
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                self.malformed += 1
+                continue
+            if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
+                self.malformed += 1
+                continue
+            event.setdefault("_line", self._line_number)
+            events.append(event)
+        self.offset += end + 1
+        return events
+
+
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """Every complete event in the file (tests, tools that need the whole history)."""
+    reader = EventReader(Path(path))
+    events: list[dict] = []
+    while batch := reader.read_new():
+        events.extend(batch)
+    return events

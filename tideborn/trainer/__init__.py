@@ -1,0 +1,1 @@
+"""The headless trainer: network, data, training loop and checkpoints (imports torch)."""

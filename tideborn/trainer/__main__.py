@@ -1,0 +1,5 @@
+import sys
+
+from tideborn.trainer.cli import main
+
+sys.exit(main())

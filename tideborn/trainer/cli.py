@@ -1,0 +1,105 @@
+"""`python -m tideborn.trainer summary|train|config` (also `tideborn train|summary|config`).
+
+Parsing and settings resolution need no torch; each command imports what it uses, so `config` stays
+quick and a bad setting is reported before torch is even loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tideborn.errors import UserError, report_user_error
+
+COMMANDS = ("summary", "train", "config")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="settings file (TOML, or JSON as `config` prints)")
+    parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
+                        help="override one setting, e.g. --set optim.lr=1e-3 (value is TOML; repeatable)")
+    parser.add_argument("--type", help="engine family (run.type); only 'dl' is trained here")
+    parser.add_argument("--network", help="architecture preset (run.network), e.g. resnet10x192")
+    parser.add_argument("--mode", help="scratch (default) or finetune (run.mode)")
+
+
+def build_parser(prog: str = "python -m tideborn.trainer") -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=prog, description="Train DLManaka's policy/value ResNet.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{summary,train,config}",
+                                parser_class=OneLineParser)
+    summary = sub.add_parser("summary", help="show the network and the settings train would use")
+    add_settings_arguments(summary)
+    train = sub.add_parser("train", help="train (resumes from the newest checkpoint in the run directory)")
+    add_settings_arguments(train)
+    train.add_argument("--resume", metavar="PATH", type=Path, help="resume from this checkpoint")
+    train.add_argument("--fresh", action="store_true",
+                       help="start at step 0; old checkpoints and events move to OUT_DIR/archive/")
+    train.add_argument("--stop-at-step", type=int, metavar="N",
+                       help="checkpoint and stop (run_stopped) after step N")
+    config = sub.add_parser("config", help="print the fully resolved settings as JSON")
+    add_settings_arguments(config)
+    config.add_argument("--from-checkpoint", metavar="PATH", type=Path,
+                        help="print the settings stored in a checkpoint instead")
+    return parser
+
+
+def resolve(args: argparse.Namespace):
+    from tideborn.config import load_settings
+
+    flags = {"type": args.type, "network": args.network, "mode": args.mode}
+    return load_settings(args.config, args.overrides, flags)
+
+
+def command_config(args: argparse.Namespace) -> int:
+    if args.from_checkpoint is not None:
+        if args.config or args.overrides or args.type or args.network or args.mode:
+            raise UserError("--from-checkpoint prints the checkpoint's own settings; "
+                            "it takes no --config, --set, --type, --network or --mode")
+        from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
+
+        try:
+            settings = load_checkpoint(args.from_checkpoint)["settings"]
+        except CheckpointError as exc:
+            raise UserError(str(exc)) from None
+    else:
+        settings = resolve(args).settings.to_dict()
+    json.dump(settings, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def command_summary(args: argparse.Namespace) -> int:
+    resolved = resolve(args)
+    from tideborn.trainer.overview import summary_text
+
+    print(summary_text(resolved))
+    return 0
+
+
+def command_train(args: argparse.Namespace) -> int:
+    resolved = resolve(args)
+    from tideborn.trainer.loop import run_training
+
+    return run_training(resolved, resume=args.resume, fresh=args.fresh, stop_at_step=args.stop_at_step,
+                        argv=[sys.executable, "-m", "tideborn.trainer", *sys.argv[1:]])
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m tideborn.trainer") -> int:
+    args = build_parser(prog).parse_args(argv)
+    handler = {"summary": command_summary, "train": command_train, "config": command_config}[args.command]
+    try:
+        return handler(args)
+    except UserError as exc:
+        return report_user_error(exc, prog.split()[-1] if " " in prog else prog)
+    except BrokenPipeError:
+        return 0

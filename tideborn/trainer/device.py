@@ -1,0 +1,83 @@
+"""Device, precision and fast-path switches resolved from `[runtime]` for the machine at hand."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from tideborn.config.schema import RuntimeSettings
+from tideborn.errors import UserError
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class DeviceSetup:
+    device: torch.device
+    precision: str
+    """The precision actually used: fp32, bf16 or fp16."""
+    channels_last: bool
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return _DTYPES.get(self.precision)
+
+    @property
+    def uses_grad_scaler(self) -> bool:
+        return self.precision == "fp16"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        dtype = self.autocast_dtype
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def describe(self) -> str:
+        name = str(self.device)
+        if self.is_cuda:
+            name += f" ({torch.cuda.get_device_name(self.device)})"
+        extras = [self.precision] + (["channels_last"] if self.channels_last else [])
+        return f"{name}, {', '.join(extras)}"
+
+
+def resolve_device(runtime: RuntimeSettings) -> DeviceSetup:
+    """Pick the device and precision; raise `UserError` for a request this machine cannot meet."""
+    cuda = torch.cuda.is_available()
+    if runtime.device == "auto":
+        device = torch.device("cuda" if cuda else "cpu")
+    else:
+        device = torch.device(runtime.device)
+        if device.type == "cuda":
+            if not cuda:
+                raise UserError(f"runtime.device={runtime.device!r}, but CUDA is not available "
+                                "(no GPU or a CPU build of torch); use runtime.device=\"auto\" or \"cpu\"")
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise UserError(f"runtime.device={runtime.device!r}, but only "
+                                f"{torch.cuda.device_count()} CUDA device(s) are visible")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    precision = runtime.precision
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise UserError("runtime.precision=\"fp16\" needs CUDA (its grad scaler is CUDA-only); "
+                        "use \"bf16\" or \"fp32\" on the CPU")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError(f"runtime.precision=\"bf16\" is not supported by {torch.cuda.get_device_name(device)}; "
+                        "use \"fp16\" or \"fp32\"")
+    return DeviceSetup(device, precision, channels_last=runtime.channels_last and device.type == "cuda")
+
+
+def apply_global_switches(runtime: RuntimeSettings, setup: DeviceSetup) -> None:
+    if runtime.threads:
+        torch.set_num_threads(runtime.threads)
+    if setup.is_cuda:
+        torch.backends.cuda.matmul.allow_tf32 = runtime.tf32
+        torch.backends.cudnn.allow_tf32 = runtime.tf32
+        torch.backends.cudnn.benchmark = True

@@ -1,0 +1,63 @@
+"""The text `summary` prints: the network, then the data, optimizer and runtime settings train would use."""
+
+from __future__ import annotations
+
+import torch
+
+from tideborn.config import Resolved
+from tideborn.errors import UserError
+from tideborn.rundir import latest_checkpoint
+from tideborn.trainer.device import resolve_device
+from tideborn.trainer.loop import run_dir_of
+from tideborn.trainer.model import build_model
+from tideborn.trainer.summary import format_model_summary, parameter_bytes, summarize_model
+
+
+def _optimizer_line(optim) -> str:
+    if optim.optimizer == "sgd":
+        kind = f"sgd (momentum {optim.momentum}{', nesterov' if optim.nesterov else ''})"
+    else:
+        kind = f"adamw (betas {optim.betas[0]}, {optim.betas[1]})"
+    schedule = {"cosine": f"cosine to {optim.min_lr_ratio:g} x lr",
+                "step": f"step x{optim.decay_gamma:g} at {list(optim.decay_steps)}",
+                "constant": "constant"}[optim.schedule]
+    clip = f"clip grad norm at {optim.grad_clip_norm:g}" if optim.grad_clip_norm else "no clipping"
+    return (f"{kind}, lr {optim.lr:g}, weight decay {optim.weight_decay:g}, "
+            f"warm-up {optim.warmup_steps} steps then {schedule}, {clip}")
+
+
+def summary_text(resolved: Resolved) -> str:
+    s = resolved.settings
+    model = build_model(s.model)
+    network = summarize_model(model)
+    try:
+        device = resolve_device(s.runtime).describe()
+    except UserError as exc:  # summary still describes the run; train would stop here
+        device = f"{s.runtime.device}, {s.runtime.precision}: train would refuse on this machine ({exc})"
+    run_dir = run_dir_of(s)
+    newest = latest_checkpoint(run_dir)
+    start = f"would resume from {newest}" if newest else "would start at step 0 (no checkpoint yet)"
+    if s.run.mode == "finetune" and not newest:
+        start = f"would start at step 0 from the weights of {s.run.init_checkpoint}"
+    runtime = s.runtime
+    rows = [
+        ("Run", f"type {s.run.type}, network {s.run.network or '(model as given)'}, mode {s.run.mode}"),
+        ("Network", f"{s.model.blocks} blocks x {s.model.channels} channels, {s.model.activation}; "
+                    f"{network.total_parameters:,} parameters ({parameter_bytes(model) / 2**20:.1f} MiB fp32)"),
+        ("Data", f"{s.data.resolved_kind}" + (f": train {list(s.data.train)}, test {list(s.data.test)}"
+                                              if s.data.train else " (random batches, seeded)")),
+        ("Batch", f"{s.optim.batch_size} positions per step per rank = {s.optim.accumulation_steps} "
+                  f"micro-batch(es) of {s.optim.micro_batch_size}"),
+        ("Optimizer", _optimizer_line(s.optim)),
+        ("Loss", f"{s.loss.policy_weight:g} x policy cross-entropy + {s.loss.value_weight:g} x value BCE"),
+        ("Device", f"{device}; tf32 {'on' if runtime.tf32 else 'off'}, "
+                   f"compile {'on' if runtime.compile else 'off'}, torch {torch.__version__}"),
+        ("Steps", f"{runtime.max_steps:,} (seed {runtime.seed}); log every {runtime.log_every}, checkpoint "
+                  f"every {runtime.checkpoint_every}, keep {runtime.keep_checkpoints}"),
+        ("Run dir", f"{run_dir}: {start}"),
+    ]
+    if resolved.project_file:
+        rows.append(("Project", str(resolved.project_file)))
+    width = max(len(label) for label, _ in rows)
+    settings = "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
+    return f"{format_model_summary(network)}\n\n{settings}"

@@ -1,0 +1,56 @@
+"""Human progress on the terminal: one updating line on a TTY, else one line per logged step."""
+
+from __future__ import annotations
+
+import math
+import sys
+import typing
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+class Progress:
+    def __init__(self, style: str, stream: typing.TextIO | None = None):
+        self.stream = stream or sys.stdout
+        if style == "auto":
+            style = "line" if self.stream.isatty() else "plain"
+        self.style = style
+        self._open_line = False
+
+    def step(self, step: int, max_steps: int, record: dict, eta_seconds: float) -> None:
+        if self.style == "off":
+            return
+        text = (f"step {step}/{max_steps} | loss {record['loss']:.4f} "
+                f"(policy {record['policy_loss']:.4f}, value {record['value_loss']:.4f}) | "
+                f"lr {record['lr']:.2e} | {record['positions_per_second']:,.0f} pos/s | "
+                f"eta {format_duration(eta_seconds)}")
+        if self.style == "line":
+            self.stream.write("\r\033[K" + text)
+            self._open_line = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def message(self, text: str) -> None:
+        if self.style == "off":
+            return
+        self.end_line()
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def end_line(self) -> None:
+        if self._open_line:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._open_line = False

@@ -1,0 +1,83 @@
+"""Where a run starts from: the newest usable checkpoint, a named one, a fine-tune init, or nothing.
+
+Everything here only reads; it runs before the run directory is touched, so a refusal (a corrupt
+named checkpoint, settings that change the network) leaves nothing written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tideborn.config.schema import RESUME_FIXED_KEYS, Settings
+from tideborn.errors import UserError
+from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint, newest_loadable
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    checkpoint: Path | None = None
+    """The checkpoint resumed from (None: step 0)."""
+    payload: dict | None = None
+    init_weights: dict | None = None
+    """Model weights a fine-tune starts from (with fresh optimizer and step 0)."""
+    warnings: list[str] = field(default_factory=list)
+    changed_settings: dict[str, list] = field(default_factory=dict)
+    """Dotted key -> [value in the checkpoint, value now], for the safe changes a resume allows."""
+
+    @property
+    def step(self) -> int:
+        return int(self.payload["step"]) if self.payload else 0
+
+
+def flatten(settings: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def settings_changes(old: dict, new: dict) -> dict[str, list]:
+    before, after = flatten(old), flatten(new)
+    return {key: [before.get(key), after.get(key)] for key in sorted(set(before) | set(after))
+            if before.get(key) != after.get(key)}
+
+
+def refuse_incompatible(path: Path, changes: dict[str, list], keys: tuple[str, ...], verb: str) -> None:
+    fixed = {key: pair for key, pair in changes.items() if key in keys}
+    if fixed:
+        detail = "; ".join(f"{key} was {old!r}, now {new!r}" for key, (old, new) in fixed.items())
+        raise UserError(f"cannot {verb} {path}: {detail}. These change the network or the optimizer "
+                        "state; keep them as in the checkpoint, or start over with --fresh")
+
+
+def choose_start(settings: Settings, run_dir: Path, resume: Path | None, fresh: bool) -> StartPoint:
+    if fresh and resume is not None:
+        raise UserError("--fresh and --resume exclude each other")
+    warnings: list[str] = []
+    path, payload = None, None
+    if resume is not None:
+        try:
+            path, payload = resume, load_checkpoint(resume)
+        except CheckpointError as exc:
+            raise UserError(f"--resume {exc}") from None
+    elif not fresh:
+        path, payload, warnings = newest_loadable(run_dir)
+    if payload is not None:
+        changes = settings_changes(payload["settings"], settings.to_dict())
+        refuse_incompatible(path, changes, RESUME_FIXED_KEYS, "resume from")
+        return StartPoint(path, payload, None, warnings, changes)
+    if settings.run.mode == "finetune":
+        init_path = Path(settings.run.init_checkpoint)
+        try:
+            init = load_checkpoint(init_path)
+        except CheckpointError as exc:
+            raise UserError(f"run.init_checkpoint: {exc}") from None
+        changes = settings_changes(init["settings"], settings.to_dict())
+        shape_keys = tuple(k for k in RESUME_FIXED_KEYS if k.startswith("model."))
+        refuse_incompatible(init_path, changes, shape_keys, "fine-tune from")
+        return StartPoint(None, None, init["model"], warnings, {})
+    return StartPoint(None, None, None, warnings, {})

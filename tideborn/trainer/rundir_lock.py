@@ -1,0 +1,40 @@
+"""One trainer per run directory: an advisory `flock` held for the trainer's lifetime.
+
+The kernel drops the lock when the process dies, however it dies, so a crash never leaves a stale
+lock behind; a second trainer aimed at the same directory is refused and told which pid holds it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from tideborn.errors import UserError
+
+LOCK_FILE = ".trainer.lock"
+
+
+class RunDirLock:
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunDirLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise UserError(f"{self.path.parent}: another trainer (pid {holder}) is using this run "
+                            "directory; stop it first or choose another runtime.out_dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

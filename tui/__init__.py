@@ -1,0 +1,1 @@
+"""tideborn-tui: the Textual monitor that attaches to a run directory (no torch here)."""

@@ -10,6 +10,8 @@ commands:
   train     train (resumes from the newest checkpoint)     tideborn train --config configs/smoke.toml
   summary   show the network and the settings train uses   tideborn summary --config configs/smoke.toml
   config    print the resolved settings as JSON            tideborn config --config configs/smoke.toml
+  run       start|status|stop|watch a detached run         tideborn run status --out-dir runs/ckpt/smoke
+  data      inspect|verify|convert|split teacher data      tideborn data inspect data/teacher/train.hcpe
 
 Each command takes --help."""
 
@@ -24,6 +26,14 @@ def main(argv: list[str] | None = None) -> int:
         from tideborn.trainer.cli import main as trainer_main
 
         return trainer_main(argv, prog="tideborn")
+    if command == "run":
+        from tideborn.tools.train_run import main as train_run_main
+
+        return train_run_main(argv[1:], prog="tideborn run")
+    if command == "data":
+        from tideborn.data.cli import main as data_main
+
+        return data_main(argv[1:], prog="tideborn data")
     print(f"tideborn: error: unknown command {command!r} (see tideborn --help)", file=sys.stderr)
     return 2
 

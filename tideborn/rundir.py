@@ -7,16 +7,28 @@ Names of the files in it, and how step checkpoints are named and listed. Only fi
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
+
+if typing.TYPE_CHECKING:
+    from tideborn.config import Settings
 
 EVENTS_FILE = "events.jsonl"
 LOG_FILE = "train.log"
 PID_FILE = "train.pid"
 LAUNCH_FILE = "launch.json"
 ARCHIVE_DIR = "archive"
+TRAINER_LOCK_FILE = ".trainer.lock"
+"""The flock a trainer holds on its run directory for its lifetime."""
 
 CHECKPOINT_RE = re.compile(r"^step-(\d{9})\.pt$")
 TEMP_CHECKPOINT_RE = re.compile(r"^\.step-\d{9}\.pt\.tmp-\d+$")
+
+
+def run_dir_of(settings: Settings) -> Path:
+    """The run directory: `runtime.out_dir`, relative to `paths.runs_root` (itself relative to the cwd)."""
+    out = Path(settings.runtime.out_dir)
+    return out if out.is_absolute() else Path(settings.paths.runs_root) / out
 
 
 def checkpoint_name(step: int) -> str:

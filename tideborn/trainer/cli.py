@@ -87,11 +87,19 @@ def command_summary(args: argparse.Namespace) -> int:
 
 
 def command_train(args: argparse.Namespace) -> int:
-    resolved = resolve(args)
-    from tideborn.trainer.loop import run_training
+    from tideborn.trainer.preflight import preflight
+    from tideborn.trainer.signals import StopRequest
 
-    return run_training(resolved, resume=args.resume, fresh=args.fresh, stop_at_step=args.stop_at_step,
-                        argv=[sys.executable, "-m", "tideborn.trainer", *sys.argv[1:]])
+    stop = StopRequest().install()  # before torch loads: a SIGTERM during start-up still stops cleanly
+    try:
+        resolved = resolve(args)
+        preflight(resolved.settings, args.resume, args.fresh, args.stop_at_step)
+        from tideborn.trainer.loop import run_training
+
+        return run_training(resolved, resume=args.resume, fresh=args.fresh, stop_at_step=args.stop_at_step,
+                            argv=[sys.executable, "-m", "tideborn.trainer", *sys.argv[1:]], stop=stop)
+    finally:
+        stop.uninstall()
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m tideborn.trainer") -> int:

@@ -10,7 +10,6 @@ import math
 import os
 import platform
 import random
-import signal
 import socket
 import sys
 import time
@@ -30,15 +29,12 @@ from tideborn.trainer.checkpoint import FORMAT, FORMAT_VERSION, prune_checkpoint
 from tideborn.trainer.device import DeviceSetup, apply_global_switches, resolve_device
 from tideborn.trainer.model import build_model
 from tideborn.trainer.optim import build_optimizer, build_scheduler
+from tideborn.trainer.preflight import preflight
 from tideborn.trainer.progress import Progress, format_duration
 from tideborn.trainer.resume import StartPoint, choose_start
 from tideborn.trainer.rundir_lock import RunDirLock
+from tideborn.trainer.signals import StopRequest
 from tideborn.trainer.synthetic import SyntheticBatches
-
-
-def run_dir_of(settings: Settings) -> Path:
-    out = Path(settings.runtime.out_dir)
-    return out if out.is_absolute() else Path(settings.paths.runs_root) / out
 
 
 @dataclass(frozen=True)
@@ -56,15 +52,7 @@ def prepare(resolved: Resolved, resume: Path | None = None, fresh: bool = False,
             stop_at_step: int | None = None, argv: list[str] | None = None) -> Prepared | None:
     """Validate the request without writing anything. None means there is nothing to train."""
     settings = resolved.settings
-    if settings.data.resolved_kind != "synthetic":
-        raise UserError(f"data.kind={settings.data.resolved_kind!r}: teacher data is not wired into the trainer "
-                        "yet; use data.kind=\"synthetic\"")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError("launched with WORLD_SIZE > 1: distributed training is not built yet; "
-                        "run a single process")
-    run_dir = run_dir_of(settings)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"runtime.out_dir: {run_dir} exists and is not a directory")
+    run_dir = preflight(settings, resume, fresh, stop_at_step)
     setup = resolve_device(settings.runtime)
     start = choose_start(settings, run_dir, resume, fresh)
     max_steps = settings.runtime.max_steps
@@ -76,30 +64,6 @@ def prepare(resolved: Resolved, resume: Path | None = None, fresh: bool = False,
               f"is {max_steps} (raise it with --set runtime.max_steps=N, or start over with --fresh)")
         return None
     return Prepared(settings, run_dir, setup, start, fresh, stop_at_step, list(argv or sys.argv))
-
-
-class StopRequest:
-    """First SIGTERM/SIGINT: finish the step, checkpoint, stop. A second one ends the process at once."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self._previous: dict[int, object] = {}
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.reason is not None:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        self.reason = signal.Signals(signum).name
 
 
 def versions() -> dict[str, str]:
@@ -123,12 +87,14 @@ def restore_rng(state: dict, cuda: bool) -> None:
 
 
 class Trainer:
-    def __init__(self, prepared: Prepared):
+    def __init__(self, prepared: Prepared, stop: StopRequest | None = None):
         self.p = prepared
         self.settings = prepared.settings
         self.setup = prepared.setup
         self.progress = Progress(self.settings.runtime.progress)
-        self.stop = StopRequest()
+        # The CLI installs the handler before torch loads, so a stop during start-up is not lost.
+        self.stop = stop or StopRequest().install()
+        self.started = time.perf_counter()
         self.step = prepared.start.step
         self.events: EventWriter | None = None
 
@@ -264,13 +230,11 @@ class Trainer:
             where = f"resuming from {p.start.checkpoint} at step {self.step}" if p.start.checkpoint else "from step 0"
             self.progress.message(f"training {s.model.blocks}x{s.model.channels} on {self.setup.describe()}, "
                                   f"{where}, to step {s.runtime.max_steps}; run directory {p.run_dir}")
-            self.stop.install()
             return self._loop()
         except Exception as exc:  # any failure after run_started must still end with one terminal event
             self.progress.end_line()
             text = f"{type(exc).__name__}: {exc}"
-            events.emit("run_failed", step=self.step, error=text,
-                        traceback=traceback.format_exc(limit=20))
+            self._terminal("run_failed", error=text, traceback=traceback.format_exc(limit=20))
             traceback.print_exc()
             print(f"run failed at step {self.step}: {text}", file=sys.stderr)
             return 1
@@ -279,11 +243,12 @@ class Trainer:
         s, events = self.settings, self.events
         assert events is not None
         runtime = s.runtime
-        started = time.perf_counter()
+        last_saved = self.p.start.checkpoint
         window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
         window = torch.zeros(4, device=self.setup.device)  # loss, policy, value, grad norm (sums)
-        last_saved = None
         while self.step < runtime.max_steps:
+            if self.stop.reason is not None and window_steps == 0:  # signalled before this attempt's first step
+                return self._stopped(self.stop.reason, last_saved)
             totals, grad_norm, data_wait, lr = self._train_step()
             self.step += 1
             window += torch.cat([totals, grad_norm.reshape(1).float()])
@@ -313,15 +278,20 @@ class Trainer:
                     return self._fail_nonfinite((window / window_steps).tolist())
                 last_saved = self._save()
             if stopping:
-                reason = self.stop.reason or "stop_at_step"
-                events.emit("run_stopped", step=self.step, reason=reason, checkpoint=str(last_saved),
-                            elapsed_seconds=time.perf_counter() - started)
-                self.progress.message(f"stopped ({reason}) at step {self.step}; checkpoint {last_saved}")
-                return 0
-        events.emit("run_finished", step=self.step, checkpoint=str(last_saved),
-                    elapsed_seconds=time.perf_counter() - started)
-        self.progress.message(f"finished at step {self.step} in {format_duration(time.perf_counter() - started)}; "
+                return self._stopped(self.stop.reason or "stop_at_step", last_saved)
+        self._terminal("run_finished", checkpoint=str(last_saved))
+        self.progress.message(f"finished at step {self.step} in {format_duration(time.perf_counter() - self.started)}; "
                               f"checkpoint {last_saved}")
+        return 0
+
+    def _terminal(self, kind: str, **fields: object) -> None:
+        assert self.events is not None
+        self.events.emit(kind, step=self.step, pid=os.getpid(),
+                         elapsed_seconds=time.perf_counter() - self.started, **fields)
+
+    def _stopped(self, reason: str, checkpoint: Path | None) -> int:
+        self._terminal("run_stopped", reason=reason, checkpoint=str(checkpoint) if checkpoint else None)
+        self.progress.message(f"stopped ({reason}) at step {self.step}; checkpoint {checkpoint}")
         return 0
 
     def _save(self) -> Path:
@@ -336,14 +306,15 @@ class Trainer:
         assert self.events is not None
         text = (f"non-finite loss at step {self.step} (loss {means[0]}, policy {means[1]}, value {means[2]}); "
                 f"stopped without saving, the last checkpoint is intact (runtime.stop_on_nonfinite)")
-        self.events.emit("run_failed", step=self.step, error=text, traceback=None)
+        self._terminal("run_failed", error=text, traceback=None)
         self.progress.message(f"run failed: {text}")
         return 1
 
 
 def run_training(resolved: Resolved, resume: Path | None = None, fresh: bool = False,
-                 stop_at_step: int | None = None, argv: list[str] | None = None) -> int:
+                 stop_at_step: int | None = None, argv: list[str] | None = None,
+                 stop: StopRequest | None = None) -> int:
     prepared = prepare(resolved, resume, fresh, stop_at_step, argv)
     if prepared is None:
         return 0
-    return Trainer(prepared).run()
+    return Trainer(prepared, stop).run()

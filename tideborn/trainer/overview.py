@@ -6,9 +6,8 @@ import torch
 
 from tideborn.config import Resolved
 from tideborn.errors import UserError
-from tideborn.rundir import latest_checkpoint
+from tideborn.rundir import latest_checkpoint, run_dir_of
 from tideborn.trainer.device import resolve_device
-from tideborn.trainer.loop import run_dir_of
 from tideborn.trainer.model import build_model
 from tideborn.trainer.summary import format_model_summary, parameter_bytes, summarize_model
 

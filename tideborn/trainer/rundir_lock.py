@@ -11,13 +11,12 @@ import os
 from pathlib import Path
 
 from tideborn.errors import UserError
-
-LOCK_FILE = ".trainer.lock"
+from tideborn.rundir import TRAINER_LOCK_FILE
 
 
 class RunDirLock:
     def __init__(self, run_dir: Path):
-        self.path = run_dir / LOCK_FILE
+        self.path = run_dir / TRAINER_LOCK_FILE
         self._fd: int | None = None
 
     def __enter__(self) -> RunDirLock:

@@ -1,0 +1,214 @@
+"""Reading the pieces of a run directory and asking the OS about its process (no torch, no writes).
+
+train.pid, the numbered lines of train.log, the `run_started` a long events.jsonl began its session
+with, and whether a pid is (still) the process we mean. `tideborn.runstate` puts them together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from tideborn.anomaly import ProcessFacts
+from tideborn.errors import UserError
+from tideborn.rundir import PID_FILE
+
+RUN_STARTED_SEARCH_BYTES = 64 * 1024 * 1024
+"""Without train.pid (a run started in a terminal), how far back a tail read looks for the session's
+`run_started` before taking the file's first one."""
+LAUNCH_MARK = "=== "
+"""`start` opens each launch's part of train.log with a line that begins so."""
+_RUN_STARTED_NEEDLE = b'"kind":"run_started"'
+
+
+@dataclass(frozen=True)
+class PidRecord:
+    """train.pid: the process `train_run start` launched, and how to tell it from a reused pid."""
+
+    pid: int
+    start_time: float
+    """The process's start time as psutil reports it (`create_time()`)."""
+    host: str
+    argv: list[str]
+    started_at: float
+    """Unix time `start` launched it."""
+    cwd: str = ""
+    log_offset: int = 0
+    """Size of train.log before this launch: its output starts here."""
+    events_offset: int = 0
+    """Size of events.jsonl before this launch: its `run_started` is the first one after this offset..."""
+    events_inode: int | None = None
+    """...if events.jsonl is still this file (`--fresh` moves it to the archive and starts a new one)."""
+
+    def to_dict(self) -> dict:
+        return {"v": 1, "pid": self.pid, "start_time": self.start_time, "host": self.host, "argv": self.argv,
+                "started_at": self.started_at, "cwd": self.cwd, "log_offset": self.log_offset,
+                "events_offset": self.events_offset, "events_inode": self.events_inode}
+
+
+def read_pid_record(run_dir: Path) -> PidRecord | None:
+    path = run_dir / PID_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return PidRecord(pid=int(data["pid"]), start_time=float(data["start_time"]), host=str(data["host"]),
+                         argv=[str(a) for a in data.get("argv", [])], started_at=float(data["started_at"]),
+                         cwd=str(data.get("cwd", "")), log_offset=int(data.get("log_offset", 0)),
+                         events_offset=int(data.get("events_offset", 0)),
+                         events_inode=None if data.get("events_inode") is None else int(data["events_inode"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{path}: not a train.pid written by train_run start ({type(exc).__name__}: {exc})") from None
+
+
+def process_facts(pid: int) -> ProcessFacts:
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            create_time, status, name = process.create_time(), process.status(), process.name()
+    except psutil.NoSuchProcess:
+        return ProcessFacts(pid, running=False)
+    except psutil.AccessDenied:
+        return ProcessFacts(pid, running=psutil.pid_exists(pid))
+    # An exited child its parent has not reaped yet is a zombie: gone, as far as a run is concerned.
+    return ProcessFacts(pid, running=status != psutil.STATUS_ZOMBIE, create_time=create_time, name=name)
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def file_mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def line_start_at_or_after(path: Path, offset: int) -> int:
+    """The offset of the first line that starts at or after `offset` (so a reader never starts mid-line)."""
+    if offset <= 0:
+        return 0
+    with open(path, "rb") as handle:
+        position = offset - 1
+        handle.seek(position)
+        while chunk := handle.read(1024 * 1024):
+            newline = chunk.find(b"\n")
+            if newline >= 0:
+                return position + newline + 1
+            position += len(chunk)
+    return position
+
+
+def find_last_run_started(path: Path, before: int, budget: int = RUN_STARTED_SEARCH_BYTES) -> dict | None:
+    """The last `run_started` event that starts before byte `before`, searching back `budget` bytes,
+    then the file's first few MiB (a single session longer than the budget)."""
+    chunk_size = 4 * 1024 * 1024
+    with open(path, "rb") as handle:
+        end = before
+        while end > 0 and before - end < budget:
+            start = max(0, end - chunk_size)
+            handle.seek(start)
+            data = handle.read(end - start + len(_RUN_STARTED_NEEDLE))  # overlap: a needle across the edge
+            hit = data.rfind(_RUN_STARTED_NEEDLE)
+            while hit >= 0 and start + hit < before:
+                event = _event_around(handle, start + hit)
+                if event is not None:
+                    return event
+                hit = data.rfind(_RUN_STARTED_NEEDLE, 0, hit)
+            end = start
+        if end > 0:
+            handle.seek(0)
+            data = handle.read(chunk_size)
+            hit = data.find(_RUN_STARTED_NEEDLE)
+            if hit >= 0:
+                return _event_around(handle, hit)
+    return None
+
+
+def find_first_run_started(path: Path, after: int, limit: int = 4 * 1024 * 1024) -> tuple[int, dict] | None:
+    """The first `run_started` at or after byte `after` (within `limit` bytes), with its offset."""
+    with open(path, "rb") as handle:
+        handle.seek(after)
+        data = handle.read(limit)
+        hit = data.find(_RUN_STARTED_NEEDLE)
+        while hit >= 0:
+            event = _event_around(handle, after + hit)
+            if event is not None:
+                return after + data.rfind(b"\n", 0, hit) + 1, event
+            hit = data.find(_RUN_STARTED_NEEDLE, hit + 1)
+    return None
+
+
+def _event_around(handle: typing.BinaryIO, position: int) -> dict | None:
+    back = max(0, position - 1024 * 1024)
+    handle.seek(back)
+    data = handle.read(position - back)
+    line_start = back + data.rfind(b"\n") + 1
+    handle.seek(line_start)
+    line = handle.readline()
+    try:
+        event = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return event if isinstance(event, dict) and event.get("kind") == "run_started" else None
+
+
+class LogReader:
+    """New complete lines of train.log since the last call, numbered; a truncated or replaced log is
+    read again from its start. A reader that starts mid-file counts the lines before it only when
+    asked (`line_base`), which status needs only when it has something to report."""
+
+    def __init__(self, path: Path, offset: int = 0):
+        self.path = path
+        self.offset = offset
+        self._origin = offset
+        self._base: int | None = 0 if offset == 0 else None
+        self._relative = 0
+        self._inode: int | None = None
+
+    def read_new(self, max_bytes: int = 8 * 1024 * 1024) -> list[tuple[int, str]]:
+        try:
+            with open(self.path, "rb") as handle:
+                stat = os.fstat(handle.fileno())
+                if self._inode is not None and (stat.st_ino != self._inode or stat.st_size < self.offset):
+                    self.offset = self._origin = self._relative = 0
+                    self._base = 0
+                self._inode = stat.st_ino
+                handle.seek(self.offset)
+                chunk = handle.read(max_bytes)
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return []
+        lines = []
+        for raw in chunk[: end + 1].split(b"\n")[:-1]:
+            self._relative += 1
+            lines.append((self._relative, raw.decode("utf-8", errors="replace").rstrip("\r")))
+        self.offset += end + 1
+        return lines
+
+    def line_base(self) -> int:
+        if self._base is None:
+            count = 0
+            with open(self.path, "rb") as handle:
+                remaining = self._origin
+                while remaining > 0 and (chunk := handle.read(min(remaining, 8 * 1024 * 1024))):
+                    count += chunk.count(b"\n")
+                    remaining -= len(chunk)
+            self._base = count
+        return self._base

@@ -1,0 +1,373 @@
+"""What a run directory says about its run, read without touching it (no torch, no writes, no signals).
+
+`RunTracker` follows events.jsonl and train.log from byte offsets, asks the OS about the recorded
+process, and applies the rules of `tideborn.anomaly`; `status`, `watch` and the TUI all read through
+it. A tracker can start at the beginning of the files, at their end, or at their tail (the last few
+MiB, for a quick status of a long run).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tideborn.anomaly import (
+    LOG_RULES,
+    LOG_SIGNAL,
+    Anomaly,
+    AnomalyThresholds,
+    LogScanner,
+    LossWatch,
+    ProcessFacts,
+    run_failed,
+    shift_lines,
+    stalled,
+    vanished,
+)
+from tideborn.events import TERMINAL_KINDS, EventReader, as_float
+from tideborn.rundir import EVENTS_FILE, LOG_FILE, list_checkpoints
+from tideborn.runfiles import (
+    LAUNCH_MARK,
+    LogReader,
+    file_mtime,
+    file_size,
+    find_first_run_started,
+    find_last_run_started,
+    line_start_at_or_after,
+    process_facts,
+    read_pid_record,
+    this_host,
+)
+
+EVENTS_TAIL_BYTES = 2 * 1024 * 1024
+"""A tail-mode tracker starts this far from the end of events.jsonl (about 6,000 step events)."""
+LOG_TAIL_BYTES = 1024 * 1024
+"""Every tracker scans at most this much of train.log that was there when it started (then all that is new)."""
+KEEP_PER_LOG_RULE = 20
+STATES = ("running", "stalled", "finished", "stopped", "failed", "vanished", "unknown", "not started")
+ENDED_STATES = {"run_finished": "finished", "run_stopped": "stopped", "run_failed": "failed"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The run a directory's state is about: train.pid's, or a newer one started in a terminal."""
+
+    pid: int
+    host: str
+    start_time: float | None
+    """From train.pid: the process's exact start time."""
+    started_by: float | None
+    """Without train.pid: its run_started time, which the process must have started before."""
+    launched_at: float
+
+
+@dataclass
+class Update:
+    """What one `RunTracker.refresh` found: new events, anomalies that began, and the run's state."""
+
+    events: list[dict] = field(default_factory=list)
+    anomalies: list[Anomaly] = field(default_factory=list)
+    state: str = "not started"
+
+
+def _public(event: typing.Mapping | None) -> dict | None:
+    if event is None:
+        return None
+    return {k: v for k, v in event.items() if not k.startswith("_") and k != "v"}
+
+
+def jsonable(value: object) -> object:
+    """Plain JSON data; non-finite floats become "nan"/"inf"/"-inf" as in events.jsonl."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
+
+class RunTracker:
+    """Follows one run directory. `start`: "beginning" (every event), "tail" (the last
+    EVENTS_TAIL_BYTES, plus the session's run_started), or "end" (only what is written from now on;
+    the tail is still read, to know the run's state, but not returned)."""
+
+    def __init__(self, run_dir: Path, thresholds: AnomalyThresholds | None = None, start: str = "beginning"):
+        if start not in ("beginning", "tail", "end"):
+            raise ValueError(f"start must be beginning, tail or end; got {start!r}")
+        self.run_dir = Path(run_dir)
+        self.thresholds = thresholds or AnomalyThresholds()
+        self.events_path, self.log_path = self.run_dir / EVENTS_FILE, self.run_dir / LOG_FILE
+        self.record = read_pid_record(self.run_dir)
+        self.loss = LossWatch(self.thresholds)
+        self.scanner = LogScanner()
+        self.run_started: dict | None = None
+        self.terminal: dict | None = None
+        self.last_event: dict | None = None
+        self.last_step: dict | None = None
+        self.last_eval: dict | None = None
+        self.last_checkpoint_event: dict | None = None
+        self.warnings = 0
+        self.last_warning: dict | None = None
+        self.events_read = 0
+        self.recent_steps: collections.deque[tuple[float, int]] = collections.deque(maxlen=50)
+        self.log_anomalies: dict[str, collections.deque[Anomaly]] = {r: collections.deque(maxlen=KEEP_PER_LOG_RULE)
+                                                                     for r in LOG_RULES}
+        self.log_counts: dict[str, int] = dict.fromkeys(LOG_RULES, 0)
+        self.facts: ProcessFacts | None = None
+        self.last_log_line: str | None = None
+        self.state = "not started"
+        self._process_reported: set[str] = set()
+        self._keep_events = True
+        self._quiet_initial = start == "end"
+        events_start = 0
+        size = file_size(self.events_path)
+        if start in ("tail", "end") and size > EVENTS_TAIL_BYTES:
+            events_start = line_start_at_or_after(self.events_path, size - EVENTS_TAIL_BYTES)
+            found = self._session_start(events_start)
+            if found is not None:
+                self._feed_event(found)
+        self.tail_read = events_start > 0
+        self.events = EventReader(self.events_path, offset=events_start)
+        log_start = self.record.log_offset if self.record else 0
+        log_size = file_size(self.log_path)
+        log_start = log_start if log_start <= log_size else 0  # a log replaced since the launch
+        if start == "end":
+            log_start = log_size
+        elif log_size - log_start > LOG_TAIL_BYTES:
+            log_start = log_size - LOG_TAIL_BYTES
+        self.log = LogReader(self.log_path, line_start_at_or_after(self.log_path, log_start) if log_start else 0)
+
+    def _session_start(self, tail_start: int) -> dict | None:
+        """The latest session's `run_started` when it lies before the tail (a long session): right after
+        the launch's recorded offset, or else searched for backwards."""
+        record = self.record
+        if record is not None:
+            stat = self.events_path.stat()
+            same_file = record.events_inode == stat.st_ino and record.events_offset <= stat.st_size
+            found = find_first_run_started(self.events_path, record.events_offset if same_file else 0)
+            if found is not None and found[1].get("pid") == record.pid:
+                return found[1] if found[0] < tail_start else None
+        return find_last_run_started(self.events_path, tail_start)
+
+    # -- feeding --------------------------------------------------------------------------------
+    def _feed_event(self, event: dict) -> list[Anomaly]:
+        kind = event.get("kind")
+        self.events_read += 1
+        self.last_event = event
+        found: list[Anomaly] = []
+        if kind == "run_started":
+            self.run_started, self.terminal = event, None
+            self.recent_steps.clear()
+            self.loss.new_session()
+        elif kind == "step":
+            found += self.loss.observe(event)
+            self.last_step = event
+            step, when = event.get("step"), as_float(event.get("time"))
+            if isinstance(step, int) and when is not None:
+                self.recent_steps.append((when, step))
+        elif kind == "eval":
+            self.last_eval = event
+        elif kind == "checkpoint_saved":
+            self.last_checkpoint_event = event
+        elif kind == "warning":
+            self.warnings += 1
+            self.last_warning = event
+        elif kind in TERMINAL_KINDS:
+            self.terminal = event
+            failed = run_failed(event)
+            if failed is not None:
+                found.append(failed)
+        return found
+
+    def _feed_log(self, lines: list[tuple[int, str]], when: float) -> list[Anomaly]:
+        found = []
+        for _number, text in reversed(lines):
+            if text.strip() and not text.startswith(LAUNCH_MARK):
+                self.last_log_line = text.strip()
+                break
+        if self.scanner.idle and not LOG_SIGNAL.search("\n".join(text for _n, text in lines)):
+            return found  # one regex pass over the batch instead of a scan line by line
+        for number, text in lines:
+            found += self.scanner.feed(number, text, when)
+        return self._keep_log(found)
+
+    def _keep_log(self, found: list[Anomaly]) -> list[Anomaly]:
+        if found:
+            base = self.log.line_base()
+            found = [shift_lines(a, base) for a in found]
+        for anomaly in found:
+            self.log_anomalies[anomaly.rule].append(anomaly)
+            self.log_counts[anomaly.rule] += 1
+        return found
+
+    def refresh(self, now: float | None = None, keep_events: bool = True) -> Update:
+        """Ask about the process, then read what is new (in that order: a process that wrote its terminal
+        event and exited between the two reads is seen as ended, never as vanished). `keep_events=False`:
+        digest the events without returning them (status)."""
+        self.record = read_pid_record(self.run_dir) or self.record
+        update = Update()
+        self._keep_events = keep_events
+        asked = self._ask_process()
+        self._read_into(update)
+        if self._launch() != asked:  # the events named a newer launch: ask about it, then read again
+            self._ask_process()
+            self._read_into(update)
+        if self._quiet_initial:
+            update, self._quiet_initial = Update(), False
+        now = time.time() if now is None else now
+        self.state, process_anomalies = self._classify(now)
+        for anomaly in process_anomalies:
+            if anomaly.rule not in self._process_reported:
+                update.anomalies.append(anomaly)
+        self._process_reported = {a.rule for a in process_anomalies}
+        update.state = self.state
+        return update
+
+    def _ask_process(self) -> Launch | None:
+        launch = self._launch()
+        self.facts = process_facts(launch.pid) if launch and launch.host == this_host() else None
+        return launch
+
+    def _read_into(self, update: Update) -> None:
+        while batch := self.events.read_new():
+            for event in batch:
+                update.anomalies += self._feed_event(event)
+            if self._keep_events:
+                update.events += batch
+        while lines := self.log.read_new():
+            update.anomalies += self._feed_log(lines, file_mtime(self.log_path) or time.time())
+
+    def finish_log(self) -> list[Anomaly]:
+        """A traceback the log ends inside of (status reads once, so it reports it as it stands)."""
+        return self._keep_log(self.scanner.flush(file_mtime(self.log_path) or 0.0))
+
+    # -- judging --------------------------------------------------------------------------------
+    def _launch(self) -> Launch | None:
+        """The directory's latest run: train.pid's, unless a run_started names a newer one."""
+        started, record = self.run_started, self.record
+        if record is not None and (started is None or started.get("pid") == record.pid
+                                   or float(started.get("time") or 0) <= record.started_at + 1):
+            return Launch(record.pid, record.host, record.start_time, None, record.started_at)
+        if started is not None and isinstance(started.get("pid"), int):
+            when = float(started.get("time") or 0)
+            return Launch(started["pid"], str(started.get("host") or ""), None, when, when)
+        return None
+
+    def session_is_launch(self) -> bool:
+        """Is the last `run_started` read the latest launch's own (not an earlier run's)?"""
+        launch, started = self._launch(), self.run_started
+        if launch is None or started is None:
+            return False
+        return started.get("pid") == launch.pid and float(started.get("time") or 0) >= launch.launched_at - 1
+
+    def ended(self) -> bool:
+        """Did the latest launch write its terminal event?"""
+        if self.terminal is None:
+            return False
+        return self._launch() is None or self.session_is_launch()
+
+    def last_output_time(self) -> float:
+        times = [t for t in (file_mtime(self.events_path), file_mtime(self.log_path)) if t is not None]
+        launch = self._launch()
+        if launch is not None:
+            times.append(launch.launched_at)
+        return max(times) if times else 0.0
+
+    def _classify(self, now: float) -> tuple[str, list[Anomaly]]:
+        launch = self._launch()
+        if launch is None:
+            if self.terminal is not None:
+                return ENDED_STATES[self.terminal["kind"]], []
+            return ("unknown" if self.events_read else "not started"), []
+        if self.ended():
+            assert self.terminal is not None
+            return ENDED_STATES[self.terminal["kind"]], []
+        if self.facts is None:
+            return "unknown", []  # launched on another host: only the files can be read from here
+        last = self.last_event if self.session_is_launch() else None
+        gone = vanished(self.facts, False, now, launch.start_time, launch.started_by, last, self.last_log_line)
+        if gone is not None:
+            return "vanished", [gone]
+        quiet = stalled(self.facts, True, False, self.last_output_time(), now, self.thresholds)
+        if quiet is not None:
+            return "stalled", [quiet]
+        return "running", []
+
+    def anomalies(self, now: float | None = None) -> list[Anomaly]:
+        """Everything that looks wrong now (as of the last refresh)."""
+        found = list(self.loss.current())
+        if self.state == "failed" and self.terminal is not None:
+            failed = run_failed(self.terminal)
+            if failed is not None:
+                found.append(failed)
+        if self.state in ("vanished", "stalled"):
+            found += self._classify(time.time() if now is None else now)[1]
+        for rule in LOG_RULES:
+            found += list(self.log_anomalies[rule])
+        return found
+
+    # -- reporting ------------------------------------------------------------------------------
+    def status(self, now: float | None = None) -> dict:
+        """The status report (`status --json` prints it)."""
+        now = time.time() if now is None else now
+        launch, started, step_event = self._launch(), self.run_started or {}, self.last_step or {}
+        step = max(x for x in (step_event.get("step"), started.get("step"), 0) if isinstance(x, int))
+        terminal = self.terminal if self.ended() else None
+        if terminal is not None and isinstance(terminal.get("step"), int):
+            step = max(step, terminal["step"])
+        max_steps = started.get("max_steps")
+        rate = self._steps_per_second()
+        eta = ((max_steps - step) / rate if self.state in ("running", "stalled") and rate and isinstance(max_steps, int)
+               else None)
+        began = as_float(started.get("time"))
+        if terminal is not None and isinstance(as_float(terminal.get("elapsed_seconds")), float):
+            elapsed = as_float(terminal.get("elapsed_seconds"))
+        elif terminal is not None and began is not None:
+            elapsed = float(terminal["time"]) - began
+        else:
+            elapsed = now - began if began is not None else None
+        checkpoints = list_checkpoints(self.run_dir)
+        checkpoint = None
+        if checkpoints:
+            ck_step, ck_path = checkpoints[-1]
+            stat = ck_path.stat()
+            checkpoint = {"step": ck_step, "path": str(ck_path), "bytes": stat.st_size,
+                          "age_seconds": now - stat.st_mtime}
+        log_counts = {rule: n for rule, n in self.log_counts.items() if n}
+        return jsonable({
+            "run_dir": str(self.run_dir), "state": self.state,
+            "pid": launch.pid if launch else None, "host": launch.host if launch else None,
+            "pid_file": self.record is not None,
+            "launch_started": self.session_is_launch(),
+            "step": step, "max_steps": max_steps,
+            "progress": step / max_steps if isinstance(max_steps, int) and max_steps else None,
+            "loss": {name: step_event.get(name) for name in ("loss", "policy_loss", "value_loss")
+                     if name in step_event} or None,
+            "loss_step": step_event.get("step"), "lr": step_event.get("lr"), "grad_norm": step_event.get("grad_norm"),
+            "positions_per_second": step_event.get("positions_per_second"),
+            "steps_per_second": rate, "eta_seconds": eta, "elapsed_seconds": elapsed,
+            "session_started": began, "resumed_from": started.get("resumed_from"),
+            "last_checkpoint": checkpoint, "last_eval": _public(self.last_eval),
+            "terminal": _public(terminal),
+            "warnings": {"count": self.warnings, "last": (self.last_warning or {}).get("message")},
+            "last_event_time": (self.last_event or {}).get("time"),
+            "events_read": self.events_read, "events_malformed": self.events.malformed,
+            "tail_only": self.tail_read, "log_error_counts": log_counts,
+            "anomalies": [a.to_dict() for a in self.anomalies(now)],
+        })
+
+    def _steps_per_second(self) -> float | None:
+        if len(self.recent_steps) >= 2:
+            (t0, s0), (t1, s1) = self.recent_steps[0], self.recent_steps[-1]
+            if t1 > t0 and s1 > s0:
+                return (s1 - s0) / (t1 - t0)
+        step_event, started = self.last_step or {}, self.run_started or {}
+        pps, batch = as_float(step_event.get("positions_per_second")), started.get("batch_size")
+        if pps and isinstance(batch, int) and batch > 0 and math.isfinite(pps):
+            return pps / batch
+        return None

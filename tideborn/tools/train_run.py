@@ -1,0 +1,362 @@
+"""`python -m tideborn.tools.train_run start|status|stop|watch` (also `tideborn run ...`).
+
+Runs a trainer detached from the terminal and reports on it. No torch: `status` and `watch` start in a
+fraction of a second. Commands, states, exit codes and anomaly rules: docs/run-tools.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import typing
+from pathlib import Path
+
+from tideborn.anomaly import Anomaly, AnomalyThresholds
+from tideborn.errors import UserError, report_user_error
+from tideborn.events import encode_event
+from tideborn.runcontrol import LaunchRequest, NotRunning, is_alive, launch_run, recorded_process, signal_run
+from tideborn.rundir import EVENTS_FILE, PID_FILE
+from tideborn.runfiles import PidRecord
+from tideborn.runstate import RunTracker
+
+OK, ANOMALY, USAGE, NO_RUN, INTERRUPTED = 0, 1, 2, 3, 130
+ENDED = ("finished", "stopped", "failed", "vanished")
+KILL_WAIT_SECONDS = 10.0
+WAIT_REPORT_SECONDS = 5.0
+WATCH_CHECK_MILLISECONDS = 1000
+"""watch asks about the process (vanished? stalled?) at least this often while the files are quiet."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(USAGE)
+
+
+def _thresholds(parser: argparse.ArgumentParser) -> None:
+    d = AnomalyThresholds()
+    parser.add_argument("--stall-seconds", type=float, default=d.stall_seconds, metavar="S",
+                        help=f"stalled after S seconds with no output (default {d.stall_seconds:g})")
+    parser.add_argument("--divergence-factor", type=float, default=d.divergence_factor, metavar="X",
+                        help=f"diverged when the smoothed loss is X times its best (default {d.divergence_factor:g})")
+    parser.add_argument("--divergence-warmup-steps", type=int, default=d.divergence_warmup_steps, metavar="N",
+                        help=f"no divergence judged before step N (default {d.divergence_warmup_steps})")
+    parser.add_argument("--smoothing", type=float, default=d.smoothing, metavar="A",
+                        help=f"weight of the newest loss in the moving average (default {d.smoothing:g})")
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=prog, description="Start, check, stop and follow a detached training run.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{start,status,stop,watch}",
+                                parser_class=OneLineParser)
+    start = sub.add_parser("start", help="validate the settings and start the trainer detached")
+    start.add_argument("--config", metavar="FILE", help="settings file (TOML)")
+    start.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
+                       help="override one setting (repeatable), as for train")
+    for name in ("type", "network", "mode"):
+        start.add_argument(f"--{name}", help=f"run.{name}, as for train")
+    start.add_argument("--fresh", action="store_true", help="passed to train: start over at step 0")
+    start.add_argument("--resume", metavar="PATH", help="passed to train: resume from this checkpoint")
+    start.add_argument("--stop-at-step", type=int, metavar="N", help="passed to train: stop after step N")
+    status = sub.add_parser("status", help="progress and anomalies of a run (never changes the run)")
+    status.add_argument("--out-dir", required=True, type=Path, help="the run directory")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    _thresholds(status)
+    stop = sub.add_parser("stop", help="SIGTERM the recorded trainer and wait for it to checkpoint and exit")
+    stop.add_argument("--out-dir", required=True, type=Path, help="the run directory")
+    stop.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds to wait (default 120)")
+    stop.add_argument("--force", action="store_true", help="SIGKILL it if it has not exited after the timeout")
+    watch = sub.add_parser("watch", help="stream the run's events (and anomalies) as they are written")
+    watch.add_argument("--out-dir", required=True, type=Path, help="the run directory")
+    watch.add_argument("--format", choices=("json", "text"), default="json", help="JSON lines (default) or text")
+    watch.add_argument("--follow-only", action="store_true", help="only events written from now on")
+    watch.add_argument("--forever", action="store_true", help="keep following after the run ends")
+    _thresholds(watch)
+    return parser
+
+
+def thresholds_of(args: argparse.Namespace) -> AnomalyThresholds:
+    try:
+        return AnomalyThresholds(divergence_factor=args.divergence_factor,
+                                 divergence_warmup_steps=args.divergence_warmup_steps,
+                                 smoothing=args.smoothing, stall_seconds=args.stall_seconds)
+    except ValueError as exc:
+        raise UserError(f"{exc} (--divergence-factor, --divergence-warmup-steps, --smoothing, --stall-seconds)") from None
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why `run_dir` holds no run to report on, or None."""
+    if not run_dir.exists():
+        return f"{run_dir}: no such directory"
+    if not run_dir.is_dir():
+        return f"{run_dir}: not a directory"
+    if not (run_dir / PID_FILE).exists() and not (run_dir / EVENTS_FILE).exists():
+        return f"{run_dir}: no run here (neither {PID_FILE} nor {EVENTS_FILE}); start one with train_run start"
+    return None
+
+
+# -- formatting -------------------------------------------------------------------------------------
+
+def duration(seconds: object) -> str:
+    if not isinstance(seconds, (int, float)) or seconds != seconds or seconds < 0 or seconds == float("inf"):
+        return "?"
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def number(value: object, spec: str = ".4f") -> str:
+    if isinstance(value, bool) or value is None:
+        return "?"
+    return format(value, spec) if isinstance(value, (int, float)) else str(value)
+
+
+def status_text(report: dict) -> str:
+    r = report
+    lines = [f"run dir     {r['run_dir']}"]
+    who = f" (pid {r['pid']} on {r['host']})" if r["pid"] is not None else ""
+    lines.append(f"state       {r['state']}{who}")
+    progress = f" ({r['progress'] * 100:.1f}%)" if r["progress"] is not None else ""
+    max_steps = f"{r['max_steps']:,}" if isinstance(r["max_steps"], int) else "?"
+    timing = f"  elapsed {duration(r['elapsed_seconds'])}"
+    if r["eta_seconds"] is not None:
+        timing += f"  ETA {duration(r['eta_seconds'])}"
+    if r["pid"] is not None and not r["launch_started"] and r["state"] in ("running", "stalled", "vanished"):
+        lines.append(f"step        no run_started from pid {r['pid']}" + (" yet" if r["state"] != "vanished" else "")
+                     + (f" (the run before reached step {r['step']:,})" if r["step"] else ""))
+    else:
+        lines.append(f"step        {r['step']:,} / {max_steps}{progress}{timing}")
+    if r["loss"]:
+        loss = r["loss"]
+        lines.append(f"loss        {number(loss.get('loss'))} (policy {number(loss.get('policy_loss'))}, "
+                     f"value {number(loss.get('value_loss'))}) at step {r['loss_step']}; lr {number(r['lr'], '.2e')}; "
+                     f"{number(r['positions_per_second'], ',.0f')} pos/s")
+    ck = r["last_checkpoint"]
+    lines.append(f"checkpoint  {Path(ck['path']).name} (step {ck['step']}), {duration(ck['age_seconds'])} ago"
+                 if ck else "checkpoint  none yet")
+    if r["last_eval"]:
+        shown = {k: v for k, v in r["last_eval"].items() if k not in ("time", "kind")}
+        lines.append("eval        " + " ".join(f"{k} {number(v, '.4g')}" for k, v in shown.items()))
+    else:
+        lines.append("eval        none")
+    if r["warnings"]["count"]:
+        lines.append(f"warnings    {r['warnings']['count']} (last: {r['warnings']['last']})")
+    if r["terminal"]:
+        t = r["terminal"]
+        detail = t.get("reason") or t.get("error") or t.get("checkpoint") or ""
+        lines.append(f"ended       {t['kind']} at step {t.get('step')}" + (f": {detail}" if detail else ""))
+    if r["tail_only"]:
+        lines.append("note        events.jsonl is long: losses and anomalies are from its tail")
+    anomalies = r["anomalies"]
+    lines.append(f"anomalies   {len(anomalies) or 'none'}")
+    lines += [f"  ! {a['rule']}: {a['message']}" for a in anomalies]
+    for rule, count in r["log_error_counts"].items():
+        shown = sum(1 for a in anomalies if a["rule"] == rule)
+        if count > shown:
+            lines.append(f"  ({count - shown} earlier {rule} lines in train.log not shown)")
+    return "\n".join(lines)
+
+
+def event_text(event: dict) -> str:
+    when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0)))
+    kind = event.get("kind")
+    if kind == "anomaly":
+        return f"{when} ANOMALY {event.get('rule')}: {event.get('message')}"
+    if kind == "step":
+        return (f"{when} step {event.get('step')} loss {number(event.get('loss'))} (policy "
+                f"{number(event.get('policy_loss'))}, value {number(event.get('value_loss'))}) lr "
+                f"{number(event.get('lr'), '.2e')} {number(event.get('positions_per_second'), ',.0f')} pos/s")
+    fields = " ".join(f"{k}={v}" for k, v in event.items()
+                      if k not in ("v", "time", "kind") and not isinstance(v, (dict, list)))
+    return f"{when} {kind} {fields}".rstrip()
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+def command_start(args: argparse.Namespace, prog: str) -> int:
+    extra: list[str] = ["--fresh"] if args.fresh else []
+    if args.resume:
+        extra += ["--resume", args.resume]
+    if args.stop_at_step is not None:
+        extra += ["--stop-at-step", str(args.stop_at_step)]
+    request = LaunchRequest(config=args.config, overrides=tuple(args.overrides),
+                            flags={"type": args.type, "network": args.network, "mode": args.mode},
+                            trainer_args=tuple(extra))
+    launched = launch_run(request)
+    run_dir = launched.run_dir
+    print(f"started the trainer: pid {launched.record.pid}")
+    print(f"  out dir  {run_dir}")
+    print(f"  log      {run_dir / 'train.log'}")
+    print(f"  status   {prog} status --out-dir {run_dir}")
+    print(f"  stop     {prog} stop --out-dir {run_dir}")
+    return OK
+
+
+def command_status(args: argparse.Namespace) -> int:
+    thresholds = thresholds_of(args)
+    run_dir: Path = args.out_dir
+    if problem := run_dir_problem(run_dir):
+        if args.json:
+            print(json.dumps({"run_dir": str(run_dir), "state": "not started", "error": problem, "anomalies": []}))
+        print(f"status: {problem}", file=sys.stderr)
+        return NO_RUN
+    tracker = RunTracker(run_dir, thresholds, start="tail")
+    tracker.refresh(keep_events=False)
+    tracker.finish_log()
+    report = tracker.status()
+    print(json.dumps(report) if args.json else status_text(report))
+    return ANOMALY if report["anomalies"] else OK
+
+
+def command_stop(args: argparse.Namespace) -> int:
+    run_dir: Path = args.out_dir
+    if problem := run_dir_problem(run_dir):
+        print(f"stop: {problem}", file=sys.stderr)
+        return NO_RUN
+    tracker = RunTracker(run_dir, start="end")
+    tracker.refresh()
+    if tracker.ended():
+        print(f"stop: {run_dir}: the run is not running: it already ended ({tracker.terminal['kind']} at step "
+              f"{tracker.terminal.get('step')}); nothing was signalled", file=sys.stderr)
+        return NO_RUN
+    try:
+        record = signal_run(run_dir, signal.SIGTERM)
+    except NotRunning as exc:
+        print(f"stop: {exc}; state: {tracker.state}", file=sys.stderr)
+        return NO_RUN
+    step = (tracker.last_step or {}).get("step")
+    print(f"sent SIGTERM to pid {record.pid} (last logged step {step}); waiting up to {args.timeout:g} s "
+          "for it to finish its step, save a checkpoint and exit", flush=True)
+    started = time.monotonic()
+    exited = _wait_for_exit(tracker, record, started + args.timeout)
+    if not exited:
+        if not args.force:
+            print(f"pid {record.pid} is still running after {args.timeout:g} s (state {tracker.state}); "
+                  f"stop --force kills it", flush=True)
+            return ANOMALY
+        try:
+            recorded_process(run_dir)
+            os.kill(record.pid, signal.SIGKILL)
+        except (NotRunning, ProcessLookupError):
+            pass  # it exited on its own in the meantime
+        else:
+            print(f"sent SIGKILL to pid {record.pid} after {args.timeout:g} s", flush=True)
+        if not _wait_for_exit(tracker, record, time.monotonic() + KILL_WAIT_SECONDS):
+            print(f"pid {record.pid} survived SIGKILL for {KILL_WAIT_SECONDS:g} s", flush=True)
+            return ANOMALY
+    update = tracker.refresh()
+    _print_stop_progress(update.events)
+    ck = tracker.status().get("last_checkpoint")
+    where = f"; last checkpoint {ck['path']} (step {ck['step']})" if ck else "; no checkpoint"
+    if tracker.ended() and tracker.terminal is not None:
+        t = tracker.terminal
+        how = t.get("reason") or t.get("error") or ""
+        print(f"the run ended: {t['kind']} at step {t.get('step')}" + (f" ({how})" if how else "") + where)
+        return OK if t["kind"] in ("run_stopped", "run_finished") else ANOMALY
+    print(f"pid {record.pid} exited without writing a terminal event (see {run_dir / 'train.log'}){where}")
+    return ANOMALY
+
+
+def _wait_for_exit(tracker: RunTracker, record: PidRecord, deadline: float) -> bool:
+    """Poll the process (not our child: no waitpid), print what the run writes meanwhile, and say every
+    few seconds what is still awaited."""
+    began = last_said = time.monotonic()
+    while True:
+        alive = is_alive(record)
+        _print_stop_progress(tracker.refresh().events)
+        if not alive:
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if now - last_said >= WAIT_REPORT_SECONDS:
+            last = tracker.last_event or {}
+            print(f"  still waiting for pid {record.pid} to exit ({now - began:.0f} s, {deadline - now:.0f} s left; "
+                  f"last event: {last.get('kind', 'none')} at step {last.get('step')})", flush=True)
+            last_said = now
+        time.sleep(0.1)
+
+
+def _print_stop_progress(events: list[dict]) -> None:
+    for event in events:
+        kind = event.get("kind")
+        if kind == "step":
+            print(f"  step {event.get('step')} done", flush=True)
+        elif kind == "checkpoint_saved":
+            print(f"  checkpoint saved: {event.get('path')}", flush=True)
+        elif kind in ("run_stopped", "run_finished", "run_failed", "warning"):
+            print(f"  {kind} at step {event.get('step')}", flush=True)
+
+
+def command_watch(args: argparse.Namespace) -> int:
+    thresholds = thresholds_of(args)
+    run_dir: Path = args.out_dir
+    if problem := run_dir_problem(run_dir):
+        print(f"watch: {problem}", file=sys.stderr)
+        return NO_RUN
+    tracker = RunTracker(run_dir, thresholds, start="end" if args.follow_only else "beginning")
+    text = args.format == "text"
+    flagged = False
+
+    def show(update) -> str:
+        nonlocal flagged
+        for event in update.events:
+            record = {k: v for k, v in event.items() if not k.startswith("_")}
+            sys.stdout.write((event_text(record) if text else json.dumps(record, separators=(",", ":"))) + "\n")
+        for anomaly in update.anomalies:
+            flagged = True
+            sys.stdout.write(_anomaly_line(anomaly, text) + "\n")
+        sys.stdout.flush()
+        return update.state
+
+    state = show(tracker.refresh())
+    if state not in ENDED or args.forever:
+        import watchfiles  # only here: status and the rest never pay for it
+
+        # inotify wakes us within `step` ms of a write (no busy polling); the timeout wakes us anyway
+        # every second to ask about the process, which files alone cannot show to have died or hung.
+        for _changes in watchfiles.watch(run_dir, watch_filter=None, debounce=100, step=20,
+                                         rust_timeout=WATCH_CHECK_MILLISECONDS, yield_on_timeout=True,
+                                         recursive=False):
+            state = show(tracker.refresh())
+            if state in ENDED and not args.forever:
+                break
+    return OK if state in ("finished", "stopped") and not flagged else ANOMALY
+
+
+def _anomaly_line(anomaly: Anomaly, text: bool) -> str:
+    fields = {"rule": anomaly.rule, "message": anomaly.message, "evidence": anomaly.evidence}
+    if text:
+        return event_text({"kind": "anomaly", "time": anomaly.time, **fields})
+    return encode_event("anomaly", fields, now=anomaly.time).decode().rstrip("\n")
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m tideborn.tools.train_run") -> int:
+    args = build_parser(prog).parse_args(argv)
+    try:
+        if args.command == "start":
+            return command_start(args, prog)
+        handler = {"status": command_status, "stop": command_stop, "watch": command_watch}[args.command]
+        return handler(args)
+    except UserError as exc:
+        return report_user_error(exc, "train_run" if prog.endswith("train_run") else prog)
+    except KeyboardInterrupt:
+        return INTERRUPTED
+    except BrokenPipeError:
+        # the reader went away (`watch | head`): leave quietly, and keep Python's exit flush quiet too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Checks of a training request that need neither torch nor the checkpoints' contents (no torch here).
+
+`train` runs them first; `train_run start` runs them before launching, so a request the trainer would
+refuse is refused at the terminal, with the same message, and nothing is launched.
+"""
+
+from __future__ import annotations
+
+import os
+import typing
+from pathlib import Path
+
+from tideborn.config import Settings
+from tideborn.errors import UserError
+from tideborn.rundir import run_dir_of
+
+
+def preflight(settings: Settings, resume: Path | None = None, fresh: bool = False,
+              stop_at_step: int | None = None, environ: typing.Mapping[str, str] | None = None) -> Path:
+    """Raise `UserError` for what is wrong with the request; return the run directory."""
+    environ = os.environ if environ is None else environ
+    if settings.data.resolved_kind != "synthetic":
+        raise UserError(f"data.kind={settings.data.resolved_kind!r}: teacher data is not wired into the "
+                        "trainer yet; use data.kind=\"synthetic\"")
+    if int(environ.get("WORLD_SIZE", "1") or "1") > 1:
+        raise UserError("launched with WORLD_SIZE > 1: distributed training is not built yet; "
+                        "run a single process")
+    if fresh and resume is not None:
+        raise UserError("--fresh and --resume exclude each other")
+    if resume is not None and not resume.is_file():
+        raise UserError(f"--resume {resume}: no such checkpoint file")
+    if stop_at_step is not None and not 0 < stop_at_step <= settings.runtime.max_steps:
+        raise UserError(f"--stop-at-step {stop_at_step}: must be between 1 and runtime.max_steps "
+                        f"({settings.runtime.max_steps})")
+    run_dir = run_dir_of(settings)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"runtime.out_dir: {run_dir} exists and is not a directory")
+    return run_dir

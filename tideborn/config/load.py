@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tideborn.config.presets import NETWORKS
-from tideborn.config.schema import SECTIONS, Settings, SettingError
+from tideborn.config.schema import SECTIONS, SettingError, Settings
 from tideborn.errors import UserError
 
 PROJECT_FILE_ENV = "TIDEBORN_PROJECT_FILE"

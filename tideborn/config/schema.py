@@ -242,6 +242,8 @@ class RuntimeSettings:
     """Write a checkpoint every this many steps (and always at the end)."""
     eval_every: int = 1000
     """Evaluate on `data.test` every this many steps (and at the end); teacher data with test files only."""
+    gpu_event_seconds: float = 10.0
+    """On CUDA, write a `gpu` event (utilisation, memory, temperature, power) this often."""
     keep_checkpoints: int = 5
     """How many of the newest step checkpoints to keep; older ones are deleted after a new one is written."""
     progress: str = "auto"
@@ -262,6 +264,8 @@ class RuntimeSettings:
         _check(self.eval_every >= 1, "runtime.eval_every", f"must be >= 1; got {self.eval_every}")
         _check(self.checkpoint_every >= 1, "runtime.checkpoint_every",
                f"must be >= 1; got {self.checkpoint_every}")
+        _check(self.gpu_event_seconds > 0, "runtime.gpu_event_seconds",
+               f"must be > 0; got {self.gpu_event_seconds}")
         _check(self.keep_checkpoints >= 1, "runtime.keep_checkpoints",
                f"must be >= 1; got {self.keep_checkpoints}")
         _one_of(self.progress, PROGRESS_STYLES, "runtime.progress")

@@ -27,6 +27,7 @@ from tideborn.events import EventWriter
 from tideborn.rundir import EVENTS_FILE, list_checkpoints, temp_checkpoints
 from tideborn.trainer.checkpoint import FORMAT, FORMAT_VERSION, prune_checkpoints, save_checkpoint
 from tideborn.trainer.device import DeviceSetup, apply_global_switches, resolve_device
+from tideborn.trainer.gpu_stats import gpu_snapshot
 from tideborn.trainer.model import build_model
 from tideborn.trainer.optim import build_optimizer, build_scheduler
 from tideborn.trainer.preflight import preflight
@@ -246,7 +247,11 @@ class Trainer:
         last_saved = self.p.start.checkpoint
         window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
         window = torch.zeros(4, device=self.setup.device)  # loss, policy, value, grad norm (sums)
+        next_gpu_event = time.perf_counter()
         while self.step < runtime.max_steps:
+            if self.setup.is_cuda and time.perf_counter() >= next_gpu_event:
+                next_gpu_event = time.perf_counter() + runtime.gpu_event_seconds
+                events.emit("gpu", step=self.step, **gpu_snapshot(self.setup.device))
             if self.stop.reason is not None and window_steps == 0:  # signalled before this attempt's first step
                 return self._stopped(self.stop.reason, last_saved)
             totals, grad_norm, data_wait, lr = self._train_step()

@@ -112,7 +112,18 @@ class Trainer:
         self.optimizer = build_optimizer(model, s.optim, fused=setup.is_cuda)
         self.scheduler = build_scheduler(self.optimizer, s.optim, s.runtime.max_steps)
         self.scaler = torch.amp.GradScaler("cuda") if setup.uses_grad_scaler else None
-        self.data = SyntheticBatches(s.runtime.seed, s.optim.micro_batch_size, setup.device)
+        if s.data.resolved_kind == "synthetic":
+            self.data = SyntheticBatches(s.runtime.seed, s.optim.micro_batch_size, setup.device)
+        else:
+            from tideborn.data.loader import TeacherBatches
+
+            self.data = TeacherBatches(s, setup.device)
+        self.evaluator = None
+        if s.data.resolved_kind != "synthetic" and s.data.test:
+            from tideborn.data.evaluation import Evaluator
+
+            self.evaluator = Evaluator(s, setup.device)
+        self.skipped_reported = 0
         start = self.p.start
         if start.payload is not None:
             payload = start.payload
@@ -195,6 +206,8 @@ class Trainer:
                 self.stop.uninstall()
                 self.progress.end_line()
                 self.events.close()
+                if hasattr(self, "data"):
+                    self.data.close()
 
     def _archive_for_fresh(self) -> Path | None:
         run_dir = self.p.run_dir
@@ -232,6 +245,10 @@ class Trainer:
             self.progress.message(f"training {s.model.blocks}x{s.model.channels} on {self.setup.describe()}, "
                                   f"{where}, to step {s.runtime.max_steps}; run directory {p.run_dir}")
             return self._loop()
+        except UserError as exc:  # bad input met only now (a bad record, data that changed under a cursor)
+            self.progress.end_line()
+            self._terminal("run_failed", error=str(exc), traceback=None)
+            raise
         except Exception as exc:  # any failure after run_started must still end with one terminal event
             self.progress.end_line()
             text = f"{type(exc).__name__}: {exc}"
@@ -272,12 +289,15 @@ class Trainer:
                     "steps": window_steps,
                 }
                 events.emit("step", **record)
+                self._report_skipped_records()
                 eta = (runtime.max_steps - self.step) * elapsed / window_steps
                 self.progress.step(self.step, runtime.max_steps, record, eta)
                 window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
                 window.zero_()
                 if runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):
                     return self._fail_nonfinite(means)
+            if self.evaluator is not None and (self.step % runtime.eval_every == 0 or final):
+                self._evaluate()
             if self.step % runtime.checkpoint_every == 0 or final or stopping:
                 if window_steps and not bool(torch.isfinite(window[:3]).all()):
                     return self._fail_nonfinite((window / window_steps).tolist())
@@ -288,6 +308,29 @@ class Trainer:
         self.progress.message(f"finished at step {self.step} in {format_duration(time.perf_counter() - self.started)}; "
                               f"checkpoint {last_saved}")
         return 0
+
+    def _evaluate(self) -> None:
+        assert self.evaluator is not None and self.events is not None
+        started = time.perf_counter()
+        result = self.evaluator.run(self.forward, self.setup.autocast)
+        result["seconds"] = time.perf_counter() - started
+        self.events.emit("eval", step=self.step, **result)
+        value = result["value_accuracy"]
+        self.progress.message(
+            f"eval at step {self.step}: policy loss {result['policy_loss']:.4f}, value loss "
+            f"{result['value_loss']:.4f}, policy top-1 {result['policy_accuracy']:.1%}, value accuracy "
+            f"{'n/a' if value is None else f'{value:.1%}'} ({result['positions']:,} positions)")
+
+    def _report_skipped_records(self) -> None:
+        skipped = getattr(self.data, "skipped_records", 0)
+        if skipped > self.skipped_reported:
+            assert self.events is not None
+            examples = list(getattr(self.data, "skipped_examples", []))
+            text = (f"skipped {skipped - self.skipped_reported} teacher record(s) with an empty or illegal move "
+                    f"({skipped} in all; data.bad_records=\"skip\")")
+            self.events.emit("warning", step=self.step, message=text, skipped_records=skipped, examples=examples)
+            self.progress.message(f"warning: {text}")
+            self.skipped_reported = skipped
 
     def _terminal(self, kind: str, **fields: object) -> None:
         assert self.events is not None

@@ -20,8 +20,12 @@ def preflight(settings: Settings, resume: Path | None = None, fresh: bool = Fals
     """Raise `UserError` for what is wrong with the request; return the run directory."""
     environ = os.environ if environ is None else environ
     if settings.data.resolved_kind != "synthetic":
-        raise UserError(f"data.kind={settings.data.resolved_kind!r}: teacher data is not wired into the "
-                        "trainer yet; use data.kind=\"synthetic\"")
+        # Every teacher file is opened and size-checked now, so a bad one is named before anything starts.
+        from tideborn.data.records import held_out_records, training_records
+
+        for records in (training_records(settings), held_out_records(settings)):
+            if records is not None:
+                records.close()
     if int(environ.get("WORLD_SIZE", "1") or "1") > 1:
         raise UserError("launched with WORLD_SIZE > 1: distributed training is not built yet; "
                         "run a single process")

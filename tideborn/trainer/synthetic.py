@@ -68,3 +68,6 @@ class SyntheticBatches:
 
     def load_state_dict(self, state: dict) -> None:
         self.position = int(state["position"])
+
+    def close(self) -> None:
+        """Nothing to release; the teacher-data loader's workers need it."""

@@ -1,0 +1,5 @@
+import sys
+
+from tideborn.data.cli import main
+
+sys.exit(main())

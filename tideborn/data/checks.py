@@ -1,0 +1,254 @@
+"""`inspect` and `verify`: what is in teacher files, and whether every record of them is usable.
+
+inspect reads only the fixed fields (vectorised, fast); verify decodes every record with cshogi, as
+training would, and adds the checks training skips for speed (impossible material, eval range).
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cshogi
+import numpy as np
+
+from tideborn.data.features import (
+    EVAL_LIMIT,
+    Decoder,
+    evals_for_side_to_move,
+    material_problem,
+    packed_positions,
+    results_for_side_to_move,
+    sane_kings,
+    stored_move,
+)
+from tideborn.data.game_index import index_path, read_index
+from tideborn.data.progress import Progress
+from tideborn.data.records import RECORD_DTYPES, readable_size, size_problem
+from tideborn.errors import UserError
+
+CHUNK = 65536
+EVAL_EDGES = [-32768, -3000, -1000, -300, -100, 100, 300, 1000, 3000, 32768]
+"""Eval histogram bins (side to move's view); the middle bin [-100, 100) holds the unscored zeros too."""
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def packed_hashes(packed: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
+    """A 64-bit hash of each 32-byte packed position (and of `extra`, e.g. the move), for duplicates."""
+    words = np.ascontiguousarray(packed).view(np.uint64).reshape(len(packed), 4)
+    with np.errstate(over="ignore"):
+        h = np.zeros(len(packed), dtype=np.uint64)
+        for column in range(4):
+            h = _mix(h ^ words[:, column] ^ np.uint64(column + 1))
+        if extra is not None:
+            h = _mix(h ^ extra.astype(np.uint64))
+    return h
+
+
+@dataclass
+class FileSummary:
+    path: str
+    kind: str
+    records: int = 0
+    bytes: int = 0
+    results: dict = field(default_factory=dict)
+    """Counts of the stored result, by name."""
+    side_to_move: dict = field(default_factory=dict)
+    """win / draw / loss counts for the side to move."""
+    evals_zero: int = 0
+    eval_histogram: list = field(default_factory=list)
+    eval_min: int = 0
+    eval_max: int = 0
+    plies: dict | None = None
+    """min/max plies and where they come from (psv gamePly, or the hcpe's game index), None if unknown."""
+    duplicate_positions: int = 0
+    """Records whose position (packed bytes) occurred before, in this file."""
+    duplicate_records: int = 0
+    """Records identical in position and move to an earlier one, in this file."""
+    problem: str | None = None
+
+
+def summarise(path: Path, kind: str, progress: Progress | None = None, done_before: int = 0
+              ) -> tuple[FileSummary, np.ndarray, np.ndarray]:
+    """The file's summary and its position and record hashes (for duplicates across files)."""
+    size = readable_size(path, kind)
+    summary = FileSummary(str(path), kind, bytes=size)
+    problem = size_problem(size, kind)
+    if problem:
+        summary.problem = problem
+        return summary, np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    records = np.memmap(path, dtype=RECORD_DTYPES[kind], mode="r")
+    summary.records = n = len(records)
+    result_field = "gameResult" if kind == "hcpe" else "game_result"
+    names = ({cshogi.BLACK_WIN: "black_win", cshogi.WHITE_WIN: "white_win", cshogi.DRAW: "draw"} if kind == "hcpe"
+             else {1: "win", 0: "draw", -1: "loss"})
+    stored_counts: dict = {}
+    stm = np.zeros(3, np.int64)
+    histogram = np.zeros(len(EVAL_EDGES) - 1, np.int64)
+    position_hashes, record_hashes = [], []
+    ply_min, ply_max = None, None
+    summary.eval_min, summary.eval_max = 32767, -32768
+    for start in range(0, n, CHUNK):
+        chunk = np.asarray(records[start:start + CHUNK])
+        values, counts = np.unique(chunk[result_field].astype(np.int64), return_counts=True)
+        for value, count in zip(values.tolist(), counts.tolist()):
+            name = names.get(value, f"out of range ({value})")
+            stored_counts[name] = stored_counts.get(name, 0) + count
+        result = results_for_side_to_move(chunk, kind)
+        stm += [(result == 1).sum(), (result == 0.5).sum(), (result == 0).sum()]
+        evals = evals_for_side_to_move(chunk, kind).astype(np.int64)
+        summary.evals_zero += int((evals == 0).sum())
+        histogram += np.histogram(evals, bins=EVAL_EDGES)[0]
+        summary.eval_min = min(summary.eval_min, int(evals.min()))
+        summary.eval_max = max(summary.eval_max, int(evals.max()))
+        packed = packed_positions(chunk)
+        position_hashes.append(packed_hashes(packed))
+        record_hashes.append(packed_hashes(packed, stored_move(chunk, kind)))
+        if kind == "psv":
+            plies = chunk["gamePly"].astype(np.int64)
+            ply_min = int(plies.min()) if ply_min is None else min(ply_min, int(plies.min()))
+            ply_max = int(plies.max()) if ply_max is None else max(ply_max, int(plies.max()))
+        if progress is not None:
+            progress.update(done_before + start + len(chunk))
+    summary.results = stored_counts
+    summary.side_to_move = dict(zip(("win", "draw", "loss"), stm.tolist()))
+    summary.eval_histogram = histogram.tolist()
+    if kind == "psv":
+        summary.plies = {"min": ply_min, "max": ply_max, "from": "gamePly"}
+    elif index_path(path).is_file():
+        try:
+            games = read_index(index_path(path), n)
+            lengths = [g.plies for g in games]
+            summary.plies = {"min": min(lengths), "max": max(lengths), "games": len(games), "from": "game index"}
+        except UserError as exc:
+            summary.plies = {"error": str(exc)}
+    positions = np.concatenate(position_hashes)
+    moves = np.concatenate(record_hashes)
+    summary.duplicate_positions = n - len(np.unique(positions))
+    summary.duplicate_records = n - len(np.unique(moves))
+    return summary, positions, moves
+
+
+def inspect_files(paths: list[Path], kind: str, progress: bool = True) -> dict:
+    """Summaries of `paths` and, for several files, the totals with duplicates counted across files."""
+    sizes = [readable_size(p, kind) for p in paths]
+    total_records = sum(s // RECORD_DTYPES[kind].itemsize for s in sizes)
+    bar = Progress("inspect", total_records, "records", enabled=progress)
+    summaries, all_positions, all_records, done = [], [], [], 0
+    for path in paths:
+        summary, positions, records = summarise(path, kind, bar, done)
+        done += summary.records
+        summaries.append(summary)
+        all_positions.append(positions)
+        all_records.append(records)
+    bar.finish()
+    report: dict = {"kind": kind, "files": [vars(s) for s in summaries]}
+    if len(paths) > 1:
+        positions, records = np.concatenate(all_positions), np.concatenate(all_records)
+        report["total"] = {"records": int(len(positions)),
+                           "duplicate_positions": int(len(positions) - len(np.unique(positions))),
+                           "duplicate_records": int(len(records) - len(np.unique(records)))}
+    return report
+
+
+def _percent(count: int, total: int) -> str:
+    return f"{100 * count / total:.1f}%" if total else "-"
+
+
+def format_inspection(report: dict) -> str:
+    lines = []
+    for f in report["files"]:
+        if f["problem"]:
+            lines.append(f"{f['path']}: {f['kind']}, {f['problem']}")
+            continue
+        n = f["records"]
+        lines.append(f"{f['path']}: {f['kind']}, {n:,} records ({f['bytes']:,} bytes)")
+        stored = ", ".join(f"{name} {count:,} ({_percent(count, n)})" for name, count in f["results"].items())
+        lines.append(f"  results:        {stored}")
+        stm = f["side_to_move"]
+        lines.append("  side to move:   " + ", ".join(f"{k} {_percent(v, n)}" for k, v in stm.items()))
+        lines.append(f"  eval:           {f['evals_zero']:,} zero ({_percent(f['evals_zero'], n)}), "
+                     f"range {f['eval_min']}..{f['eval_max']}")
+        bins = []
+        for (low, high), count in zip(zip(EVAL_EDGES, EVAL_EDGES[1:]), f["eval_histogram"]):
+            label = f"<{high}" if low == EVAL_EDGES[0] else (f">={low}" if high == EVAL_EDGES[-1] else f"{low}..{high}")
+            bins.append(f"{label}: {count:,}")
+        lines.append("  eval histogram: " + ", ".join(bins))
+        plies = f["plies"]
+        if plies is None:
+            lines.append("  plies:          unknown (hcpe records store no ply, and there is no game index)")
+        elif "error" in plies:
+            lines.append(f"  plies:          unknown ({plies['error']})")
+        else:
+            games = f", {plies['games']:,} games" if "games" in plies else ""
+            lines.append(f"  plies:          {plies['min']}..{plies['max']} (from {plies['from']}{games})")
+        lines.append(f"  duplicates:     {f['duplicate_positions']:,} positions seen before "
+                     f"({_percent(f['duplicate_positions'], n)}), {f['duplicate_records']:,} identical records")
+    if "total" in report:
+        t = report["total"]
+        lines.append(f"all files: {t['records']:,} records; {t['duplicate_positions']:,} positions seen before "
+                     f"({_percent(t['duplicate_positions'], t['records'])}), "
+                     f"{t['duplicate_records']:,} identical records")
+    return "\n".join(lines)
+
+
+@dataclass
+class BadRecordReport:
+    path: str
+    index: int | None
+    """Record index in the file; None for a problem with the whole file."""
+    reason: str
+
+    def __str__(self) -> str:
+        where = self.path if self.index is None else f"{self.path}: record {self.index}"
+        return f"{where}: {self.reason}"
+
+
+def record_problems(records: np.ndarray, kind: str, decoder: Decoder) -> typing.Iterator[tuple[int, str]]:
+    """(index in `records`, reason) for every unusable record, in order."""
+    packed = packed_positions(records)
+    kings = sane_kings(packed).tolist()
+    results = results_for_side_to_move(records, kind).tolist()
+    evals = evals_for_side_to_move(records, kind).tolist()
+    moves = stored_move(records, kind).tolist()
+    for i in range(len(records)):
+        reason = decoder.undecodable_reason(packed[i], kings[i], results[i])
+        if reason is None:
+            reason = material_problem(decoder.board)
+        if reason is None and abs(evals[i]) > EVAL_LIMIT:
+            reason = f"eval {int(evals[i])} out of range (|eval| <= {EVAL_LIMIT})"
+        if reason is None:
+            reason = decoder.move_reason(moves[i])[1]
+        if reason is not None:
+            yield i, reason
+
+
+def verify_files(paths: list[Path], kind: str, progress: bool = True) -> tuple[int, list[BadRecordReport]]:
+    """(records checked, problems found). Missing, directory or unreadable files raise `UserError`."""
+    sizes = [readable_size(p, kind) for p in paths]
+    itemsize = RECORD_DTYPES[kind].itemsize
+    bar = Progress("verify", sum(s // itemsize for s in sizes), "records", enabled=progress)
+    decoder = Decoder(kind, eval_scale=1.0, value_lambda=0.0)
+    problems: list[BadRecordReport] = []
+    checked = 0
+    for path, size in zip(paths, sizes):
+        problem = size_problem(size, kind)
+        if problem:
+            problems.append(BadRecordReport(str(path), None, problem))
+            if size < itemsize:
+                continue
+        records = np.memmap(path, dtype=RECORD_DTYPES[kind], mode="r", shape=(size // itemsize,))
+        for start in range(0, len(records), CHUNK):
+            chunk = np.asarray(records[start:start + CHUNK])
+            for i, reason in record_problems(chunk, kind, decoder):
+                problems.append(BadRecordReport(str(path), start + i, reason))
+            checked += len(chunk)
+            bar.update(checked, f"{len(problems):,} bad")
+    bar.finish()
+    return checked, problems

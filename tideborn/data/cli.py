@@ -1,0 +1,126 @@
+"""`python -m tideborn.data inspect|verify|convert|split` (also `tideborn data ...`).
+
+Reports go to stdout, progress and warnings to stderr. Exit status: 0 done, 1 `verify` found bad records,
+2 bad input (a missing or unreadable file, a bad argument), with one line saying what was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tideborn.errors import UserError, report_user_error
+from tideborn.trainer.cli import OneLineParser
+
+VERIFY_FOUND_BAD = 1
+
+
+def _add_files(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help="hcpe or psv files (or quoted globs)")
+    parser.add_argument("--kind", default="auto", choices=("auto", "hcpe", "psv"),
+                        help="record format; auto: from the extension (.hcpe; .bin or .psv)")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=prog, description="Check and prepare teacher data (hcpe, psv) and game records.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{inspect,verify,convert,split}",
+                                parser_class=OneLineParser)
+    inspect = sub.add_parser("inspect", help="record count, results, eval histogram, plies, duplicates")
+    _add_files(inspect)
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify = sub.add_parser("verify", help="decode every record; list bad ones; exit 1 if any")
+    _add_files(verify)
+    verify.add_argument("--max-listed", type=int, default=100, metavar="N",
+                        help="list at most N bad records (all are counted; default 100)")
+    convert = sub.add_parser("convert", help="CSA/KIF/KI2 game records into hcpe, with a game index")
+    convert.add_argument("inputs", nargs="+", type=Path, metavar="INPUT",
+                         help="record files, or directories searched recursively")
+    convert.add_argument("--output", "-o", type=Path, required=True, metavar="OUT.hcpe",
+                         help="hcpe file to write (its game index goes beside it as OUT.games.csv)")
+    convert.add_argument("--min-ply", type=int, default=1, metavar="N", help="skip games of fewer moves")
+    convert.add_argument("--min-rating", type=float, metavar="R",
+                         help="skip games with a stated rating under R (games without ratings are kept)")
+    convert.add_argument("--include-handicap", action="store_true",
+                         help="keep games that do not start from the standard position")
+    convert.add_argument("--keep-duplicates", action="store_true", help="keep repeated identical games")
+    convert.add_argument("--quiet", action="store_true", help="no progress or per-file warnings on stderr")
+    split = sub.add_parser("split", help="split a converted hcpe file by game into train and test")
+    split.add_argument("source", type=Path, metavar="INPUT.hcpe", help="hcpe file with a game index (from convert)")
+    split.add_argument("--train", type=Path, required=True, metavar="TRAIN.hcpe")
+    split.add_argument("--test", type=Path, required=True, metavar="TEST.hcpe")
+    split.add_argument("--test-fraction", type=float, default=0.1, metavar="F",
+                       help="fraction of games held out (default 0.1)")
+    split.add_argument("--seed", type=int, default=0, help="seed of the game shuffle (default 0)")
+    split.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return parser
+
+
+def _files(args: argparse.Namespace) -> tuple[list[Path], str]:
+    from tideborn.data.records import expand_paths, resolve_kind
+
+    paths = expand_paths(args.files, ".", "FILE")
+    for path in paths:
+        if path.is_dir():
+            raise UserError(f"{path}: is a directory; name the files in it (e.g. {path}/*.hcpe)")
+        if not path.exists():
+            raise UserError(f"{path}: no such file")
+    return paths, resolve_kind(paths, args.kind)
+
+
+def command_inspect(args: argparse.Namespace) -> int:
+    from tideborn.data.checks import format_inspection, inspect_files
+
+    paths, kind = _files(args)
+    report = inspect_files(paths, kind, progress=not args.quiet)
+    print(json.dumps(report, indent=2) if args.json else format_inspection(report))
+    return 0
+
+
+def command_verify(args: argparse.Namespace) -> int:
+    from tideborn.data.checks import verify_files
+
+    paths, kind = _files(args)
+    checked, problems = verify_files(paths, kind, progress=not args.quiet)
+    for problem in problems[:max(0, args.max_listed)]:
+        print(problem)
+    if len(problems) > args.max_listed:
+        print(f"... and {len(problems) - args.max_listed:,} more")
+    print(f"verify: {checked:,} records in {len(paths)} file(s): "
+          + (f"{len(problems):,} bad" if problems else "all good"))
+    return VERIFY_FOUND_BAD if problems else 0
+
+
+def command_convert(args: argparse.Namespace) -> int:
+    from tideborn.data.convert import ConvertFilters, convert_games
+
+    if args.min_ply < 0:
+        raise UserError(f"--min-ply {args.min_ply}: must be >= 0")
+    filters = ConvertFilters(args.min_ply, args.min_rating, args.include_handicap, not args.keep_duplicates)
+    warn = None if args.quiet else (lambda text: print(f"warning: {text}", file=sys.stderr))
+    report = convert_games(args.inputs, args.output, filters, progress=not args.quiet, warn=warn)
+    print(report.summary(args.output, listed=not args.quiet))
+    return 0
+
+
+def command_split(args: argparse.Namespace) -> int:
+    from tideborn.data.split import split_games
+
+    report = split_games(args.source, args.train, args.test, args.test_fraction, args.seed,
+                         progress=not args.quiet)
+    print(report.summary(args.train, args.test))
+    return 0
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m tideborn.data") -> int:
+    args = build_parser(prog).parse_args(argv)
+    handler = {"inspect": command_inspect, "verify": command_verify, "convert": command_convert,
+               "split": command_split}[args.command]
+    try:
+        return handler(args)
+    except UserError as exc:
+        return report_user_error(exc, "tideborn data")
+    except BrokenPipeError:
+        return 0

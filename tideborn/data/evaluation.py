@@ -1,0 +1,115 @@
+"""Evaluation on held-out teacher data (`data.test`): the losses and accuracies of the `eval` event.
+
+The positions are a fixed sample (seeded by `runtime.seed`, at most `data.eval_positions`) spread over
+all test files, decoded once and kept as uint8 planes, so successive evaluations are comparable and cost
+only the forward passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import typing
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tideborn.config.schema import Settings
+from tideborn.data.features import BadRecord, Decoder
+from tideborn.data.loader import to_device_batch
+from tideborn.data.records import RecordSet, held_out_records
+from tideborn.errors import UserError
+
+DECODE_CHUNK = 4096
+
+
+def evaluation_indices(records: int, limit: int, seed: int) -> np.ndarray:
+    """All record indices when there are at most `limit`, else a seeded sample of `limit`, sorted."""
+    if records <= limit:
+        return np.arange(records, dtype=np.int64)
+    chosen = np.random.default_rng([seed, 0xE7A1]).choice(records, size=limit, replace=False)
+    return np.sort(chosen).astype(np.int64)
+
+
+class Evaluator:
+    """Decodes the evaluation sample once; `run(model)` evaluates a model on it."""
+
+    def __init__(self, settings: Settings, device: torch.device, batch_size: int | None = None,
+                 records: RecordSet | None = None):
+        records = records if records is not None else held_out_records(settings)
+        if records is None:
+            raise UserError("data.test: no files given; evaluation needs held-out data")
+        data = settings.data
+        self.device = torch.device(device)
+        self.batch_size = batch_size or settings.optim.micro_batch_size
+        decoder = Decoder(records.kind, data.eval_scale, settings.loss.value_lambda, data.bad_records)
+        indices = evaluation_indices(len(records), data.eval_positions, settings.runtime.seed)
+        parts = []
+        self.skipped_records = 0
+        for start in range(0, len(indices), DECODE_CHUNK):
+            chunk = indices[start:start + DECODE_CHUNK]
+            try:
+                parts.append(decoder.decode(records.read(chunk)))
+            except BadRecord as bad:
+                raise UserError(f"{records.describe(int(chunk[bad.position]))}: {bad.reason}") from None
+            self.skipped_records += len(parts[-1].skipped)
+        records.close()
+        self.features1 = torch.from_numpy(np.concatenate([p.features1 for p in parts]))
+        self.features2 = torch.from_numpy(np.concatenate([p.features2 for p in parts]))
+        self.policy = torch.from_numpy(np.concatenate([p.policy for p in parts]))
+        self.value = torch.from_numpy(np.concatenate([p.value for p in parts]))
+        self.result = torch.from_numpy(np.concatenate([p.result for p in parts]))
+        if not len(self.policy):
+            raise UserError(f"data.test: none of the {len(indices)} sampled records has a legal move")
+
+    @property
+    def positions(self) -> int:
+        return int(self.policy.shape[0])
+
+    @torch.no_grad()
+    def run(self, model: torch.nn.Module,
+            autocast_ctx: contextlib.AbstractContextManager | typing.Callable[[], typing.Any] | None = None) -> dict:
+        """`policy_loss`, `value_loss` (BCE against the mixed target), `policy_accuracy` (top-1),
+        `value_accuracy` (sign of the value logit agrees with the game result; draws left out; None when
+        every position is a draw), `positions`, `skipped_records`."""
+        if autocast_ctx is None:
+            autocast_ctx = contextlib.nullcontext()
+        elif not hasattr(autocast_ctx, "__enter__"):
+            autocast_ctx = autocast_ctx()  # a factory such as DeviceSetup.autocast
+        was_training = model.training
+        model.eval()
+        totals = torch.zeros(5, dtype=torch.float64, device=self.device)
+        try:
+            with autocast_ctx:
+                for start in range(0, self.positions, self.batch_size):
+                    stop = start + self.batch_size
+                    item = {"features1": self.features1[start:stop], "features2": self.features2[start:stop],
+                            "policy": self.policy[start:stop], "value": self.value[start:stop]}
+                    batch = to_device_batch(item, self.device)
+                    result = self.result[start:stop].to(self.device)
+                    policy_logits, value_logit = model(batch.features1, batch.features2)
+                    policy_logits, value_logit = policy_logits.float(), value_logit.float()
+                    decisive = result != 0.5
+                    agree = (value_logit > 0) == (result > 0.5)
+                    totals += torch.stack([
+                        F.cross_entropy(policy_logits, batch.policy, reduction="sum"),
+                        F.binary_cross_entropy_with_logits(value_logit, batch.value, reduction="sum"),
+                        (policy_logits.argmax(dim=1) == batch.policy).sum(),
+                        (agree & decisive).sum(),
+                        decisive.sum(),
+                    ]).double()
+        finally:
+            model.train(was_training)
+        policy_loss, value_loss, policy_hits, value_hits, decisive = totals.tolist()
+        n = self.positions
+        return {
+            "policy_loss": policy_loss / n, "value_loss": value_loss / n, "policy_accuracy": policy_hits / n,
+            "value_accuracy": value_hits / decisive if decisive else None,
+            "positions": n, "skipped_records": self.skipped_records,
+        }
+
+
+def evaluate(model: torch.nn.Module, settings: Settings, device: torch.device,
+             autocast_ctx: contextlib.AbstractContextManager | typing.Callable[[], typing.Any] | None = None) -> dict:
+    """Evaluate `model` on `data.test` (decoding the sample anew; keep an `Evaluator` to decode once)."""
+    return Evaluator(settings, device).run(model, autocast_ctx)

@@ -1,0 +1,220 @@
+"""Teacher batches for the training loop: the same interface as `SyntheticBatches`, fed by worker processes.
+
+`TeacherBatches(settings, device, rank, world_size, micro_batch_size)`: `next_batch() -> Batch` on
+`device`, `state_dict()` / `load_state_dict()` with the data cursor, `close()`. Time spent inside
+`next_batch()` is the data wait: with enough workers it is a queue pop and a host-to-device copy.
+
+Workers are a `torch.utils.data.DataLoader` whose sampler yields cursors (epoch, batch) of `ShardedOrder`.
+DataLoader brings what hand-rolled multiprocessing would have to rebuild: tensors cross processes through
+shared memory rather than pickled bytes, batches come back in order whichever worker finished first, a
+pin-memory thread stages them for asynchronous copies to CUDA, and workers are shut down (or their death
+reported) for us. Workers send uint8 planes (see `features`); they are widened to float on the target
+device.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections import deque
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from tideborn.config.schema import Settings
+from tideborn.data.dataset import ShardedOrder
+from tideborn.data.features import FEATURES1_NUM, BadRecord, Decoder
+from tideborn.data.records import RecordSet, training_records
+from tideborn.errors import UserError
+from tideborn.trainer.synthetic import Batch
+
+SKIP_EXAMPLES = 5
+"""How many recently skipped records `skipped_examples` keeps for the warning event."""
+
+
+class _DecodedBatches(Dataset):
+    """Maps a cursor (epoch, batch) to that decoded batch; runs in the workers, which also work out the
+    batch's record indices, so the training process does nothing per batch but receive it."""
+
+    def __init__(self, records: RecordSet, order: ShardedOrder, decoder_args: tuple):
+        self.records = records
+        self.order = order
+        self.decoder_args = decoder_args
+        self._decoder: Decoder | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_decoder": None}
+
+    def __len__(self) -> int:  # indexed by cursors from the sampler, never enumerated
+        return len(self.records)
+
+    def __getitem__(self, cursor: tuple[int, int]) -> dict:
+        indices = self.order.batch_indices(*cursor)
+        if self._decoder is None:
+            self._decoder = Decoder(*self.decoder_args)
+        in_worker = torch.utils.data.get_worker_info() is not None
+        return decode_indices(self.records, self._decoder, indices, in_worker)
+
+
+def _shared_zeros(shape: tuple[int, ...]) -> torch.Tensor:
+    """A zeroed uint8 tensor in shared memory: it reaches the trainer process without a copy (what
+    DataLoader's own collate does for batches built in workers)."""
+    storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))  # fresh shared pages are zero
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
+
+
+def decode_indices(records: RecordSet, decoder: Decoder, indices: np.ndarray, in_worker: bool = False) -> dict:
+    """Decode the records at `indices` into tensors. Errors come back as a message, not an exception:
+    an exception raised in a worker would reach the trainer as a multi-line worker traceback."""
+    planes = _shared_zeros((len(indices), FEATURES1_NUM, 9, 9)) if in_worker else None
+    try:
+        decoded = decoder.decode(records.read(indices), None if planes is None else planes.numpy())
+    except BadRecord as bad:
+        return {"error": f"{records.describe(int(indices[bad.position]))}: {bad.reason}"}
+    # The planes go as one shared-memory tensor; the small arrays as numpy, pickled by value through the
+    # worker's queue (a tensor each would cost a file-descriptor handshake per batch).
+    return {
+        "features1": torch.from_numpy(decoded.features1) if planes is None else planes[:len(decoded)],
+        "features2": decoded.features2, "policy": decoded.policy, "value": decoded.value, "result": decoded.result,
+        "skipped": [(records.describe(int(indices[pos])), reason) for pos, reason in decoded.skipped],
+    }
+
+
+def _as_decoded(item: dict) -> dict:
+    """DataLoader's collate step, a no-op: its default would turn the numpy arrays into tensors."""
+    return item
+
+
+class _CursorSampler(Sampler):
+    """Endless cursors (epoch, batch) in data order, starting at a given one."""
+
+    def __init__(self, order: ShardedOrder, epoch: int, batch: int):
+        self.order, self.epoch, self.batch = order, epoch, batch
+
+    def __iter__(self) -> typing.Iterator[tuple[int, int]]:
+        epoch, batch = self.epoch, self.batch
+        while True:
+            yield epoch, batch
+            epoch, batch = self.order.following(epoch, batch)
+
+
+def to_device_batch(item: dict, device: torch.device) -> Batch:
+    """Decoded uint8 planes to the float tensors the model takes, on `device` (copies overlap on CUDA).
+
+    `features2` is the [n, 57] hand/check values broadcast to [n, 57, 9, 9] (a stride-0 view: the
+    convolution or a `.contiguous()` materialises it, so it is not copied twice).
+    """
+    non_blocking = device.type == "cuda"
+    planes, hands = torch.as_tensor(item["features1"]), torch.as_tensor(item["features2"])
+    if device.type == "cpu":
+        # numpy widens in one pass; torch's threaded cast is several times slower on a busy 2-core host
+        features1 = torch.from_numpy(planes.numpy().astype(np.float32))
+        hands = torch.from_numpy(hands.numpy().astype(np.float32))
+    else:
+        features1 = planes.to(device, non_blocking=non_blocking).float()
+        hands = hands.to(device, non_blocking=non_blocking).float()
+    n = hands.shape[0]
+    features2 = hands.view(n, -1, 1, 1).expand(n, hands.shape[1], 9, 9)
+    return Batch(features1, features2, torch.as_tensor(item["policy"]).to(device, non_blocking=non_blocking),
+                 torch.as_tensor(item["value"]).to(device, non_blocking=non_blocking))
+
+
+class TeacherBatches:
+    """An endless stream of teacher micro-batches for one rank; resumable at any batch boundary."""
+
+    def __init__(self, settings: Settings, device: torch.device, rank: int = 0, world_size: int = 1,
+                 micro_batch_size: int | None = None):
+        data = settings.data
+        self.settings = settings
+        self.device = torch.device(device)
+        self.records = training_records(settings)
+        self.kind = self.records.kind
+        batch_size = micro_batch_size or settings.optim.micro_batch_size
+        if len(self.records) < world_size:
+            raise UserError(f"data.train: {len(self.records)} records cannot be shared among {world_size} ranks")
+        self.order = ShardedOrder(len(self.records), settings.runtime.seed, batch_size, rank, world_size)
+        self.decoder_args = (self.kind, data.eval_scale, settings.loss.value_lambda, data.bad_records)
+        self.epoch, self.batch_in_epoch = 0, 0
+        self.batches_delivered = 0
+        self.skipped_records = 0
+        """Records skipped so far (empty or illegal moves), counted across resumes."""
+        self.skipped_examples: deque[str] = deque(maxlen=SKIP_EXAMPLES)
+        """The latest skipped records as 'file: record N: reason', for the warning event."""
+        self._iterator: typing.Iterator | None = None
+        self._loader: DataLoader | None = None
+
+    @property
+    def position(self) -> int:
+        """Micro-batches delivered since step 0 (the same count `SyntheticBatches.position` keeps)."""
+        return self.batches_delivered
+
+    def _start(self) -> None:
+        workers = self.settings.data.workers
+        dataset = _DecodedBatches(self.records, self.order, self.decoder_args)
+        extra = {"prefetch_factor": self.settings.data.prefetch_batches} if workers else {}
+        self._loader = DataLoader(
+            dataset, batch_size=None, sampler=_CursorSampler(self.order, self.epoch, self.batch_in_epoch),
+            num_workers=workers, pin_memory=self.device.type == "cuda", collate_fn=_as_decoded, **extra)
+        self._iterator = iter(self._loader)
+
+    def next_batch(self) -> Batch:
+        empty_batches = 0
+        while True:
+            if self._iterator is None:
+                self._start()
+            assert self._iterator is not None
+            item = next(self._iterator)
+            if "error" in item:
+                raise UserError(item["error"])
+            self.epoch, self.batch_in_epoch = self.order.following(self.epoch, self.batch_in_epoch)
+            self.batches_delivered += 1
+            for where, reason in item["skipped"]:
+                self.skipped_records += 1
+                self.skipped_examples.append(f"{where}: {reason}")
+            if item["policy"].shape[0]:
+                return to_device_batch(item, self.device)
+            # every record of this batch was skipped: take the next one rather than train on nothing
+            empty_batches += 1
+            if empty_batches >= self.order.batches_per_epoch:
+                raise UserError(f"data.train: a whole epoch without a usable record ({self.skipped_records} "
+                                f"skipped, e.g. {self.skipped_examples[-1]})")
+
+    def state_dict(self) -> dict:
+        return {
+            "kind": self.kind, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+            "position": self.batches_delivered, "skipped_records": self.skipped_records,
+            "records": len(self.records), "batch_size": self.order.batch_size,
+            "world_size": self.order.world_size, "seed": self.order.seed,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a saved cursor. The order is only the same for the same records, seed, micro-batch
+        size and world size, so a change in any of them is an error rather than a silent reshuffle."""
+        expected = {"kind": self.kind, "records": len(self.records), "batch_size": self.order.batch_size,
+                    "world_size": self.order.world_size, "seed": self.order.seed}
+        names = {"kind": "data.kind", "records": "data.train's record count", "batch_size": "the micro-batch size",
+                 "world_size": "the world size", "seed": "runtime.seed"}
+        for key, now in expected.items():
+            if key in state and state[key] != now:
+                raise UserError(f"cannot resume the data order: {names[key]} was {state[key]!r} when the "
+                                f"checkpoint was written and is {now!r} now")
+        self.close()
+        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+        if self.batch_in_epoch >= self.order.batches_per_epoch:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        self.batches_delivered = int(state.get("position", 0))
+        self.skipped_records = int(state.get("skipped_records", 0))
+
+    def close(self) -> None:
+        """Stop the worker processes (safe to call more than once; the next `next_batch` restarts them)."""
+        iterator, self._iterator, self._loader = self._iterator, None, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self.records.close()
+
+    def __enter__(self) -> TeacherBatches:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 TORCH_FREE = ["tideborn.config", "tideborn.events", "tideborn.rundir", "tideborn.errors", "tideborn.cli",
-              "tideborn.trainer.cli", "tideborn.trainer.preflight", "tideborn.trainer.signals",
+              "tideborn.trainer.cli", "tideborn.trainer.preflight", "tideborn.trainer.signals", "tideborn.trainer.rank",
               "tideborn.anomaly", "tideborn.runfiles", "tideborn.runstate", "tideborn.runcontrol",
               "tideborn.tools.train_run", "tui.app"]
 HEADLESS = ["tideborn.trainer.loop", "tideborn.trainer.cli", "tideborn.config", "tideborn.events"]

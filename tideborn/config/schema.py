@@ -171,6 +171,8 @@ class OptimSettings:
     """Step schedule: the steps at which the learning rate is multiplied by `decay_gamma`."""
     decay_gamma: float = 0.1
     """Step schedule: the factor applied at each of `decay_steps`."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average of the weights with this decay per step (e.g. 0.9999); 0 disables it."""
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "optim.batch_size", f"must be >= 1; got {self.batch_size}")
@@ -193,6 +195,7 @@ class OptimSettings:
         _check(list(self.decay_steps) == sorted(self.decay_steps), "optim.decay_steps",
                f"must be in increasing order; got {list(self.decay_steps)}")
         _check(0 < self.decay_gamma <= 1, "optim.decay_gamma", f"must be in (0, 1]; got {self.decay_gamma}")
+        _check(0 <= self.ema_decay < 1, "optim.ema_decay", f"must be in [0, 1); got {self.ema_decay}")
 
     @property
     def micro_batch_size(self) -> int:
@@ -248,6 +251,10 @@ class RuntimeSettings:
     """How many of the newest step checkpoints to keep; older ones are deleted after a new one is written."""
     progress: str = "auto"
     """Terminal progress: `auto` (updating line on a terminal, else `plain`), `line`, `plain` (a line per log), `off`."""
+    dist_timeout_seconds: float = 600.0
+    """Under torchrun: how long a collective may wait for the other ranks before the run fails."""
+    ddp_count_allreduce: bool = False
+    """Under torchrun: count gradient all-reduces (a DDP communication hook) and report them in `step` events."""
     stop_on_nonfinite: bool = True
     """Stop the run with `run_failed` when a logged loss is NaN or infinite (the last checkpoint stays good)."""
 
@@ -269,6 +276,8 @@ class RuntimeSettings:
         _check(self.keep_checkpoints >= 1, "runtime.keep_checkpoints",
                f"must be >= 1; got {self.keep_checkpoints}")
         _one_of(self.progress, PROGRESS_STYLES, "runtime.progress")
+        _check(self.dist_timeout_seconds > 0, "runtime.dist_timeout_seconds",
+               f"must be > 0; got {self.dist_timeout_seconds}")
 
 
 @dataclass(frozen=True)

@@ -88,16 +88,18 @@ def command_summary(args: argparse.Namespace) -> int:
 
 def command_train(args: argparse.Namespace) -> int:
     from tideborn.trainer.preflight import preflight
+    from tideborn.trainer.rank import dist_env
     from tideborn.trainer.signals import StopRequest
 
     stop = StopRequest().install()  # before torch loads: a SIGTERM during start-up still stops cleanly
     try:
         resolved = resolve(args)
+        env = dist_env()
         preflight(resolved.settings, args.resume, args.fresh, args.stop_at_step)
         from tideborn.trainer.loop import run_training
 
         return run_training(resolved, resume=args.resume, fresh=args.fresh, stop_at_step=args.stop_at_step,
-                            argv=[sys.executable, "-m", "tideborn.trainer", *sys.argv[1:]], stop=stop)
+                            argv=[sys.executable, "-m", "tideborn.trainer", *sys.argv[1:]], stop=stop, env=env)
     finally:
         stop.uninstall()
 

@@ -46,9 +46,14 @@ class DeviceSetup:
         return f"{name}, {', '.join(extras)}"
 
 
-def resolve_device(runtime: RuntimeSettings) -> DeviceSetup:
-    """Pick the device and precision; raise `UserError` for a request this machine cannot meet."""
+def resolve_device(runtime: RuntimeSettings, local_rank: int | None = None) -> DeviceSetup:
+    """Pick the device and precision; raise `UserError` for a request this machine cannot meet.
+
+    Under torchrun (`local_rank` given) each process takes the CUDA device of its local rank."""
     cuda = torch.cuda.is_available()
+    if local_rank is not None and runtime.device.startswith("cuda:"):
+        raise UserError(f"runtime.device={runtime.device!r}: under torchrun each process uses cuda:LOCAL_RANK; "
+                        "set runtime.device to \"auto\" or \"cuda\" (choose GPUs with CUDA_VISIBLE_DEVICES)")
     if runtime.device == "auto":
         device = torch.device("cuda" if cuda else "cpu")
     else:
@@ -61,7 +66,10 @@ def resolve_device(runtime: RuntimeSettings) -> DeviceSetup:
                 raise UserError(f"runtime.device={runtime.device!r}, but only "
                                 f"{torch.cuda.device_count()} CUDA device(s) are visible")
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cuda", local_rank if local_rank is not None else torch.cuda.current_device())
+        if device.index >= torch.cuda.device_count():
+            raise UserError(f"LOCAL_RANK {local_rank} has no GPU: only {torch.cuda.device_count()} visible; "
+                            "start no more processes per node than GPUs")
     precision = runtime.precision
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"

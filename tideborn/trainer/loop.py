@@ -1,15 +1,15 @@
-"""The training loop: steps, logging, checkpoints, signals, and exactly one terminal event per run.
+"""The training loop: steps, logging, evaluation, checkpoints, stopping, and exactly one terminal event.
 
 `prepare` checks everything that can be wrong with the user's input and writes nothing; `Trainer.run`
-then owns the run directory until it returns.
+then owns the run directory until it returns. Under torchrun every rank runs the loop; only rank 0
+writes events, checkpoints and progress, and every decision that ends the loop (a stop signal that
+reached some ranks, a non-finite loss) is agreed by all ranks before it is acted on.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import platform
-import random
 import socket
 import sys
 import time
@@ -18,24 +18,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-import tideborn
 from tideborn.config import Resolved, Settings
 from tideborn.errors import UserError
 from tideborn.events import EventWriter
 from tideborn.rundir import EVENTS_FILE, list_checkpoints, temp_checkpoints
-from tideborn.trainer.checkpoint import FORMAT, FORMAT_VERSION, prune_checkpoints, save_checkpoint
-from tideborn.trainer.device import DeviceSetup, apply_global_switches, resolve_device
+from tideborn.trainer.checkpoint import prune_checkpoints, save_checkpoint
+from tideborn.trainer.device import DeviceSetup, resolve_device
+from tideborn.trainer.distributed import (
+    any_rank,
+    barrier,
+    close_process_group,
+    failure_elsewhere,
+    init_process_group,
+    mean_over_ranks,
+    report_failure,
+)
 from tideborn.trainer.gpu_stats import gpu_snapshot
-from tideborn.trainer.model import build_model
-from tideborn.trainer.optim import build_optimizer, build_scheduler
 from tideborn.trainer.preflight import preflight
 from tideborn.trainer.progress import Progress, format_duration
+from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint, choose_start
 from tideborn.trainer.rundir_lock import RunDirLock
 from tideborn.trainer.signals import StopRequest
-from tideborn.trainer.synthetic import SyntheticBatches
+from tideborn.trainer.state import TrainingState, versions
 
 
 @dataclass(frozen=True)
@@ -47,44 +53,42 @@ class Prepared:
     fresh: bool
     stop_at_step: int | None
     argv: list[str]
+    env: DistEnv = DistEnv()
 
 
 def prepare(resolved: Resolved, resume: Path | None = None, fresh: bool = False,
-            stop_at_step: int | None = None, argv: list[str] | None = None) -> Prepared | None:
+            stop_at_step: int | None = None, argv: list[str] | None = None,
+            env: DistEnv = DistEnv()) -> Prepared | None:
     """Validate the request without writing anything. None means there is nothing to train."""
     settings = resolved.settings
     run_dir = preflight(settings, resume, fresh, stop_at_step)
-    setup = resolve_device(settings.runtime)
+    setup = resolve_device(settings.runtime, env.local_rank if env.distributed else None)
     start = choose_start(settings, run_dir, resume, fresh)
+    if start.payload is not None and int(start.payload.get("world_size", 1)) != env.world_size:
+        raise UserError(
+            f"cannot resume from {start.checkpoint}: it was written by {start.payload.get('world_size', 1)} "
+            f"process(es) and this run has {env.world_size}; the data order is laid out per rank, so resume "
+            "with the same number of processes (or start over with --fresh)")
     max_steps = settings.runtime.max_steps
     if stop_at_step is not None and not start.step < stop_at_step <= max_steps:
         raise UserError(f"--stop-at-step {stop_at_step}: must be after the start step ({start.step}) "
                         f"and at most runtime.max_steps ({max_steps})")
     if start.step >= max_steps:
-        print(f"nothing to train: {start.checkpoint} is at step {start.step}, and runtime.max_steps "
-              f"is {max_steps} (raise it with --set runtime.max_steps=N, or start over with --fresh)")
+        if env.is_main:
+            print(f"nothing to train: {start.checkpoint} is at step {start.step}, and runtime.max_steps "
+                  f"is {max_steps} (raise it with --set runtime.max_steps=N, or start over with --fresh)")
         return None
-    return Prepared(settings, run_dir, setup, start, fresh, stop_at_step, list(argv or sys.argv))
+    return Prepared(settings, run_dir, setup, start, fresh, stop_at_step, list(argv or sys.argv), env)
 
 
-def versions() -> dict[str, str]:
-    # str(): torch.__version__ is a TorchVersion, which a weights_only load refuses as a foreign global.
-    found = {"tideborn": tideborn.__version__, "python": platform.python_version(), "torch": str(torch.__version__)}
-    if torch.version.cuda:
-        found["cuda"] = torch.version.cuda
-    return found
+class _NoEvents:
+    """Ranks other than 0 write no events."""
 
+    def emit(self, kind: str, **fields: object) -> None:
+        return None
 
-def rng_state(cuda: bool) -> dict:
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if cuda else []}
-
-
-def restore_rng(state: dict, cuda: bool) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if cuda and state.get("cuda"):
-        torch.cuda.set_rng_state_all(state["cuda"])
+    def close(self) -> None:
+        return None
 
 
 class Trainer:
@@ -92,106 +96,20 @@ class Trainer:
         self.p = prepared
         self.settings = prepared.settings
         self.setup = prepared.setup
-        self.progress = Progress(self.settings.runtime.progress)
+        self.env = prepared.env
+        self.progress = Progress(self.settings.runtime.progress if self.env.is_main else "off")
         # The CLI installs the handler before torch loads, so a stop during start-up is not lost.
         self.stop = stop or StopRequest().install()
         self.started = time.perf_counter()
         self.step = prepared.start.step
-        self.events: EventWriter | None = None
-
-    # -- building -------------------------------------------------------------------------------
-    def _build(self) -> None:
-        s, setup = self.settings, self.setup
-        apply_global_switches(s.runtime, setup)
-        torch.manual_seed(s.runtime.seed)
-        random.seed(s.runtime.seed)
-        model = build_model(s.model).to(setup.device)
-        if setup.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        self.model = model
-        self.optimizer = build_optimizer(model, s.optim, fused=setup.is_cuda)
-        self.scheduler = build_scheduler(self.optimizer, s.optim, s.runtime.max_steps)
-        self.scaler = torch.amp.GradScaler("cuda") if setup.uses_grad_scaler else None
-        if s.data.resolved_kind == "synthetic":
-            self.data = SyntheticBatches(s.runtime.seed, s.optim.micro_batch_size, setup.device)
-        else:
-            from tideborn.data.loader import TeacherBatches
-
-            self.data = TeacherBatches(s, setup.device)
-        self.evaluator = None
-        if s.data.resolved_kind != "synthetic" and s.data.test:
-            from tideborn.data.evaluation import Evaluator
-
-            self.evaluator = Evaluator(s, setup.device)
+        self.events: EventWriter | _NoEvents = _NoEvents()
+        self.state: TrainingState | None = None
         self.skipped_reported = 0
-        start = self.p.start
-        if start.payload is not None:
-            payload = start.payload
-            model.load_state_dict(payload["model"])
-            self.optimizer.load_state_dict(payload["optimizer"])
-            self.scheduler.load_state_dict(payload["scheduler"])
-            if self.scaler is not None and payload.get("scaler"):
-                self.scaler.load_state_dict(payload["scaler"])
-            self.data.load_state_dict(payload["data_cursor"])
-            restore_rng(payload["rng"], setup.is_cuda)
-        elif start.init_weights is not None:
-            model.load_state_dict(start.init_weights)
-        self.forward = torch.compile(model) if s.runtime.compile else model
 
-    def _checkpoint_payload(self) -> dict:
-        return {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "step": self.step,
-            "settings": self.settings.to_dict(), "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "rng": rng_state(self.setup.is_cuda), "data_cursor": self.data.state_dict(),
-            "versions": versions(), "saved_at": time.time(), "world_size": 1,
-        }
-
-    # -- the step -------------------------------------------------------------------------------
-    def _train_step(self) -> tuple[torch.Tensor, torch.Tensor, float, float]:
-        """One optimizer step; returns (loss/policy/value means, grad norm, data-wait seconds, lr used)."""
-        s, setup = self.settings, self.setup
-        self.model.train()
-        micro_steps = s.optim.accumulation_steps
-        totals = torch.zeros(3, device=setup.device)
-        data_wait = 0.0
-        for _ in range(micro_steps):
-            waited = time.perf_counter()
-            batch = self.data.next_batch()
-            data_wait += time.perf_counter() - waited
-            x1, x2 = batch.features1, batch.features2
-            if setup.channels_last:
-                x1 = x1.contiguous(memory_format=torch.channels_last)
-                x2 = x2.contiguous(memory_format=torch.channels_last)
-            with setup.autocast():
-                policy_logits, value_logit = self.forward(x1, x2)
-            policy_loss = F.cross_entropy(policy_logits.float(), batch.policy)
-            value_loss = F.binary_cross_entropy_with_logits(value_logit.float(), batch.value)
-            loss = s.loss.policy_weight * policy_loss + s.loss.value_weight * value_loss
-            scaled = loss / micro_steps
-            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-            totals += torch.stack([loss, policy_loss, value_loss]).detach() / micro_steps
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        parameters = [p for p in self.model.parameters() if p.grad is not None]
-        if s.optim.grad_clip_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, s.optim.grad_clip_norm)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.scheduler.step()
-        return totals, grad_norm.detach(), data_wait, lr
-
-    # -- the run --------------------------------------------------------------------------------
     def run(self) -> int:
         p = self.p
+        if not self.env.is_main:
+            return self._guarded([], None)
         p.run_dir.mkdir(parents=True, exist_ok=True)
         with RunDirLock(p.run_dir):
             archived = self._archive_for_fresh() if p.fresh else None
@@ -200,14 +118,17 @@ class Trainer:
                 temp.unlink(missing_ok=True)
                 warnings.append(f"removed {temp.name}, left by a checkpoint save that did not finish")
             self.events = EventWriter(p.run_dir / EVENTS_FILE)
-            try:
-                return self._run(warnings, archived)
-            finally:
-                self.stop.uninstall()
-                self.progress.end_line()
-                self.events.close()
-                if hasattr(self, "data"):
-                    self.data.close()
+            return self._guarded(warnings, archived)
+
+    def _guarded(self, warnings: list[str], archived: Path | None) -> int:
+        try:
+            return self._run(warnings, archived)
+        finally:
+            self.stop.uninstall()
+            self.progress.end_line()
+            self.events.close()
+            if self.state is not None:
+                self.state.close()
 
     def _archive_for_fresh(self) -> Path | None:
         run_dir = self.p.run_dir
@@ -225,16 +146,16 @@ class Trainer:
         return archive
 
     def _run(self, warnings: list[str], archived: Path | None) -> int:
-        assert self.events is not None
-        events, s, p = self.events, self.settings, self.p
+        s, p = self.settings, self.p
         try:
-            self._build()
+            self.state = TrainingState(s, self.setup, self.env)
+            self.state.restore(p.start)
             for text in warnings:
-                events.emit("warning", step=self.step, message=text)
+                self.events.emit("warning", step=self.step, message=text)
                 self.progress.message(f"warning: {text}")
-            events.emit(
+            self.events.emit(
                 "run_started", step=self.step, settings=s.to_dict(), device=self.setup.describe(),
-                precision=self.setup.precision, world_size=1, versions=versions(),
+                precision=self.setup.precision, world_size=self.env.world_size, versions=versions(),
                 resumed_from=str(p.start.checkpoint) if p.start.checkpoint else None,
                 changed_settings=p.start.changed_settings, fresh=p.fresh,
                 archived_to=str(archived) if archived else None, pid=os.getpid(),
@@ -242,90 +163,129 @@ class Trainer:
                 batch_size=s.optim.batch_size, run_dir=str(p.run_dir),
             )
             where = f"resuming from {p.start.checkpoint} at step {self.step}" if p.start.checkpoint else "from step 0"
-            self.progress.message(f"training {s.model.blocks}x{s.model.channels} on {self.setup.describe()}, "
+            ranks = f" x {self.env.world_size} processes" if self.env.distributed else ""
+            self.progress.message(f"training {s.model.blocks}x{s.model.channels} on {self.setup.describe()}{ranks}, "
                                   f"{where}, to step {s.runtime.max_steps}; run directory {p.run_dir}")
             return self._loop()
         except UserError as exc:  # bad input met only now (a bad record, data that changed under a cursor)
             self.progress.end_line()
-            self._terminal("run_failed", error=str(exc), traceback=None)
+            report_failure(self.env, str(exc))
+            self._terminal("run_failed", error=str(exc), traceback=None, rank=self.env.rank)
             raise
         except Exception as exc:  # any failure after run_started must still end with one terminal event
             self.progress.end_line()
-            text = f"{type(exc).__name__}: {exc}"
-            self._terminal("run_failed", error=text, traceback=traceback.format_exc(limit=20))
+            text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+            report_failure(self.env, text)
+            other = failure_elsewhere(self.env)
+            if other and not other.startswith(f"rank {self.env.rank}:"):
+                text = f"{other} (rank {self.env.rank} then saw: {text})"
+            self._terminal("run_failed", error=text, traceback=traceback.format_exc(limit=20),
+                           rank=self.env.rank)
             traceback.print_exc()
-            print(f"run failed at step {self.step}: {text}", file=sys.stderr)
+            print(f"run failed at step {self.step} (rank {self.env.rank}): {text}", file=sys.stderr)
             return 1
 
     def _loop(self) -> int:
-        s, events = self.settings, self.events
-        assert events is not None
-        runtime = s.runtime
-        last_saved = self.p.start.checkpoint
-        window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
-        window = torch.zeros(4, device=self.setup.device)  # loss, policy, value, grad norm (sums)
+        s, runtime, state = self.settings, self.settings.runtime, self.state
+        assert state is not None
+        device, env = self.setup.device, self.env
+        last_saved: Path | None = self.p.start.checkpoint
+        saved_step = self.p.start.step
+        window = torch.zeros(4, device=device)  # sums of loss, policy, value, grad norm
+        window_steps, window_wait, window_start, lr = 0, 0.0, time.perf_counter(), 0.0
         next_gpu_event = time.perf_counter()
-        while self.step < runtime.max_steps:
-            if self.setup.is_cuda and time.perf_counter() >= next_gpu_event:
+
+        def log_window() -> list[float]:
+            nonlocal window_steps, window_wait, window_start
+            means = mean_over_ranks(window / window_steps, env).tolist()
+            elapsed = time.perf_counter() - window_start
+            record = {
+                "step": self.step, "loss": means[0], "policy_loss": means[1], "value_loss": means[2],
+                "grad_norm": means[3], "lr": lr,
+                "positions_per_second": window_steps * s.optim.batch_size * env.world_size / elapsed,
+                "data_wait_seconds": window_wait, "compute_seconds": max(0.0, elapsed - window_wait),
+                "steps": window_steps,
+            }
+            if state.allreduce_counter is not None:
+                record["allreduce_calls"] = state.allreduce_counter.calls
+            self.events.emit("step", **record)
+            self._report_skipped_records()
+            self.progress.step(self.step, runtime.max_steps, record,
+                               (runtime.max_steps - self.step) * elapsed / window_steps)
+            window.zero_()
+            window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
+            return means
+
+        while True:
+            signalled = any_rank(self.stop.reason is not None, env, device)
+            if signalled or self.step >= runtime.max_steps or self.step == self.p.stop_at_step:
+                break
+            if self.setup.is_cuda and env.is_main and time.perf_counter() >= next_gpu_event:
                 next_gpu_event = time.perf_counter() + runtime.gpu_event_seconds
-                events.emit("gpu", step=self.step, **gpu_snapshot(self.setup.device))
-            if self.stop.reason is not None and window_steps == 0:  # signalled before this attempt's first step
-                return self._stopped(self.stop.reason, last_saved)
-            totals, grad_norm, data_wait, lr = self._train_step()
+                self.events.emit("gpu", step=self.step, **gpu_snapshot(self.setup.device))
+            result = state.train_step()
             self.step += 1
-            window += torch.cat([totals, grad_norm.reshape(1).float()])
+            window += torch.cat([result.losses, result.grad_norm.reshape(1).float()])
             window_steps += 1
-            window_wait += data_wait
-            final = self.step == runtime.max_steps
-            stopping = self.stop.reason is not None or self.step == self.p.stop_at_step
-            if self.step % runtime.log_every == 0 or final or stopping:
-                means = (window / window_steps).tolist()
-                elapsed = time.perf_counter() - window_start
-                positions = window_steps * s.optim.batch_size
-                record = {
-                    "step": self.step, "loss": means[0], "policy_loss": means[1], "value_loss": means[2],
-                    "grad_norm": means[3], "lr": lr, "positions_per_second": positions / elapsed,
-                    "data_wait_seconds": window_wait, "compute_seconds": max(0.0, elapsed - window_wait),
-                    "steps": window_steps,
-                }
-                events.emit("step", **record)
-                self._report_skipped_records()
-                eta = (runtime.max_steps - self.step) * elapsed / window_steps
-                self.progress.step(self.step, runtime.max_steps, record, eta)
-                window_start, window_steps, window_wait = time.perf_counter(), 0, 0.0
-                window.zero_()
+            window_wait += result.data_wait_seconds
+            lr = result.lr
+            final = self.step in (runtime.max_steps, self.p.stop_at_step)
+            if self.step % runtime.log_every == 0 or final:
+                means = log_window()
                 if runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):
                     return self._fail_nonfinite(means)
-            if self.evaluator is not None and (self.step % runtime.eval_every == 0 or final):
+            if state.evaluator is not None and (self.step % runtime.eval_every == 0 or final):
                 self._evaluate()
-            if self.step % runtime.checkpoint_every == 0 or final or stopping:
-                if window_steps and not bool(torch.isfinite(window[:3]).all()):
-                    return self._fail_nonfinite((window / window_steps).tolist())
-                last_saved = self._save()
-            if stopping:
-                return self._stopped(self.stop.reason or "stop_at_step", last_saved)
-        self._terminal("run_finished", checkpoint=str(last_saved))
-        self.progress.message(f"finished at step {self.step} in {format_duration(time.perf_counter() - self.started)}; "
-                              f"checkpoint {last_saved}")
+            if self.step % runtime.checkpoint_every == 0 or final:
+                if not self._finite_window(window, window_steps):
+                    return self._fail_nonfinite(mean_over_ranks(window / window_steps, env).tolist())
+                last_saved, saved_step = self._save(), self.step
+        if window_steps:
+            means = log_window()
+            if runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):
+                return self._fail_nonfinite(means)
+        if saved_step != self.step:
+            last_saved = self._save()
+        if self.step >= runtime.max_steps:
+            self._terminal("run_finished", checkpoint=str(last_saved))
+            elapsed = format_duration(time.perf_counter() - self.started)
+            self.progress.message(f"finished at step {self.step} in {elapsed}; checkpoint {last_saved}")
+            return 0
+        reason = self.stop.reason or ("SIGTERM" if signalled else "stop_at_step")
+        self._terminal("run_stopped", reason=reason, checkpoint=str(last_saved) if last_saved else None)
+        self.progress.message(f"stopped ({reason}) at step {self.step}; checkpoint {last_saved}")
         return 0
 
+    def _finite_window(self, window: torch.Tensor, steps: int) -> bool:
+        """Whether the losses since the last log are finite on every rank (checked before saving weights)."""
+        broken_here = steps > 0 and not bool(torch.isfinite(window[:3]).all())
+        return not any_rank(broken_here, self.env, self.setup.device)
+
     def _evaluate(self) -> None:
-        assert self.evaluator is not None and self.events is not None
+        state = self.state
+        assert state is not None and state.evaluator is not None
         started = time.perf_counter()
-        result = self.evaluator.run(self.forward, self.setup.autocast)
+        # The plain module, not the DDP wrapper: only rank 0 evaluates, and DDP's forward may communicate.
+        result = state.evaluator.run(state.model, self.setup.autocast)
+        if state.ema is not None:
+            averaged = state.evaluator.run(state.ema.module, self.setup.autocast)
+            result["ema"] = {k: averaged[k] for k in ("policy_loss", "value_loss", "policy_accuracy",
+                                                      "value_accuracy")}
         result["seconds"] = time.perf_counter() - started
         self.events.emit("eval", step=self.step, **result)
         value = result["value_accuracy"]
         self.progress.message(
             f"eval at step {self.step}: policy loss {result['policy_loss']:.4f}, value loss "
             f"{result['value_loss']:.4f}, policy top-1 {result['policy_accuracy']:.1%}, value accuracy "
-            f"{'n/a' if value is None else f'{value:.1%}'} ({result['positions']:,} positions)")
+            f"{'n/a' if value is None else f'{value:.1%}'} ({result['positions']:,} positions)"
+            + (f"; EMA policy top-1 {result['ema']['policy_accuracy']:.1%}" if "ema" in result else ""))
 
     def _report_skipped_records(self) -> None:
-        skipped = getattr(self.data, "skipped_records", 0)
+        assert self.state is not None
+        data = self.state.data
+        skipped = getattr(data, "skipped_records", 0)
         if skipped > self.skipped_reported:
-            assert self.events is not None
-            examples = list(getattr(self.data, "skipped_examples", []))
+            examples = list(getattr(data, "skipped_examples", []))
             text = (f"skipped {skipped - self.skipped_reported} teacher record(s) with an empty or illegal move "
                     f"({skipped} in all; data.bad_records=\"skip\")")
             self.events.emit("warning", step=self.step, message=text, skipped_records=skipped, examples=examples)
@@ -333,25 +293,21 @@ class Trainer:
             self.skipped_reported = skipped
 
     def _terminal(self, kind: str, **fields: object) -> None:
-        assert self.events is not None
         self.events.emit(kind, step=self.step, pid=os.getpid(),
                          elapsed_seconds=time.perf_counter() - self.started, **fields)
 
-    def _stopped(self, reason: str, checkpoint: Path | None) -> int:
-        self._terminal("run_stopped", reason=reason, checkpoint=str(checkpoint) if checkpoint else None)
-        self.progress.message(f"stopped ({reason}) at step {self.step}; checkpoint {checkpoint}")
-        return 0
-
-    def _save(self) -> Path:
-        assert self.events is not None
-        saved = save_checkpoint(self.p.run_dir, self.step, self._checkpoint_payload())
+    def _save(self) -> Path | None:
+        """Rank 0 writes the checkpoint; every rank returns its path (None on the others)."""
+        assert self.state is not None
+        if not self.env.is_main:
+            return None
+        saved = save_checkpoint(self.p.run_dir, self.step, self.state.payload(self.step))
         pruned = prune_checkpoints(self.p.run_dir, self.settings.runtime.keep_checkpoints)
         self.events.emit("checkpoint_saved", step=self.step, path=str(saved.path), bytes=saved.bytes,
                          seconds=saved.seconds, pruned=[str(path) for path in pruned])
         return saved.path
 
     def _fail_nonfinite(self, means: list[float]) -> int:
-        assert self.events is not None
         text = (f"non-finite loss at step {self.step} (loss {means[0]}, policy {means[1]}, value {means[2]}); "
                 f"stopped without saving, the last checkpoint is intact (runtime.stop_on_nonfinite)")
         self._terminal("run_failed", error=text, traceback=None)
@@ -361,8 +317,16 @@ class Trainer:
 
 def run_training(resolved: Resolved, resume: Path | None = None, fresh: bool = False,
                  stop_at_step: int | None = None, argv: list[str] | None = None,
-                 stop: StopRequest | None = None) -> int:
-    prepared = prepare(resolved, resume, fresh, stop_at_step, argv)
-    if prepared is None:
-        return 0
-    return Trainer(prepared, stop).run()
+                 stop: StopRequest | None = None, env: DistEnv = DistEnv()) -> int:
+    runtime = resolved.settings.runtime
+    device = resolve_device(runtime, env.local_rank if env.distributed else None).device
+    init_process_group(env, device, runtime.dist_timeout_seconds)
+    try:
+        prepared = prepare(resolved, resume, fresh, stop_at_step, argv, env)
+        # Every rank has read its start point before rank 0 may archive, prune or write anything.
+        barrier(env)
+        if prepared is None:
+            return 0
+        return Trainer(prepared, stop).run()
+    finally:
+        close_process_group()

@@ -26,9 +26,6 @@ def preflight(settings: Settings, resume: Path | None = None, fresh: bool = Fals
         for records in (training_records(settings), held_out_records(settings)):
             if records is not None:
                 records.close()
-    if int(environ.get("WORLD_SIZE", "1") or "1") > 1:
-        raise UserError("launched with WORLD_SIZE > 1: distributed training is not built yet; "
-                        "run a single process")
     if fresh and resume is not None:
         raise UserError("--fresh and --resume exclude each other")
     if resume is not None and not resume.is_file():

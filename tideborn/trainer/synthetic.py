@@ -1,7 +1,9 @@
 """Synthetic batches with the shapes, dtypes and value ranges of real ones, for smoke runs and tests.
 
-Batch `i` depends only on (seed, rank, i), so the data cursor is just the number of batches consumed
-and a resumed run sees exactly the batches an uninterrupted one would. The data is weakly learnable,
+The stream is one global sequence of micro-batches; micro-batch `k` depends only on (seed, k). Rank `r`
+of `w` takes micro-batches `r, r + w, r + 2w, ...`, so the data cursor is just the number of micro-batches
+each rank has consumed, and a resumed run sees exactly the batches an uninterrupted one would. It also
+makes a step of 2 ranks x 1 micro-batch see the same positions as a step of 1 rank x 2 micro-batches. The data is weakly learnable,
 so a smoke run's loss visibly falls: each position's policy label is also written as a set bit on
 plane `label // 81` at square `label % 81`, and the value target is the fraction of set hand planes.
 """
@@ -33,26 +35,27 @@ class Batch:
         return int(self.policy.shape[0])
 
 
-def _mix(seed: int, rank: int, index: int) -> int:
-    return (seed * 0x9E3779B97F4A7C15 + rank * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) % (2**63)
+def _mix(seed: int, index: int) -> int:
+    return (seed * 0x9E3779B97F4A7C15 + index * 0x94D049BB133111EB) % (2**63)
 
 
 class SyntheticBatches:
     """An endless, seekable stream of micro-batches generated on `device`."""
 
-    def __init__(self, seed: int, batch_size: int, device: torch.device, rank: int = 0):
-        self.seed, self.batch_size, self.device, self.rank = seed, batch_size, device, rank
+    def __init__(self, seed: int, batch_size: int, device: torch.device, rank: int = 0, world_size: int = 1):
+        self.seed, self.batch_size, self.device = seed, batch_size, device
+        self.rank, self.world_size = rank, world_size
         self.position = 0
         self._generator = torch.Generator(device=device)
 
     def next_batch(self) -> Batch:
-        batch = self.make(self.position)
+        batch = self.make(self.position * self.world_size + self.rank)
         self.position += 1
         return batch
 
     def make(self, index: int) -> Batch:
         g = self._generator
-        g.manual_seed(_mix(self.seed, self.rank, index))
+        g.manual_seed(_mix(self.seed, index))
         n, dev = self.batch_size, self.device
         policy = torch.randint(0, POLICY_CLASSES, (n,), generator=g, device=dev)
         features1 = (torch.rand(n, FEATURES1_NUM, 81, generator=g, device=dev) < PIECE_DENSITY).float()
@@ -64,7 +67,8 @@ class SyntheticBatches:
                      policy, value)
 
     def state_dict(self) -> dict:
-        return {"kind": "synthetic", "position": self.position, "batch_size": self.batch_size}
+        return {"kind": "synthetic", "position": self.position, "batch_size": self.batch_size,
+                "world_size": self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
         self.position = int(state["position"])

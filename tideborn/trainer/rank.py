@@ -1,0 +1,43 @@
+"""Rank helpers, read from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT); no
+torch here, so the CLI can check them before torch loads. A process launched alone has world size 1.
+"""
+
+from __future__ import annotations
+
+import os
+import typing
+from dataclasses import dataclass
+
+from tideborn.errors import UserError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def dist_env(environ: typing.Mapping[str, str] | None = None) -> DistEnv:
+    environ = os.environ if environ is None else environ
+    values = {}
+    for name, default in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)):
+        raw = environ.get(name, "")
+        try:
+            values[name] = int(raw) if raw else default
+        except ValueError:
+            raise UserError(f"environment variable {name}={raw!r} is not an integer (torchrun sets it)") from None
+    env = DistEnv(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"])
+    if env.world_size < 1 or not 0 <= env.rank < env.world_size:
+        raise UserError(f"RANK={env.rank} and WORLD_SIZE={env.world_size} do not fit together")
+    if env.distributed and not (environ.get("MASTER_ADDR") and environ.get("MASTER_PORT")):
+        raise UserError("WORLD_SIZE > 1 but MASTER_ADDR/MASTER_PORT are not set: launch with torchrun")
+    return env

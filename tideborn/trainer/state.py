@@ -1,0 +1,179 @@
+"""Everything a run trains and checkpoints: model (and its DDP/compiled forms), optimizer, schedule, grad
+scaler, weight average, data stream and evaluator; how one step updates them; and how they are saved to
+and restored from a checkpoint payload (tensors and plain data only, so `weights_only` loads it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+import tideborn
+from tideborn.config import Settings
+from tideborn.trainer.checkpoint import FORMAT, FORMAT_VERSION
+from tideborn.trainer.device import DeviceSetup, apply_global_switches
+from tideborn.trainer.distributed import AllReduceCounter
+from tideborn.trainer.model import build_model
+from tideborn.trainer.optim import build_optimizer, build_scheduler
+from tideborn.trainer.rank import DistEnv
+from tideborn.trainer.resume import StartPoint
+from tideborn.trainer.synthetic import SyntheticBatches
+
+
+def versions() -> dict[str, str]:
+    # str(): torch.__version__ is a TorchVersion, which a weights_only load refuses as a foreign global.
+    found = {"tideborn": tideborn.__version__, "python": platform.python_version(), "torch": str(torch.__version__)}
+    if torch.version.cuda:
+        found["cuda"] = torch.version.cuda
+    return found
+
+
+def rng_state(cuda: bool) -> dict:
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if cuda else []}
+
+
+def restore_rng(state: dict, cuda: bool) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if cuda and state.get("cuda"):
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class StepResult:
+    losses: torch.Tensor
+    """[loss, policy loss, value loss], means over the step's micro-batches (on the device, not synced)."""
+    grad_norm: torch.Tensor
+    data_wait_seconds: float
+    lr: float
+
+
+class TrainingState:
+    def __init__(self, settings: Settings, setup: DeviceSetup, env: DistEnv):
+        self.settings, self.setup, self.env = settings, setup, env
+        s = settings
+        apply_global_switches(s.runtime, setup)
+        torch.manual_seed(s.runtime.seed)
+        random.seed(s.runtime.seed)
+        model = build_model(s.model).to(setup.device)
+        if setup.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = model
+        self.optimizer = build_optimizer(model, s.optim, fused=setup.is_cuda)
+        self.scheduler = build_scheduler(self.optimizer, s.optim, s.runtime.max_steps)
+        self.scaler = torch.amp.GradScaler("cuda") if setup.uses_grad_scaler else None
+        self.ema = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(s.optim.ema_decay), use_buffers=True)
+                    if s.optim.ema_decay > 0 else None)
+        if s.data.resolved_kind == "synthetic":
+            self.data = SyntheticBatches(s.runtime.seed, s.optim.micro_batch_size, setup.device,
+                                         env.rank, env.world_size)
+        else:
+            from tideborn.data.loader import TeacherBatches
+
+            self.data = TeacherBatches(s, setup.device, env.rank, env.world_size)
+        self.evaluator = None
+        if env.is_main and s.data.resolved_kind != "synthetic" and s.data.test:
+            from tideborn.data.evaluation import Evaluator
+
+            self.evaluator = Evaluator(s, setup.device)
+        self.allreduce_counter: AllReduceCounter | None = None
+        self.ddp: DistributedDataParallel | None = None
+
+    def restore(self, start: StartPoint) -> None:
+        if start.payload is not None:
+            payload = start.payload
+            self.model.load_state_dict(payload["model"])
+            self.optimizer.load_state_dict(payload["optimizer"])
+            self.scheduler.load_state_dict(payload["scheduler"])
+            if self.scaler is not None and payload.get("scaler"):
+                self.scaler.load_state_dict(payload["scaler"])
+            if self.ema is not None and payload.get("ema"):
+                self.ema.load_state_dict(payload["ema"])
+            self.data.load_state_dict(payload["data_cursor"])
+            restore_rng(payload["rng"], self.setup.is_cuda)
+        elif start.init_weights is not None:
+            self.model.load_state_dict(start.init_weights)
+        self._wrap()
+
+    def _wrap(self) -> None:
+        """DDP around the model under torchrun, then torch.compile around that if asked."""
+        forward: torch.nn.Module = self.model
+        if self.env.distributed:
+            # broadcast_buffers=False: BatchNorm running statistics stay per rank (checkpoints keep rank 0's),
+            # so each step makes exactly one gradient all-reduce and no buffer broadcast per micro-batch.
+            self.ddp = DistributedDataParallel(
+                self.model, device_ids=[self.setup.device.index] if self.setup.is_cuda else None,
+                broadcast_buffers=False)
+            if self.settings.runtime.ddp_count_allreduce:
+                self.allreduce_counter = AllReduceCounter()
+                self.ddp.register_comm_hook(None, self.allreduce_counter.hook)
+            forward = self.ddp
+        self.forward = torch.compile(forward) if self.settings.runtime.compile else forward
+
+    def payload(self, step: int) -> dict:
+        return {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "step": step,
+            "settings": self.settings.to_dict(), "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "rng": rng_state(self.setup.is_cuda), "data_cursor": self.data.state_dict(),
+            "versions": versions(), "saved_at": time.time(), "world_size": self.env.world_size,
+        }
+
+    def train_step(self) -> StepResult:
+        """One optimizer step. Under DDP every micro-batch but the last runs in `no_sync()`, so the step
+        makes one gradient all-reduce however many micro-batches it has."""
+        s, setup = self.settings, self.setup
+        self.model.train()
+        micro_steps = s.optim.accumulation_steps
+        totals = torch.zeros(3, device=setup.device)
+        data_wait = 0.0
+        for micro in range(micro_steps):
+            waited = time.perf_counter()
+            batch = self.data.next_batch()
+            data_wait += time.perf_counter() - waited
+            x1, x2 = batch.features1, batch.features2
+            if setup.channels_last:
+                x1 = x1.contiguous(memory_format=torch.channels_last)
+                x2 = x2.contiguous(memory_format=torch.channels_last)
+            skip_sync = self.ddp is not None and micro < micro_steps - 1
+            with self.ddp.no_sync() if skip_sync else contextlib.nullcontext():
+                with setup.autocast():
+                    policy_logits, value_logit = self.forward(x1, x2)
+                policy_loss = F.cross_entropy(policy_logits.float(), batch.policy)
+                value_loss = F.binary_cross_entropy_with_logits(value_logit.float(), batch.value)
+                loss = s.loss.policy_weight * policy_loss + s.loss.value_weight * value_loss
+                scaled = loss / micro_steps
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            totals += torch.stack([loss, policy_loss, value_loss]).detach() / micro_steps
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        if s.optim.grad_clip_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, s.optim.grad_clip_norm)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update_parameters(self.model)
+        return StepResult(totals, grad_norm.detach(), data_wait, lr)
+
+    def close(self) -> None:
+        self.data.close()

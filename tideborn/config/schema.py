@@ -253,8 +253,8 @@ class RuntimeSettings:
     """Terminal progress: `auto` (updating line on a terminal, else `plain`), `line`, `plain` (a line per log), `off`."""
     dist_timeout_seconds: float = 600.0
     """Under torchrun: how long a collective may wait for the other ranks before the run fails."""
-    ddp_count_allreduce: bool = False
-    """Under torchrun: count gradient all-reduces (a DDP communication hook) and report them in `step` events."""
+    ddp_diagnostics: bool = False
+    """Under torchrun: count gradient all-reduces and check after every step that all ranks hold identical parameters."""
     stop_on_nonfinite: bool = True
     """Stop the run with `run_failed` when a logged loss is NaN or infinite (the last checkpoint stays good)."""
 

@@ -91,3 +91,15 @@ class AllReduceCounter:
 
         self.calls += 1
         return allreduce_hook(state, bucket)
+
+
+def check_ranks_in_sync(model: torch.nn.Module, env: DistEnv) -> None:
+    """Raise if any rank's parameters differ from rank 0's (compared through a float64 fingerprint of
+    every parameter: identical weights give bit-identical fingerprints)."""
+    fingerprint = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
+                               for p in model.parameters()]).flatten()
+    gathered = [torch.empty_like(fingerprint) for _ in range(env.world_size)]
+    dist.all_gather(gathered, fingerprint)
+    for rank, other in enumerate(gathered[1:], start=1):
+        if not torch.equal(other, gathered[0]):
+            raise RuntimeError(f"rank {rank}'s parameters differ from rank 0's after a step")

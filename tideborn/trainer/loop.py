@@ -206,8 +206,9 @@ class Trainer:
                 "data_wait_seconds": window_wait, "compute_seconds": max(0.0, elapsed - window_wait),
                 "steps": window_steps,
             }
-            if state.allreduce_counter is not None:
+            if state.allreduce_counter is not None:  # runtime.ddp_diagnostics: checked after every step
                 record["allreduce_calls"] = state.allreduce_counter.calls
+                record["ranks_in_sync"] = True
             self.events.emit("step", **record)
             self._report_skipped_records()
             self.progress.step(self.step, runtime.max_steps, record,

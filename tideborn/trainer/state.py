@@ -20,7 +20,7 @@ import tideborn
 from tideborn.config import Settings
 from tideborn.trainer.checkpoint import FORMAT, FORMAT_VERSION
 from tideborn.trainer.device import DeviceSetup, apply_global_switches
-from tideborn.trainer.distributed import AllReduceCounter
+from tideborn.trainer.distributed import AllReduceCounter, check_ranks_in_sync
 from tideborn.trainer.model import build_model
 from tideborn.trainer.optim import build_optimizer, build_scheduler
 from tideborn.trainer.rank import DistEnv
@@ -113,7 +113,7 @@ class TrainingState:
             self.ddp = DistributedDataParallel(
                 self.model, device_ids=[self.setup.device.index] if self.setup.is_cuda else None,
                 broadcast_buffers=False)
-            if self.settings.runtime.ddp_count_allreduce:
+            if self.settings.runtime.ddp_diagnostics:
                 self.allreduce_counter = AllReduceCounter()
                 self.ddp.register_comm_hook(None, self.allreduce_counter.hook)
             forward = self.ddp
@@ -173,6 +173,8 @@ class TrainingState:
         self.scheduler.step()
         if self.ema is not None:
             self.ema.update_parameters(self.model)
+        if self.allreduce_counter is not None:
+            check_ranks_in_sync(self.model, self.env)
         return StepResult(totals, grad_norm.detach(), data_wait, lr)
 
     def close(self) -> None:

@@ -185,3 +185,27 @@ def test_sigterm_to_torchrun_stops_every_rank_with_one_checkpoint(tmp_path, clea
     saved = [e for e in events if e["kind"] == "checkpoint_saved"]
     assert [e["step"] for e in saved] == [stopped_at]
     assert (run_dir / f"step-{stopped_at:09d}.pt").exists()
+
+
+def test_train_run_start_status_stop_through_torchrun(tmp_path):
+    run_dir = tmp_path / "run"
+    tool = [sys.executable, "-m", "tideborn.tools.train_run"]
+    started = subprocess.run([*tool, "start", *settings_args(run_dir, *SMALL, "runtime.max_steps=100000"),
+                              "--nproc-per-node", "2"], cwd=tmp_path, env=child_env(), capture_output=True,
+                             text=True, timeout=RUN_TIMEOUT_SECONDS)
+    assert started.returncode == 0, describe(started)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
+        while not (run_dir / "events.jsonl").exists() or not step_events(events_of(run_dir)):
+            assert time.monotonic() < deadline, (run_dir / "train.log").read_text()
+            time.sleep(0.1)
+        status = subprocess.run([*tool, "status", "--out-dir", str(run_dir), "--json"], capture_output=True,
+                                text=True, env=child_env(), timeout=60)
+        assert status.returncode == 0, describe(status)
+        assert '"state": "running"' in status.stdout
+    finally:
+        stop = subprocess.run([*tool, "stop", "--out-dir", str(run_dir), "--force", "--timeout", "60"],
+                              capture_output=True, text=True, env=child_env(), timeout=120)
+    assert stop.returncode == 0, describe(stop)
+    assert [e["kind"] for e in terminal_events(events_of(run_dir))] == ["run_stopped"]
+    assert [e["world_size"] for e in events_of(run_dir) if e["kind"] == "run_started"] == [2]

@@ -12,6 +12,7 @@ commands:
   config    print the resolved settings as JSON            tideborn config --config configs/smoke.toml
   run       start|status|stop|watch a detached run         tideborn run status --out-dir runs/ckpt/smoke
   data      inspect|verify|convert|split teacher data      tideborn data inspect data/teacher/train.hcpe
+  export    a checkpoint's network as checked ONNX         tideborn export --checkpoint step-000000020.pt --out model.onnx
 
 Each command takes --help."""
 
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         from tideborn.data.cli import main as data_main
 
         return data_main(argv[1:], prog="tideborn data")
+    if command == "export":
+        from tideborn.export.cli import main as export_main
+
+        return export_main(argv[1:], prog="tideborn export")
     print(f"tideborn: error: unknown command {command!r} (see tideborn --help)", file=sys.stderr)
     return 2
 

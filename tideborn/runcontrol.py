@@ -41,9 +41,14 @@ class LaunchRequest:
     """`--type`, `--network`, `--mode` (None: not given)."""
     trainer_args: tuple[str, ...] = ()
     """Trainer options that are not settings: `--fresh`, `--resume PATH`, `--stop-at-step N`."""
+    nproc_per_node: int = 1
+    """More than 1: launch through torchrun (`--standalone`), one trainer process per GPU."""
 
     def trainer_argv(self) -> list[str]:
         argv = [sys.executable, "-m", "tideborn.trainer", "train"]
+        if self.nproc_per_node > 1:
+            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node", str(self.nproc_per_node), "-m", "tideborn.trainer", "train"]
         if self.config is not None:
             argv += ["--config", self.config]
         for item in self.overrides:
@@ -168,7 +173,8 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
                   "config_path": str((cwd / request.config).resolve()) if request.config else None,
                   "overrides": list(request.overrides),
                   "flags": {k: v for k, v in request.flags.items() if v is not None},
-                  "trainer_args": list(request.trainer_args), "cwd": str(cwd), "argv": argv,
+                  "trainer_args": list(request.trainer_args), "nproc_per_node": request.nproc_per_node,
+                  "cwd": str(cwd), "argv": argv,
                   "started_at": started_at, "run_dir": str(run_dir)}
         write_atomically(run_dir / LAUNCH_FILE, json.dumps(launch, indent=2) + "\n")
     except BaseException:

@@ -52,6 +52,11 @@ STATES = ("running", "stalled", "finished", "stopped", "failed", "vanished", "un
 ENDED_STATES = {"run_finished": "finished", "run_stopped": "stopped", "run_failed": "failed"}
 
 
+def started_by(run_started: dict, pid: int) -> bool:
+    """Was this `run_started` written by the process `pid`, or by a trainer that torchrun (`pid`) launched?"""
+    return pid in (run_started.get("pid"), run_started.get("launcher_pid"))
+
+
 @dataclass(frozen=True)
 class Launch:
     """The run a directory's state is about: train.pid's, or a newer one started in a terminal."""
@@ -150,7 +155,7 @@ class RunTracker:
             stat = self.events_path.stat()
             same_file = record.events_inode == stat.st_ino and record.events_offset <= stat.st_size
             found = find_first_run_started(self.events_path, record.events_offset if same_file else 0)
-            if found is not None and found[1].get("pid") == record.pid:
+            if found is not None and started_by(found[1], record.pid):
                 return found[1] if found[0] < tail_start else None
         return find_last_run_started(self.events_path, tail_start)
 
@@ -250,7 +255,7 @@ class RunTracker:
     def _launch(self) -> Launch | None:
         """The directory's latest run: train.pid's, unless a run_started names a newer one."""
         started, record = self.run_started, self.record
-        if record is not None and (started is None or started.get("pid") == record.pid
+        if record is not None and (started is None or started_by(started, record.pid)
                                    or float(started.get("time") or 0) <= record.started_at + 1):
             return Launch(record.pid, record.host, record.start_time, None, record.started_at)
         if started is not None and isinstance(started.get("pid"), int):
@@ -263,7 +268,7 @@ class RunTracker:
         launch, started = self._launch(), self.run_started
         if launch is None or started is None:
             return False
-        return started.get("pid") == launch.pid and float(started.get("time") or 0) >= launch.launched_at - 1
+        return started_by(started, launch.pid) and float(started.get("time") or 0) >= launch.launched_at - 1
 
     def ended(self) -> bool:
         """Did the latest launch write its terminal event?"""

@@ -24,6 +24,14 @@ from torch import nn
 import tideborn
 from tideborn.config.schema import ModelSettings, SettingError
 from tideborn.errors import UserError
+from tideborn.export.interface import (
+    DEFAULT_VALUE,
+    INPUT_NAMES,
+    METADATA_KEYS,
+    OUTPUT_NAMES,
+    VALUE_CHOICES,
+    WEIGHT_CHOICES,
+)
 from tideborn.export.parity import ParityError, check_parity
 from tideborn.trainer.checkpoint import fsync_directory
 from tideborn.trainer.model import FEATURES1_NUM, FEATURES2_NUM, build_model
@@ -32,10 +40,6 @@ OPSET = 18
 """The dynamo exporter's own opset. Asking for an older one goes through a version converter that (in
 torch 2.13) quietly keeps 18 for ops it cannot lower, e.g. Mish; an engine whose ONNX parser stops
 below 18 needs a converter of its own."""
-INPUT_NAMES = ("features1", "features2")
-OUTPUT_NAMES = ("policy", "value")
-WEIGHT_CHOICES = ("auto", "ema", "raw")
-VALUE_CHOICES = ("logit", "probability")
 FAILED_SUFFIX = ".failed"
 _EXAMPLE_BATCH = 2
 """torch.export specialises batch sizes 0 and 1, so the example batch must be at least 2."""
@@ -88,8 +92,8 @@ class EngineNet(nn.Module):
 
 def choose_weights(payload: dict, weights: str = "auto") -> str:
     """`ema` or `raw`: `auto` takes the EMA weights when the checkpoint holds them."""
-    if weights not in WEIGHT_CHOICES:
-        raise ExportInputError(f"weights must be one of {', '.join(WEIGHT_CHOICES)}; got {weights!r}")
+    if weights != "auto" and weights not in WEIGHT_CHOICES:
+        raise ExportInputError(f"weights must be auto, {' or '.join(WEIGHT_CHOICES)}; got {weights!r}")
     has_ema = bool(payload.get("ema"))
     if weights == "ema" and not has_ema:
         raise ExportInputError("this checkpoint holds no EMA weights (it was saved with optim.ema_decay=0); "
@@ -112,7 +116,7 @@ def plain_state_dict(state: dict) -> dict:
     return state
 
 
-def reference_module(payload: dict, weights: str = "auto", value: str = "logit") -> EngineNet:
+def reference_module(payload: dict, weights: str = "auto", value: str = DEFAULT_VALUE) -> EngineNet:
     """The network of `payload` with the chosen weights, fp32 on the CPU in eval mode, wrapped for export."""
     if value not in VALUE_CHOICES:
         raise ExportInputError(f"value must be one of {', '.join(VALUE_CHOICES)}; got {value!r}")
@@ -123,16 +127,22 @@ def reference_module(payload: dict, weights: str = "auto", value: str = "logit")
     except (TypeError, SettingError) as exc:
         raise ExportInputError(f"the checkpoint's model settings {stored!r} do not describe a network this "
                                f"tideborn builds ({exc})") from None
+    state = plain_state_dict(payload["ema" if kind == "ema" else "model"])
+    broken = [key for key, tensor in state.items()
+              if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if broken:
+        raise ExportInputError(f"the checkpoint's {kind} weights hold NaN or inf (in {', '.join(broken[:3])}"
+                               f"{', ...' if len(broken) > 3 else ''}); export an earlier checkpoint")
     net = build_model(model_settings)
     try:
-        net.load_state_dict(plain_state_dict(payload[kind if kind == "ema" else "model"]))
+        net.load_state_dict(state)
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0]
         raise ExportInputError(f"the checkpoint's {kind} weights do not fit its model settings ({first})") from None
     return EngineNet(net, value).eval().float()
 
 
-def export_onnx(payload: dict, out_path: Path, weights: str = "auto", value: str = "logit") -> ExportReport:
+def export_onnx(payload: dict, out_path: Path, weights: str = "auto", value: str = DEFAULT_VALUE) -> ExportReport:
     """Export `payload`'s network to `out_path`, check parity, and publish it atomically.
 
     Raises `ExportInputError` for a request that cannot be met (nothing is written) and `ParityError`
@@ -204,17 +214,14 @@ def _quiet_exporter():
 
 
 def add_metadata(model, payload: dict, weights: str, value: str) -> None:
-    """Record where the model came from in its `metadata_props` (keys `tideborn.*`, all strings)."""
-    props = {
-        "tideborn.settings": json.dumps(payload["settings"], sort_keys=True),
-        "tideborn.step": str(int(payload["step"])),
-        "tideborn.weights": weights,
-        "tideborn.value": value,
-        "tideborn.version": tideborn.__version__,
-        "tideborn.policy": "logits over cshogi.dlshogi.make_move_label's 2187 classes (direction * 81 + square)",
-    }
+    """Record where the model came from in its `metadata_props` (interface.METADATA_KEYS, all strings)."""
+    step = int(payload["step"])
+    props = dict(zip(METADATA_KEYS, (
+        json.dumps(payload["settings"], sort_keys=True), str(step), weights, value, tideborn.__version__,
+        "logits over cshogi.dlshogi.make_move_label's 2187 classes (direction * 81 + square)",
+    ), strict=True))
     for key, text in props.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, text
-    model.doc_string = (f"DLManaka policy/value network, step {int(payload['step'])}, {weights} weights, "
-                        f"value as a {value}; exported by tideborn {tideborn.__version__}")
+    model.doc_string = (f"DLManaka policy/value network, step {step}, {weights} weights, value as a {value}; "
+                        f"exported by tideborn {tideborn.__version__}")

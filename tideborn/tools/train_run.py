@@ -62,6 +62,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     start.add_argument("--fresh", action="store_true", help="passed to train: start over at step 0")
     start.add_argument("--resume", metavar="PATH", help="passed to train: resume from this checkpoint")
     start.add_argument("--stop-at-step", type=int, metavar="N", help="passed to train: stop after step N")
+    start.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                       help="launch N trainer processes through torchrun (DDP, one per GPU)")
     status = sub.add_parser("status", help="progress and anomalies of a run (never changes the run)")
     status.add_argument("--out-dir", required=True, type=Path, help="the run directory")
     status.add_argument("--json", action="store_true", help="print one JSON object")
@@ -191,7 +193,7 @@ def command_start(args: argparse.Namespace, prog: str) -> int:
         extra += ["--stop-at-step", str(args.stop_at_step)]
     request = LaunchRequest(config=args.config, overrides=tuple(args.overrides),
                             flags={"type": args.type, "network": args.network, "mode": args.mode},
-                            trainer_args=tuple(extra))
+                            trainer_args=tuple(extra), nproc_per_node=args.nproc_per_node)
     launched = launch_run(request)
     run_dir = launched.run_dir
     print(f"started the trainer: pid {launched.record.pid}")

@@ -159,6 +159,7 @@ class Trainer:
                 resumed_from=str(p.start.checkpoint) if p.start.checkpoint else None,
                 changed_settings=p.start.changed_settings, fresh=p.fresh,
                 archived_to=str(archived) if archived else None, pid=os.getpid(),
+                launcher_pid=os.getppid() if self.env.distributed else None,
                 host=socket.gethostname(), argv=p.argv, max_steps=s.runtime.max_steps,
                 batch_size=s.optim.batch_size, run_dir=str(p.run_dir),
             )

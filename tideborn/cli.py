@@ -12,7 +12,7 @@ commands:
   config    print the resolved settings as JSON            tideborn config --config configs/smoke.toml
   run       start|status|stop|watch a detached run         tideborn run status --out-dir runs/ckpt/smoke
   data      inspect|verify|convert|split teacher data      tideborn data inspect data/teacher/train.hcpe
-  export    a checkpoint's network as checked ONNX         tideborn export --checkpoint step-000000020.pt --out model.onnx
+  export    a checkpoint's network as checked ONNX         tideborn export --checkpoint CKPT --out model.onnx
 
 Each command takes --help."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 import tomllib
 import typing
@@ -228,8 +229,8 @@ def _coerce(value: object, hint: object, key: str, source: str) -> object:
             raise wrong(_TYPE_NAMES[int])
         return value
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise wrong(_TYPE_NAMES[float])
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise wrong("a finite number" if isinstance(value, float) else _TYPE_NAMES[float])
         return float(value)
     if hint is str:
         if not isinstance(value, str):

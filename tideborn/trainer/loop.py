@@ -61,7 +61,7 @@ def prepare(resolved: Resolved, resume: Path | None = None, fresh: bool = False,
             env: DistEnv = DistEnv()) -> Prepared | None:
     """Validate the request without writing anything. None means there is nothing to train."""
     settings = resolved.settings
-    run_dir = preflight(settings, resume, fresh, stop_at_step)
+    run_dir = preflight(settings, resume, fresh, stop_at_step).absolute()  # events name absolute paths
     setup = resolve_device(settings.runtime, env.local_rank if env.distributed else None)
     start = choose_start(settings, run_dir, resume, fresh)
     if start.payload is not None and int(start.payload.get("world_size", 1)) != env.world_size:
@@ -139,7 +139,11 @@ class Trainer:
             return None
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         archive = run_dir / "archive" / f"fresh-{stamp}"
-        archive.mkdir(parents=True, exist_ok=True)
+        suffix = 1
+        while archive.exists():  # two --fresh starts within a second must not mix their archives
+            suffix += 1
+            archive = run_dir / "archive" / f"fresh-{stamp}-{suffix}"
+        archive.mkdir(parents=True)
         for path in doomed:
             os.replace(path, archive / path.name)
         self.progress.message(f"--fresh: moved {len(doomed)} file(s) (old checkpoints and events) to {archive}")
@@ -150,9 +154,6 @@ class Trainer:
         try:
             self.state = TrainingState(s, self.setup, self.env)
             self.state.restore(p.start)
-            for text in warnings:
-                self.events.emit("warning", step=self.step, message=text)
-                self.progress.message(f"warning: {text}")
             self.events.emit(
                 "run_started", step=self.step, settings=s.to_dict(), device=self.setup.describe(),
                 precision=self.setup.precision, world_size=self.env.world_size, versions=versions(),
@@ -163,6 +164,9 @@ class Trainer:
                 host=socket.gethostname(), argv=p.argv, max_steps=s.runtime.max_steps,
                 batch_size=s.optim.batch_size, run_dir=str(p.run_dir),
             )
+            for text in warnings:  # after run_started, so that readers credit them to this attempt
+                self.events.emit("warning", step=self.step, message=text)
+                self.progress.message(f"warning: {text}")
             where = f"resuming from {p.start.checkpoint} at step {self.step}" if p.start.checkpoint else "from step 0"
             ranks = f" x {self.env.world_size} processes" if self.env.distributed else ""
             self.progress.message(f"training {s.model.blocks}x{s.model.channels} on {self.setup.describe()}{ranks}, "

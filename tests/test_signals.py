@@ -1,0 +1,56 @@
+"""Stopping a run with signals: one SIGTERM finishes the step, checkpoints and stops cleanly; a second
+one ends the process at once."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from conftest import events_of, settings_args, step_events, terminal_events, wait_until
+
+from tideborn.rundir import list_checkpoints
+from tideborn.trainer.checkpoint import load_checkpoint
+
+LONG_RUN = ("runtime.max_steps=100000", "runtime.log_every=1", "runtime.checkpoint_every=100000",
+            "runtime.progress=plain")
+
+
+def test_sigterm_checkpoints_the_step_it_stopped_on_and_exits_0(tmp_path: Path, start_trainer) -> None:
+    run_dir = tmp_path / "run"
+    trainer = start_trainer("train", *settings_args(run_dir, *LONG_RUN, "optim.batch_size=16"))
+    wait_until(lambda: step_events(events_of(run_dir)), trainer, "the first step event")
+
+    trainer.send(signal.SIGTERM)
+
+    assert trainer.wait() == 0, trainer.output()
+    events = events_of(run_dir)
+    last = events[-1]
+    assert last["kind"] == "run_stopped" and last["reason"] == "SIGTERM"
+    assert terminal_events(events) == [last]
+    stopped_at = last["step"]
+    assert step_events(events)[-1]["step"] == stopped_at  # the stop step is logged too
+    checkpoint = run_dir / f"step-{stopped_at:09d}.pt"
+    assert last["checkpoint"] == str(checkpoint)
+    assert list_checkpoints(run_dir) == [(stopped_at, checkpoint)]
+    assert load_checkpoint(checkpoint)["step"] == stopped_at
+    assert f"stopped (SIGTERM) at step {stopped_at}" in trainer.stdout_path.read_text()
+
+
+def test_a_second_sigterm_ends_the_run_at_once(tmp_path: Path, start_trainer) -> None:
+    run_dir = tmp_path / "run"
+    # Big slow steps (seconds each, in many small micro-batches): a graceful stop would have to finish
+    # one, log it and checkpoint, so cutting it short is visible in what the run leaves behind.
+    trainer = start_trainer("train", *settings_args(run_dir, *LONG_RUN, "optim.batch_size=2048",
+                                                    "optim.accumulation_steps=8"))
+    wait_until(lambda: step_events(events_of(run_dir)), trainer, "the first step event")
+
+    trainer.send(signal.SIGTERM)
+    time.sleep(0.3)  # long enough for the first one's handler to run, far shorter than a step
+    trainer.send(signal.SIGTERM)
+
+    assert trainer.wait() == -signal.SIGTERM, trainer.output()
+    events = events_of(run_dir)
+    assert terminal_events(events) == []
+    assert [e["step"] for e in step_events(events)] == [1]  # the step in progress was not finished
+    assert list_checkpoints(run_dir) == []

@@ -1,0 +1,116 @@
+"""results.md for `tideborn.tools.bench_gpu`: the figures of results.json as Markdown tables (no torch)."""
+
+from __future__ import annotations
+
+import datetime
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _loss(value: object) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) else str(value)  # events write NaN as "nan"
+
+
+def _device_line(device: dict) -> str:
+    parts = [f"torch {device['torch']}"]
+    if device.get("cuda"):
+        parts.append(f"CUDA {device['cuda']}, cuDNN {device['cudnn']}, compute capability {device['capability']}, "
+                     f"{device['memory_bytes'] / 2**30:.0f} GiB")
+    peak = device.get("peak_bf16_flops")
+    parts.append(f"dense bf16 peak {peak / 1e12:,.0f} TFLOPS ({device['peak_source']})" if peak
+                 else f"no peak FLOP/s, so no MFU ({device['peak_source']})")
+    return "; ".join(parts)
+
+
+def _smoke(smoke: dict | None) -> list[str]:
+    if smoke is None:
+        return ["Not run (`--skip-smoke`)."]
+    if smoke.get("error"):
+        return [f"**{smoke['error']}**; log: `{smoke['log']}`."]
+    rate = smoke.get("positions_per_second")
+    return [f"`configs/smoke.toml` with `runtime.device` set: exit status {smoke['exit_code']}, terminal event "
+            f"`{smoke['terminal']}`, {smoke['steps']} steps, loss {_loss(smoke['first_loss'])} -> "
+            f"{_loss(smoke['final_loss'])}, last window {_rate(rate or 0)} positions/s, "
+            f"{smoke['seconds']:.1f} s in all "
+            f"(process start and torch import included). Device: `{smoke['device_used']}`. Log: `{smoke['log']}`."
+            if smoke.get("steps") else
+            f"exit status {smoke['exit_code']}, no step was logged; log: `{smoke['log']}`."]
+
+
+def _model_table(name: str, model: dict, rows: list[dict]) -> list[str]:
+    lines = [f"### {name}", "",
+             f"{model['blocks']} blocks x {model['channels']} channels, {model['parameters']:,} parameters, "
+             f"{model['flops_per_position'] / 1e6:,.1f} MFLOP per position forward.", "",
+             "| batch | variant | positions/s (median) | min - max | vs default | step ms | peak memory GiB "
+             "| MFU | first step s |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    defaults = {r["batch_size"]: r for r in rows if r["variant"] == "default" and r["status"] == "ok"}
+    for row in sorted(rows, key=lambda r: r["batch_size"]):
+        head = f"| {row['batch_size']} | {row['variant']} |"
+        if row["status"] != "ok":
+            detail = row.get("reason") or row.get("error") or ""
+            lines.append(f"{head} {row['status']} | {detail} | | | | | |")
+            continue
+        base = defaults.get(row["batch_size"])
+        ratio = f"{row['positions_per_second'] / base['positions_per_second']:.2f}x" if base else "-"
+        memory = f"{row['peak_memory_bytes'] / 2**30:.2f}" if row["peak_memory_bytes"] is not None else "-"
+        mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "-"
+        lines.append(f"{head} {_rate(row['positions_per_second'])} | {_rate(row['min'])} - {_rate(row['max'])} | "
+                     f"{ratio} | {row['step_ms']:.1f} | {memory} | {mfu} | {row['first_step_seconds']:.1f} |")
+    return lines + [""]
+
+
+def _switch_effects(results: dict) -> list[str]:
+    """Each variant against the default of its model and batch: which switches pay, which cost."""
+    ok = [r for r in results["sweep"] if r["status"] == "ok"]
+    defaults = {(r["model"], r["batch_size"]): r for r in ok if r["variant"] == "default"}
+    lines = []
+    for row in ok:
+        base = defaults.get((row["model"], row["batch_size"]))
+        if row["variant"] == "default" or base is None:
+            continue
+        ratio = row["positions_per_second"] / base["positions_per_second"]
+        if row["min"] > base["max"]:
+            verdict = "faster than the default, beyond the spread"
+        elif row["max"] < base["min"]:
+            verdict = "slower than the default, beyond the spread"
+        else:
+            verdict = "within the spread"
+        lines.append(f"| {row['model']} | {row['batch_size']} | {row['variant']} | {ratio:.2f}x | {verdict} |")
+    if not lines:
+        return ["No variant ran beside a default."]
+    return ["A variant `faster than the default, beyond the spread` that turns a switch off means the switch "
+            "costs in that case; one that turns a switch on (e.g. `compile`) means it pays.", "",
+            "| model | batch | variant | vs default | |", "| --- | ---: | --- | ---: | --- |", *lines]
+
+
+def render_markdown(results: dict) -> str:
+    device = results["device"]
+    when = datetime.datetime.fromtimestamp(results["started_at"], datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    status = "finished" if results.get("finished") else "interrupted" if results.get("interrupted") else "in progress"
+    lines = [f"# GPU check: {device['name']} ({device['device']})", "",
+             f"{when}, tideborn {results['tideborn']}, {'quick' if results['quick'] else 'full'} sweep, "
+             f"{status} after {results.get('seconds', 0):.0f} s.", "", _device_line(device) + ".", "",
+             "## Smoke run", "", *_smoke(results.get("smoke")), "",
+             "## Training throughput", "",
+             "The trainer's own step (`TrainingState.train_step`) on premade synthetic batches. Positions/s is the "
+             "median of the repetitions after warm-up; MFU = positions/s x 3 x forward FLOPs per position / dense "
+             "bf16 peak (backward counted as twice the forward). `first step` includes torch.compile and cuDNN's "
+             "algorithm search.", ""]
+    for name, model in results.get("models", {}).items():
+        rows = [r for r in results["sweep"] if r["model"] == name]
+        if rows:
+            lines += _model_table(name, model, rows)
+    lines += ["## Switch effects", "", *_switch_effects(results), ""]
+    synced = [r for r in results["sweep"] if r.get("host_syncs_per_step")]
+    if any(r.get("host_syncs_per_step") is not None for r in results["sweep"]):
+        lines += ["## Host-device synchronisation inside the step", "",
+                  "One step per configuration ran under `torch.cuda.set_sync_debug_mode(\"warn\")`."
+                  + ("" if synced else " No step made the host wait for the GPU."), ""]
+        for row in synced:
+            what = "; ".join(sorted(set(row["host_syncs_per_step"])))
+            lines.append(f"- {row['model']} batch {row['batch_size']} {row['variant']}: {what}")
+        lines.append("")
+    return "\n".join(lines)

@@ -89,3 +89,14 @@ def test_a_missing_teacher_file_is_refused_before_anything_is_written(teacher_fi
     assert result.returncode == 2
     assert "nope-*.hcpe" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not run_dir.exists()
+
+
+def test_with_ema_evaluation_reports_raw_and_averaged_weights(teacher_files, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_trainer("train", *teacher_args(teacher_files, run_dir, "runtime.max_steps=4", "runtime.eval_every=4",
+                                                 "optim.ema_decay=0.5", "optim.batch_size=32"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (evaluation,) = [e for e in events_of(run_dir) if e["kind"] == "eval"]
+    assert set(evaluation["ema"]) == {"policy_loss", "value_loss", "policy_accuracy", "value_accuracy"}
+    assert evaluation["ema"]["policy_loss"] != evaluation["policy_loss"]
+    assert "EMA policy top-1" in result.stdout

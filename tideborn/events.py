@@ -13,10 +13,11 @@ import math
 import os
 import time
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 
 SCHEMA_VERSION = 1
+FILE_MODE = 0o644
+"""Run-directory files: readable by others (status, the TUI, a colleague), writable only by the owner."""
 TERMINAL_KINDS = ("run_finished", "run_stopped", "run_failed")
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
@@ -37,6 +38,11 @@ def encode_event(kind: str, fields: typing.Mapping[str, object], now: float | No
     return (json.dumps(_jsonable(record), separators=(",", ":"), allow_nan=False, default=str) + "\n").encode()
 
 
+def _ends_mid_line(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+
 def as_float(value: object) -> float | None:
     """A loss or rate from an event as a float ("nan"/"inf"/"-inf" included); None if absent or not numeric."""
     if isinstance(value, bool):
@@ -54,16 +60,26 @@ class EventWriter:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        # A writer that died mid-line (a full disk cut its write short) left a torn last line: start on a
+        # line of our own, so the fragment stays one malformed line and our first event is not glued to it.
+        self._torn = _ends_mid_line(self._fd)
 
     def emit(self, kind: str, **fields: object) -> dict:
         if self._fd is None:
             raise ValueError(f"event writer for {self.path} is closed")
         data = encode_event(kind, fields)
-        view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
+        view = memoryview(b"\n" + data if self._torn else data)
+        started = False
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                started = started or written > 0
+                view = view[written:]
+        except OSError:
+            self._torn = self._torn or started  # part of the line is in the file: the next event starts anew
+            raise
+        self._torn = False
         return json.loads(data)
 
     def close(self) -> None:
@@ -78,36 +94,58 @@ class EventWriter:
         self.close()
 
 
-@dataclass
-class EventReader:
-    """Reads new complete events from `path` since the last call, from a byte offset.
+class LineFollower:
+    """Complete lines appended to a file since the last call, followed from a byte offset.
 
-    A file that shrank or was replaced (another inode) is read again from the start.
+    A torn last line waits for its newline. A file that shrank or was replaced (another inode) is
+    followed again from its start, and `read_lines` says so. Event and log readers both build on it.
     """
 
-    path: Path
-    offset: int = 0
-    malformed: int = 0
-    """Complete lines that were not a JSON object (counted, skipped)."""
-    _inode: int | None = field(default=None, repr=False)
-    _line_number: int = 0
+    def __init__(self, path: Path, offset: int = 0):
+        self.path = Path(path)
+        self.offset = offset
+        self._inode: int | None = None
 
-    def read_new(self, max_bytes: int = 64 * 1024 * 1024) -> list[dict]:
+    def read_lines(self, max_bytes: int) -> tuple[list[bytes], bool]:
+        """(new complete lines without their newlines, whether the file was read again from its start)."""
+        restarted = False
         try:
             with open(self.path, "rb") as handle:
                 stat = os.fstat(handle.fileno())
                 if self._inode is not None and (stat.st_ino != self._inode or stat.st_size < self.offset):
-                    self.offset, self._line_number = 0, 0
+                    self.offset, restarted = 0, True
                 self._inode = stat.st_ino
                 handle.seek(self.offset)
                 chunk = handle.read(max_bytes)
         except FileNotFoundError:
-            return []
+            return [], False
         end = chunk.rfind(b"\n")
         if end < 0:
-            return []  # nothing complete yet: a torn line waits for its newline
+            return [], restarted  # nothing complete yet: a torn line waits for its newline
+        self.offset += end + 1
+        return chunk[:end].split(b"\n"), restarted
+
+
+class EventReader:
+    """Reads new complete events from `path` since the last call, from a byte offset; lines that are not
+    a JSON object with a string `kind` are counted in `malformed` and skipped."""
+
+    def __init__(self, path: Path, offset: int = 0):
+        self.path = Path(path)
+        self._lines = LineFollower(self.path, offset)
+        self.malformed = 0
+        self._line_number = 0
+
+    @property
+    def offset(self) -> int:
+        return self._lines.offset
+
+    def read_new(self, max_bytes: int = 64 * 1024 * 1024) -> list[dict]:
+        lines, restarted = self._lines.read_lines(max_bytes)
+        if restarted:
+            self._line_number = 0
         events = []
-        for line in chunk[: end + 1].splitlines():
+        for line in lines:
             self._line_number += 1
             if not line.strip():
                 continue
@@ -121,7 +159,6 @@ class EventReader:
                 continue
             event.setdefault("_line", self._line_number)
             events.append(event)
-        self.offset += end + 1
         return events
 
 

@@ -7,7 +7,6 @@ with, and whether a pid is (still) the process we mean. `tideborn.runstate` puts
 from __future__ import annotations
 
 import json
-import os
 import socket
 import typing
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import psutil
 
 from tideborn.anomaly import ProcessFacts
 from tideborn.errors import UserError
+from tideborn.events import LineFollower
 from tideborn.rundir import PID_FILE
 
 RUN_STARTED_SEARCH_BYTES = 64 * 1024 * 1024
@@ -174,32 +174,24 @@ class LogReader:
 
     def __init__(self, path: Path, offset: int = 0):
         self.path = path
-        self.offset = offset
+        self._lines = LineFollower(path, offset)
         self._origin = offset
         self._base: int | None = 0 if offset == 0 else None
         self._relative = 0
-        self._inode: int | None = None
+
+    @property
+    def offset(self) -> int:
+        return self._lines.offset
 
     def read_new(self, max_bytes: int = 8 * 1024 * 1024) -> list[tuple[int, str]]:
-        try:
-            with open(self.path, "rb") as handle:
-                stat = os.fstat(handle.fileno())
-                if self._inode is not None and (stat.st_ino != self._inode or stat.st_size < self.offset):
-                    self.offset = self._origin = self._relative = 0
-                    self._base = 0
-                self._inode = stat.st_ino
-                handle.seek(self.offset)
-                chunk = handle.read(max_bytes)
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return []
+        raw_lines, restarted = self._lines.read_lines(max_bytes)
+        if restarted:
+            self._origin = self._relative = 0
+            self._base = 0
         lines = []
-        for raw in chunk[: end + 1].split(b"\n")[:-1]:
+        for raw in raw_lines:
             self._relative += 1
             lines.append((self._relative, raw.decode("utf-8", errors="replace").rstrip("\r")))
-        self.offset += end + 1
         return lines
 
     def line_base(self) -> int:

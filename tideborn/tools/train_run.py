@@ -18,6 +18,7 @@ from pathlib import Path
 from tideborn.anomaly import Anomaly, AnomalyThresholds
 from tideborn.errors import UserError, report_user_error
 from tideborn.events import encode_event
+from tideborn.humanize import duration, number
 from tideborn.runcontrol import LaunchRequest, NotRunning, is_alive, launch_run, recorded_process, signal_run
 from tideborn.rundir import EVENTS_FILE, PID_FILE
 from tideborn.runfiles import PidRecord
@@ -102,26 +103,6 @@ def run_dir_problem(run_dir: Path) -> str | None:
 
 
 # -- formatting -------------------------------------------------------------------------------------
-
-def duration(seconds: object) -> str:
-    if not isinstance(seconds, (int, float)) or seconds != seconds or seconds < 0 or seconds == float("inf"):
-        return "?"
-    seconds = int(round(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
-def number(value: object, spec: str = ".4f") -> str:
-    if isinstance(value, bool) or value is None:
-        return "?"
-    return format(value, spec) if isinstance(value, (int, float)) else str(value)
-
 
 def status_text(report: dict) -> str:
     r = report

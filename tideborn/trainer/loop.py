@@ -22,6 +22,7 @@ import torch
 from tideborn.config import Resolved, Settings
 from tideborn.errors import UserError
 from tideborn.events import EventWriter
+from tideborn.humanize import duration
 from tideborn.rundir import EVENTS_FILE, list_checkpoints, temp_checkpoints
 from tideborn.trainer.checkpoint import prune_checkpoints, save_checkpoint
 from tideborn.trainer.device import DeviceSetup, resolve_device
@@ -36,7 +37,7 @@ from tideborn.trainer.distributed import (
 )
 from tideborn.trainer.gpu_stats import gpu_snapshot
 from tideborn.trainer.preflight import preflight
-from tideborn.trainer.progress import Progress, format_duration
+from tideborn.trainer.progress import Progress
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint, choose_start
 from tideborn.trainer.rundir_lock import RunDirLock
@@ -254,7 +255,7 @@ class Trainer:
             last_saved = self._save()
         if self.step >= runtime.max_steps:
             self._terminal("run_finished", checkpoint=str(last_saved))
-            elapsed = format_duration(time.perf_counter() - self.started)
+            elapsed = duration(time.perf_counter() - self.started)
             self.progress.message(f"finished at step {self.step} in {elapsed}; checkpoint {last_saved}")
             return 0
         reason = self.stop.reason or ("SIGTERM" if signalled else "stop_at_step")

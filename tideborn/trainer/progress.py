@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import sys
 import typing
 
-
-def format_duration(seconds: float) -> str:
-    if not math.isfinite(seconds) or seconds < 0:
-        return "?"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
+from tideborn.humanize import duration
 
 
 class Progress:
@@ -34,7 +22,7 @@ class Progress:
         text = (f"step {step}/{max_steps} | loss {record['loss']:.4f} "
                 f"(policy {record['policy_loss']:.4f}, value {record['value_loss']:.4f}) | "
                 f"lr {record['lr']:.2e} | {record['positions_per_second']:,.0f} pos/s | "
-                f"eta {format_duration(eta_seconds)}")
+                f"eta {duration(eta_seconds)}")
         if self.style == "line":
             self.stream.write("\r\033[K" + text)
             self._open_line = True

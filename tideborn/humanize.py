@@ -1,0 +1,25 @@
+"""Numbers and durations as people read them, shared by the trainer's progress line, the run tools and
+the TUI (no torch here)."""
+
+from __future__ import annotations
+
+
+def duration(seconds: object) -> str:
+    """`45s`, `3m07s`, `2h05m`, `3d04h`; `?` for anything that is not a finite, non-negative number."""
+    if not isinstance(seconds, (int, float)) or seconds != seconds or seconds < 0 or seconds == float("inf"):
+        return "?"
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def number(value: object, spec: str = ".4f") -> str:
+    if isinstance(value, bool) or value is None:
+        return "?"
+    return format(value, spec) if isinstance(value, (int, float)) else str(value)

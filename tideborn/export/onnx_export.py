@@ -154,8 +154,8 @@ def export_onnx(payload: dict, out_path: Path, weights: str = "auto", value: str
         raise ExportInputError(f"--out {out_path}: is a directory; name the model file, e.g. {out_path / 'model.onnx'}")
     if not out_path.parent.is_dir():
         raise ExportInputError(f"--out {out_path}: directory {out_path.parent} does not exist")
-    reference = reference_module(payload, weights, value)
     kind = choose_weights(payload, weights)
+    reference = reference_module(payload, kind, value)
     model = to_onnx(reference)
     add_metadata(model, payload, kind, value)
     temp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")

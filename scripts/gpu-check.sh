@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# GPU check: the smoke config on CUDA, then the fast-path throughput sweep; figures in OUTDIR.
+#   scripts/gpu-check.sh OUTDIR [--quick] [--peak-tflops N] [other tideborn.tools.bench_gpu options]
+# Needs a CUDA machine with torch and the project's other dependencies installed (no network is used).
+# Python: $PYTHON if set, else ./.venv/bin/python if present, else python3. Whatever happens, it ends
+# within 8 minutes: the sweep keeps to its own budget, and a hard limit interrupts it just before 8
+# minutes, after which results.json/results.md still hold every configuration measured so far.
+set -euo pipefail
+if [[ $# -lt 1 || "$1" == -* ]]; then
+    echo "usage: scripts/gpu-check.sh OUTDIR [--quick] [--peak-tflops N] [bench_gpu options]" >&2
+    exit 2
+fi
+OUT="$1"
+shift
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+if [[ -n "${PYTHON:-}" ]]; then
+    PY="$PYTHON"
+elif [[ -x "$ROOT/.venv/bin/python" ]]; then
+    PY="$ROOT/.venv/bin/python"
+else
+    PY="python3"
+fi
+# The repository itself on the path, so an uninstalled checkout runs too.
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+missing="$("$PY" - <<'PY'
+import importlib.util
+print(" ".join(m for m in ("torch", "numpy", "cshogi", "tomlkit") if importlib.util.find_spec(m) is None))
+PY
+)"
+if [[ -n "$missing" ]]; then
+    echo "gpu-check: error: $PY lacks $missing; install the project's dependencies first" >&2
+    exit 2
+fi
+mkdir -p "$OUT"
+# SIGINT first (the tool writes its partial results), SIGKILL 10 s later if it is still there.
+exec timeout --signal=INT --kill-after=10 465 "$PY" -m tideborn.tools.bench_gpu --out "$OUT" "$@"

@@ -1,0 +1,89 @@
+"""The fast path as far as a CPU goes: bf16 autocast trains with finite losses, and the GPU check's
+code path (`tideborn.tools.bench_gpu`) runs in its CPU form and writes its figures. Speed itself is a
+benchmark (`scripts/gpu-check.sh`), never a test."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import child_env, describe, events_of, step_events, terminal_events, train
+
+from tideborn.events import as_float
+from tideborn.tools import bench_gpu
+
+
+def test_bf16_autocast_trains_on_the_cpu_with_finite_falling_losses(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    train(run_dir, 'runtime.precision="bf16"', "runtime.max_steps=6", "runtime.log_every=1",
+          "optim.batch_size=32", "runtime.progress=plain", cwd=tmp_path)
+
+    events = events_of(run_dir)
+    started = next(e for e in events if e["kind"] == "run_started")
+    assert started["precision"] == "bf16" and started["device"] == "cpu, bf16"
+    losses = [as_float(e["loss"]) for e in step_events(events)]
+    assert len(losses) == 6 and all(math.isfinite(loss) for loss in losses), losses
+    assert losses[-1] < losses[0], losses
+    assert [e["kind"] for e in terminal_events(events)] == ["run_finished"]
+
+
+def test_the_gpu_check_runs_its_cpu_version_and_writes_json_and_markdown(tmp_path: Path) -> None:
+    out = tmp_path / "gpu-check"
+    result = subprocess.run([sys.executable, "-m", "tideborn.tools.bench_gpu", "--device", "cpu", "--quick",
+                             "--out", str(out)], cwd=tmp_path, env=child_env(), capture_output=True, text=True,
+                            timeout=300, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, describe(result)
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["finished"] is True
+    smoke = results["smoke"]
+    assert (smoke["exit_code"], smoke["terminal"], smoke["steps"]) == (0, "run_finished", 20)
+    assert smoke["device_used"] == "cpu, fp32"
+    assert results["models"]["resnet2x32"]["flops_per_position"] > 0
+    rows = {row["variant"]: row for row in results["sweep"]}
+    assert set(rows) == {"default", "bf16"}
+    for row in rows.values():
+        assert row["status"] == "ok" and row["model"] == "resnet2x32" and row["batch_size"] == 32
+        assert row["min"] <= row["positions_per_second"] <= row["max"] and row["min"] > 0
+        assert len(row["reps"]) == 3 and math.isfinite(row["final_loss"])
+        assert row["mfu"] is None  # no peak FLOP/s for a CPU unless --peak-tflops gives one
+
+    markdown = (out / "results.md").read_text()
+    assert "## Smoke run" in markdown and "terminal event `run_finished`" in markdown
+    assert "### resnet2x32" in markdown and "| 32 | default |" in markdown and "| 32 | bf16 |" in markdown
+    assert "## Switch effects" in markdown
+
+
+def test_a_configuration_that_does_not_fit_the_budget_is_listed_as_skipped(tmp_path: Path, capsys) -> None:
+    code = bench_gpu.main(["--device", "cpu", "--skip-smoke", "--budget-seconds", "0", "--peak-tflops", "1",
+                           "--out", str(tmp_path)])
+
+    assert code == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["variant"], r["status"]) for r in results["sweep"]] == [("default", "skipped"), ("bf16", "skipped")]
+    assert results["sweep"][0]["reason"].startswith("time budget")
+    assert results["device"]["peak_bf16_flops"] == 1e12 and results["device"]["peak_source"] == "--peak-tflops"
+    assert "| 32 | default | skipped | time budget" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.parametrize("name, tflops", [
+    ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H200", 989), ("NVIDIA A100-SXM4-80GB", 312),
+    ("NVIDIA A10", 125), ("NVIDIA GeForce RTX 4070 Ti", 80), ("NVIDIA GeForce RTX 4070 Ti SUPER", 88),
+    ("NVIDIA GeForce RTX 4090", 165), ("Some Future GPU", None),
+])
+def test_mfu_uses_the_dense_bf16_peak_of_the_named_gpu(name: str, tflops: int | None) -> None:
+    peak, _ = bench_gpu.peak_flops(name)
+    assert peak == (tflops * 1e12 if tflops else None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine without CUDA")
+def test_the_gpu_check_without_cuda_says_so_in_one_line(tmp_path: Path, capsys) -> None:
+    assert bench_gpu.main(["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench_gpu: error: CUDA is not available") and "--device cpu" in err
+    assert len(err.splitlines()) == 1 and not any(tmp_path.iterdir())

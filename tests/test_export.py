@@ -267,3 +267,16 @@ def test_the_export_cli_parses_without_torch_and_the_docs_name_the_interface() -
     docs = (REPO_ROOT / "docs" / "export.md").read_text(encoding="utf-8")
     for name in (*INPUT_NAMES, *OUTPUT_NAMES, *METADATA_KEYS, "tideborn export", "scripts/gpu-check.sh"):
         assert f"`{name}" in docs, f"docs/export.md does not mention `{name}`"
+
+
+def test_a_run_can_export_its_final_weights_at_the_end(tmp_path):
+    from tests.conftest import events_of, train
+
+    run_dir = tmp_path / "run"
+    train(run_dir, "runtime.max_steps=2", "optim.batch_size=16", "runtime.export_onnx=true", cwd=tmp_path)
+    events = events_of(run_dir)
+    (exported,) = [e for e in events if e["kind"] == "export"]
+    assert exported["path"] == str(run_dir / "step-000000002.onnx")
+    assert exported["policy_max_abs_diff"] <= 1e-4 and exported["value_max_abs_diff"] <= 1e-4
+    assert [e["kind"] for e in events][-1] == "run_finished"
+    assert (run_dir / "step-000000002.onnx").stat().st_size == exported["bytes"]

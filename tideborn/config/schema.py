@@ -19,6 +19,10 @@ PROGRESS_STYLES = ("auto", "line", "plain", "off")
 DATA_KINDS = ("auto", "synthetic", "hcpe", "psv")
 ENGINE_TYPES = ("dl",)
 MODES = ("scratch", "finetune")
+MAX_STEPS_LIMIT = 999_999_999
+"""Checkpoints are named with a 9-digit step (`step-XXXXXXXXX.pt`)."""
+SEED_LIMIT = 2**63 - 1
+"""torch seeds its generators from a signed 64-bit integer."""
 
 
 class SettingError(ValueError):
@@ -235,6 +239,8 @@ class RuntimeSettings:
     """Use the channels_last memory format on CUDA (faster convolutions with tensor cores)."""
     compile: bool = False
     """Compile the model with `torch.compile` (slower start, faster steps)."""
+    fused_optimizer: bool = True
+    """Use the fused (single-kernel) optimizer step on CUDA; ignored on the CPU."""
     threads: int = 0
     """CPU threads for torch (`torch.set_num_threads`); 0 keeps torch's default."""
     out_dir: str = "ckpt/default"
@@ -255,12 +261,17 @@ class RuntimeSettings:
     """Under torchrun: how long a collective may wait for the other ranks before the run fails."""
     ddp_diagnostics: bool = False
     """Under torchrun: count gradient all-reduces and check after every step that all ranks hold identical parameters."""
+    export_onnx: bool = False
+    """At the end of a run, export the final weights (EMA when kept) to `RUN_DIR/step-XXXXXXXXX.onnx`, parity-checked."""
     stop_on_nonfinite: bool = True
     """Stop the run with `run_failed` when a logged loss is NaN or infinite (the last checkpoint stays good)."""
 
     def __post_init__(self) -> None:
         _check(self.max_steps >= 1, "runtime.max_steps", f"must be >= 1; got {self.max_steps}")
+        _check(self.max_steps <= MAX_STEPS_LIMIT, "runtime.max_steps",
+               f"must be <= {MAX_STEPS_LIMIT:,} (checkpoint names have 9 digits); got {self.max_steps}")
         _check(self.seed >= 0, "runtime.seed", f"must be >= 0; got {self.seed}")
+        _check(self.seed <= SEED_LIMIT, "runtime.seed", f"must be <= {SEED_LIMIT} (a 64-bit seed); got {self.seed}")
         _check(self.device in ("auto", "cpu", "cuda") or (self.device.startswith("cuda:")
                                                            and self.device[5:].isdigit()),
                "runtime.device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")

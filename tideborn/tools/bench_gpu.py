@@ -40,7 +40,6 @@ from tideborn.rundir import EVENTS_FILE
 from tideborn.tools.bench_gpu_report import render_markdown
 from tideborn.trainer.device import resolve_device
 from tideborn.trainer.model import build_model
-from tideborn.trainer.optim import build_optimizer, build_scheduler
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.state import TrainingState
@@ -71,8 +70,6 @@ class Variant:
     name: str
     overrides: tuple[str, ...] = ()
     """`--set` items on top of the trainer's defaults."""
-    fused: bool | None = None
-    """Force the fused optimizer on or off; None: as the trainer chooses (fused on CUDA)."""
     devices: tuple[str, ...] = ("cuda",)
 
 
@@ -89,7 +86,7 @@ def variants() -> tuple[Variant, ...]:
         Variant("fp32", ('runtime.precision="fp32"',)),
         Variant("fp32, no tf32", ('runtime.precision="fp32"', "runtime.tf32=false")),
         flip("tf32"), flip("channels_last"),
-        Variant("no fused optimizer", fused=False),
+        flip("fused_optimizer"),
         flip("compile"),
         Variant("bf16", ('runtime.precision="bf16"',), devices=("cpu",)),
     )
@@ -187,10 +184,6 @@ def build_state(model: str, batch_size: int, variant: Variant, device: str, work
                  'runtime.progress="off"', *variant.overrides]
     settings = load_settings(None, overrides, {"network": model}, environ={}, cwd=workdir).settings
     state = TrainingState(settings, resolve_device(settings.runtime), DistEnv())
-    if variant.fused is not None and bool(state.optimizer.defaults.get("fused")) != variant.fused:
-        # The trainer picks the fused optimizer on CUDA; until a setting switches it, rebuild it here.
-        state.optimizer = build_optimizer(state.model, settings.optim, fused=variant.fused)
-        state.scheduler = build_scheduler(state.optimizer, settings.optim, settings.runtime.max_steps)
     state.restore(StartPoint())
     premade = [state.data.next_batch() for _ in range(PREMADE_BATCHES)]
     state.data.close()
@@ -301,7 +294,7 @@ def sweep(plan: Plan, results: dict, save) -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for model, batch_size, variant in schedule(plan):
             row = {"model": model, "batch_size": batch_size, "variant": variant.name,
-                   "overrides": list(variant.overrides), "fused": variant.fused}
+                   "overrides": list(variant.overrides)}
             needed = estimate_seconds(variant, seen)
             started = time.perf_counter()
             if plan.left() < needed:

@@ -23,7 +23,7 @@ from tideborn.config import Resolved, Settings
 from tideborn.errors import UserError
 from tideborn.events import EventWriter
 from tideborn.humanize import duration
-from tideborn.rundir import EVENTS_FILE, list_checkpoints, temp_checkpoints
+from tideborn.rundir import EVENTS_FILE, list_checkpoints, make_dirs, temp_checkpoints
 from tideborn.trainer.checkpoint import prune_checkpoints, save_checkpoint
 from tideborn.trainer.device import DeviceSetup, resolve_device
 from tideborn.trainer.distributed import (
@@ -106,12 +106,16 @@ class Trainer:
         self.events: EventWriter | _NoEvents = _NoEvents()
         self.state: TrainingState | None = None
         self.skipped_reported = 0
+        self.announced = False
+        """run_started is in the events: from then on the attempt owes them exactly one terminal event."""
+        self.events_lost = False
+        """A terminal event could not be written (a full disk): the exit status must say the run went wrong."""
 
     def run(self) -> int:
         p = self.p
         if not self.env.is_main:
             return self._guarded([], None)
-        p.run_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(p.run_dir)
         with RunDirLock(p.run_dir):
             archived = self._archive_for_fresh() if p.fresh else None
             warnings = list(p.start.warnings)
@@ -123,7 +127,8 @@ class Trainer:
 
     def _guarded(self, warnings: list[str], archived: Path | None) -> int:
         try:
-            return self._run(warnings, archived)
+            code = self._run(warnings, archived)
+            return 1 if self.events_lost and code == 0 else code
         finally:
             self.stop.uninstall()
             self.progress.end_line()
@@ -144,7 +149,7 @@ class Trainer:
         while archive.exists():  # two --fresh starts within a second must not mix their archives
             suffix += 1
             archive = run_dir / "archive" / f"fresh-{stamp}-{suffix}"
-        archive.mkdir(parents=True)
+        make_dirs(archive)
         for path in doomed:
             os.replace(path, archive / path.name)
         self.progress.message(f"--fresh: moved {len(doomed)} file(s) (old checkpoints and events) to {archive}")
@@ -165,6 +170,7 @@ class Trainer:
                 host=socket.gethostname(), argv=p.argv, max_steps=s.runtime.max_steps,
                 batch_size=s.optim.batch_size, run_dir=str(p.run_dir),
             )
+            self.announced = True
             for text in warnings:  # after run_started, so that readers credit them to this attempt
                 self.events.emit("warning", step=self.step, message=text)
                 self.progress.message(f"warning: {text}")
@@ -254,6 +260,8 @@ class Trainer:
         if saved_step != self.step:
             last_saved = self._save()
         if self.step >= runtime.max_steps:
+            if runtime.export_onnx and self.env.is_main:
+                self._export(last_saved)
             self._terminal("run_finished", checkpoint=str(last_saved))
             elapsed = duration(time.perf_counter() - self.started)
             self.progress.message(f"finished at step {self.step} in {elapsed}; checkpoint {last_saved}")
@@ -299,9 +307,39 @@ class Trainer:
             self.progress.message(f"warning: {text}")
             self.skipped_reported = skipped
 
+    def _export(self, checkpoint: Path | None) -> None:
+        """`runtime.export_onnx`: the final weights as ONNX beside the checkpoint, parity-checked. A failed
+        export is a warning, not a failed run: the checkpoint is the source of truth and can be exported again."""
+        from tideborn.export.onnx_export import export_onnx
+        from tideborn.export.parity import ParityError
+
+        assert self.state is not None and checkpoint is not None
+        target = checkpoint.with_suffix(".onnx")
+        try:
+            report = export_onnx(self.state.payload(self.step), target)
+        except (ParityError, UserError, OSError) as exc:
+            text = f"ONNX export to {target} failed: {' '.join(str(exc).split())}"
+            self.events.emit("warning", step=self.step, message=text)
+            self.progress.message(f"warning: {text}")
+            return
+        self.events.emit("export", step=self.step, **report.event_fields())
+        self.progress.message(f"exported {report.weights} weights to {report.path} (parity max abs diff: policy "
+                              f"{report.policy_max_abs_diff:.1e}, value {report.value_max_abs_diff:.1e})")
+
     def _terminal(self, kind: str, **fields: object) -> None:
-        self.events.emit(kind, step=self.step, pid=os.getpid(),
-                         elapsed_seconds=time.perf_counter() - self.started, **fields)
+        """End the attempt in the events. Without its run_started in the file, a terminal event would seem to
+        end the attempt before; a write that fails (a full disk) cannot be reported in the events. Either
+        way stderr says so and the exit status is non-zero."""
+        if not self.announced:
+            self.events_lost = True
+            _tell(f"{kind} not written to {EVENTS_FILE}: this attempt's run_started is not there")
+            return
+        try:
+            self.events.emit(kind, step=self.step, pid=os.getpid(),
+                             elapsed_seconds=time.perf_counter() - self.started, **fields)
+        except OSError as exc:
+            self.events_lost = True
+            _tell(f"could not write {kind} to {self.p.run_dir / EVENTS_FILE}: {exc}")
 
     def _save(self) -> Path | None:
         """Rank 0 writes the checkpoint; every rank returns its path (None on the others)."""
@@ -320,6 +358,13 @@ class Trainer:
         self._terminal("run_failed", error=text, traceback=None)
         self.progress.message(f"run failed: {text}")
         return 1
+
+
+def _tell(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass  # stderr is on the full disk too: the exit status is all that is left to say it
 
 
 def run_training(resolved: Resolved, resume: Path | None = None, fresh: bool = False,

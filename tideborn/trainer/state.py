@@ -68,7 +68,7 @@ class TrainingState:
         if setup.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
-        self.optimizer = build_optimizer(model, s.optim, fused=setup.is_cuda)
+        self.optimizer = build_optimizer(model, s.optim, fused=setup.is_cuda and s.runtime.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, s.optim, s.runtime.max_steps)
         self.scaler = torch.amp.GradScaler("cuda") if setup.uses_grad_scaler else None
         self.ema = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(s.optim.ema_decay), use_buffers=True)

@@ -87,3 +87,12 @@ def test_the_gpu_check_without_cuda_says_so_in_one_line(tmp_path: Path, capsys) 
     err = capsys.readouterr().err.strip()
     assert err.startswith("bench_gpu: error: CUDA is not available") and "--device cpu" in err
     assert len(err.splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
+def test_compile_time_is_reported_as_an_event(tmp_path):
+    from tests.conftest import events_of, train
+
+    run_dir = tmp_path / "run"
+    train(run_dir, "runtime.max_steps=2", "optim.batch_size=8", "runtime.compile=true", cwd=tmp_path)
+    (compiled,) = [e for e in events_of(run_dir) if e["kind"] == "compile"]
+    assert compiled["step"] == 1 and compiled["first_step_seconds"] > 0

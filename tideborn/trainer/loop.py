@@ -206,6 +206,7 @@ class Trainer:
         window = torch.zeros(4, device=device)  # sums of loss, policy, value, grad norm
         window_steps, window_wait, window_start, lr = 0, 0.0, time.perf_counter(), 0.0
         next_gpu_event = time.perf_counter()
+        compile_reported = False
 
         def log_window() -> list[float]:
             nonlocal window_steps, window_wait, window_start
@@ -236,7 +237,16 @@ class Trainer:
             if self.setup.is_cuda and env.is_main and time.perf_counter() >= next_gpu_event:
                 next_gpu_event = time.perf_counter() + runtime.gpu_event_seconds
                 self.events.emit("gpu", step=self.step, **gpu_snapshot(self.setup.device))
+            first_step_started = time.perf_counter()
             result = state.train_step()
+            if runtime.compile and not compile_reported:
+                # torch.compile compiles lazily, inside the first step: time that step (synchronised).
+                if self.setup.is_cuda:
+                    torch.cuda.synchronize(device)
+                seconds = time.perf_counter() - first_step_started
+                self.events.emit("compile", step=self.step + 1, first_step_seconds=seconds)
+                self.progress.message(f"torch.compile: the first step took {seconds:.1f} s (compilation included)")
+                compile_reported = True
             self.step += 1
             window += torch.cat([result.losses, result.grad_norm.reshape(1).float()])
             window_steps += 1

@@ -1,0 +1,510 @@
+"""The TUI driven with Textual's Pilot: each pane shows what the run directory says, each key does what
+its footer label says, the files are followed as they change, and start/stop go to the right process.
+
+The fixture run (tui.testing) has fixed times, a host that is not this one and a fixed clock, so what
+the panes show does not depend on this machine or on when the test runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import psutil
+import pytest
+from textual.notifications import Notify
+
+from tideborn.errors import UserError
+from tideborn.events import encode_event
+from tideborn.runfiles import PidRecord, this_host
+from tui.app import create_app, main
+from tui.gpu import NvmlProbe
+from tui.options import TuiOptions, parse_options
+from tui.plan import LaunchPlan
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.dashboard import DashboardScreen
+from tui.screens.help import TextScreen
+from tui.screens.run_picker import RunPickerScreen
+from tui.testing import FIXTURE_NOW, write_fixture_run
+from tui.widgets.anomalies import AnomalyList
+from tui.widgets.gpu_panel import GpuPanel
+from tui.widgets.log_pane import LogPane
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch):
+    """Clock times in UTC, whatever this machine's zone."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.fixture
+def fixture_run(tmp_path) -> Path:
+    run_dir = tmp_path / "runs" / "fixture"
+    write_fixture_run(run_dir)
+    return run_dir
+
+
+def app_for(run_dir: Path | None = None, **changes):
+    options = TuiOptions(run_dir=run_dir, clock=lambda: FIXTURE_NOW, use_nvml=False, follow=False)
+    for name, value in changes.items():
+        setattr(options, name, value)
+    return create_app(options)
+
+
+async def until(pilot, condition, what: str, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await pilot.pause(0.02)
+
+
+async def attached(pilot) -> DashboardScreen:
+    screen = pilot.app.screen
+    assert isinstance(screen, DashboardScreen), screen
+    await until(pilot, screen.ready.is_set, "the dashboard to read the run")
+    await pilot.pause()
+    return screen
+
+
+def notices(messages: list) -> list[str]:
+    return [m.notification.message for m in messages if isinstance(m, Notify)]
+
+
+# -- the panes ---------------------------------------------------------------------------------------
+
+async def test_header_shows_state_progress_rate_lr_and_ages(fixture_run):
+    async with app_for(fixture_run).run_test(size=(100, 30)) as pilot:
+        screen = await attached(pilot)
+        text = screen.header.text().plain
+    for part in ("STOPPED", "step 400 / 400 (100.0%)", "2,560 pos/s", "lr 1.25e-04", "event 1m05s ago",
+                 "checkpoint step 400 (1m05s ago)", "run_stopped at step 400: SIGTERM"):
+        assert part in text, (part, text)
+
+
+async def test_plot_shows_losses_eval_nonfinite_and_axis_markers(fixture_run):
+    async with app_for(fixture_run).run_test(size=(120, 40)) as pilot:
+        screen = await attached(pilot)
+        plot = screen.plot
+        lines = plot.render().plain.split("\n")
+        assert {c.label for c in plot.curves()} == {"loss", "policy", "value", "eval-pol", "eval-val", "acc-pol",
+                                                    "acc-val"}
+        assert plot.history.series["loss"].segments == [0, 60]  # the resume at step 200 starts a segment
+    assert "4 non-finite" in lines[0]
+    axis = lines[-2]
+    assert "◀" in axis and "┼" in axis and "!" in axis
+    assert lines[-1].split() == ["5", "202", "400"]
+
+
+async def test_gpu_panel_shows_the_trainers_gpu_events(fixture_run):
+    async with app_for(fixture_run).run_test(size=(120, 40)) as pilot:
+        await attached(pilot)
+        panel = pilot.app.screen.query_one("#gpu", GpuPanel)
+        await until(pilot, lambda: panel.sample is not None, "a hardware sample")
+        text = panel.text().plain
+        assert panel.border_title == "GPU (trainer events)"
+    for part in ("0 GeForce RTX 4070 Ti", "util  91%", "mem 9.5/12.0 GiB", "67°C", "252 W", "torch peak 8.0 GiB",
+                 "gpu event 1m06s ago"):
+        assert part in text, (part, text)
+
+
+async def test_cpu_run_says_so_and_shows_the_trainer_process(tmp_path):
+    run_dir = tmp_path / "cpu-run"
+    run_dir.mkdir()
+    started = encode_event("run_started", {"step": 0, "device": "cpu, fp32", "pid": os.getpid(), "host": this_host(),
+                                           "max_steps": 10, "settings": {"runtime": {"device": "cpu"}}})
+    (run_dir / "events.jsonl").write_bytes(started)
+    async with app_for(run_dir, clock=time.time).run_test(size=(100, 30)) as pilot:
+        await attached(pilot)
+        panel = pilot.app.screen.query_one("#gpu", GpuPanel)
+        await until(pilot, lambda: panel.sample is not None, "a hardware sample")
+        text = panel.text().plain
+    assert "CPU run: no GPU in use" in text
+    assert f"trainer pid {os.getpid()}" in text and "RSS" in text and "CPU" in text
+
+
+async def test_anomalies_pane_lists_each_with_time_step_and_evidence(fixture_run):
+    async with app_for(fixture_run).run_test(size=(120, 40)) as pilot:
+        await attached(pilot)
+        pane = pilot.app.screen.query_one("#anomalies", AnomalyList)
+        assert {a.rule for a in pane.anomalies} == {"nonfinite_loss", "cuda_oom", "traceback"}
+        assert pane.has_class("-alert")
+        nonfinite = next(a for a in pane.anomalies if a.rule == "nonfinite_loss")
+        prompt = pane._prompt(nonfinite).plain
+        assert prompt.startswith("22:14:20 step 150 nonfinite_loss") and 'loss="nan"' in prompt
+        pane.focus()
+        pane.highlighted = pane.anomalies.index(nonfinite)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(pilot.app.screen, TextScreen), "the anomaly's details")
+        body = str(pilot.app.screen.body)
+        assert "nonfinite_loss" in body and "step      150" in body and "policy_loss=" in body
+        await pilot.press("escape")
+        assert isinstance(pilot.app.screen, DashboardScreen)
+
+
+async def test_log_pane_shows_the_tail_with_errors_highlighted(fixture_run):
+    async with app_for(fixture_run).run_test(size=(120, 40)) as pilot:
+        await attached(pilot)
+        log = pilot.app.screen.query_one("#log", LogPane)
+        await until(pilot, lambda: log.lines, "log lines")
+        shown = [strip.text for strip in log.lines]
+        styles = {strip.text.strip(): {str(seg.style) for seg in strip if seg.style} for strip in log.lines}
+    assert any("stopped (SIGTERM) at step 400" in line for line in shown)
+    assert log.errors == 4 and log.border_title == "train.log (4 error lines)"
+    oom = next(key for key in styles if key.startswith("torch.OutOfMemoryError"))
+    assert any("bold" in s and "red" in s for s in styles[oom])
+    plain = next(key for key in styles if key.startswith("resuming"))
+    assert not any("red" in s for s in styles[plain])
+
+
+# -- following the files ------------------------------------------------------------------------------
+
+async def test_new_events_arrive_torn_lines_wait_and_new_anomalies_notify(fixture_run):
+    seen: list = []
+    app = app_for(fixture_run, follow=True)
+    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
+        screen = await attached(pilot)
+        focused = pilot.app.focused
+        points = len(screen.history.series["loss"])
+        with open(fixture_run / "events.jsonl", "ab") as handle:
+            handle.write(b"\n")  # ends the fixture's torn line: a malformed line, skipped
+            handle.write(encode_event("run_started", {"step": 400, "resumed_from": "x", "pid": 424242,
+                                                      "host": "fixture-host", "max_steps": 500}, now=FIXTURE_NOW))
+            handle.write(encode_event("step", {"step": 405, "loss": 2.0, "policy_loss": 1.5, "value_loss": 0.5},
+                                      now=FIXTURE_NOW))
+            handle.write(b'{"v":1,"time":1,"kind":"step","step":410,"loss":')  # torn: must wait for its newline
+        await until(pilot, lambda: len(screen.history.series["loss"]) == points + 1, "the new step")
+        with open(fixture_run / "events.jsonl", "ab") as handle:
+            handle.write(b'"nan","policy_loss":"nan","value_loss":0.5}\n')
+        await until(pilot, lambda: len(screen.history.series["loss"]) == points + 2, "the completed line")
+        await until(pilot, lambda: any("non-finite loss at step 410" in n for n in notices(seen)),
+                    "a notification for the new NaN")
+        assert pilot.app.focused is focused  # attention drawn, focus not stolen
+        await until(pilot, lambda: screen.status and screen.status["step"] == 410, "the header's new step")
+
+
+async def test_a_truncated_log_is_read_again(fixture_run):
+    async with app_for(fixture_run, follow=True).run_test(size=(120, 40)) as pilot:
+        await attached(pilot)
+        log = pilot.app.screen.query_one("#log", LogPane)
+        (fixture_run / "train.log").write_text("a new beginning\n")
+        await until(pilot, lambda: any("a new beginning" in s.text for s in log.lines), "the new log")
+        assert any("truncated or replaced" in s.text for s in log.lines)
+        assert not any("OutOfMemoryError" in s.text for s in log.lines)
+
+
+async def test_a_replaced_events_file_starts_the_curves_over(fixture_run):
+    async with app_for(fixture_run, follow=True).run_test(size=(120, 40)) as pilot:
+        screen = await attached(pilot)
+        fresh = fixture_run / "events.new"
+        fresh.write_bytes(encode_event("run_started", {"step": 0, "fresh": True, "pid": 424242,
+                                                       "host": "fixture-host", "max_steps": 50}, now=FIXTURE_NOW)
+                          + encode_event("step", {"step": 5, "loss": 9.0, "policy_loss": 8.0, "value_loss": 1.0},
+                                         now=FIXTURE_NOW))
+        os.replace(fresh, fixture_run / "events.jsonl")  # what --fresh does: the old file is archived
+        await until(pilot, lambda: len(screen.history.series["loss"]) == 1, "the curves to start over")
+        assert screen.history.series["loss"].y.view[0] == 9.0 and screen.history.markers == []
+
+
+async def test_a_replaced_log_is_read_from_its_start(fixture_run):
+    async with app_for(fixture_run, follow=True).run_test(size=(120, 40)) as pilot:
+        await attached(pilot)
+        log = pilot.app.screen.query_one("#log", LogPane)
+        fresh = fixture_run / "train.log.new"
+        fresh.write_text("first line of a new log\n")
+        os.replace(fresh, fixture_run / "train.log")
+        await until(pilot, lambda: any("first line of a new log" in s.text for s in log.lines), "the new log")
+
+
+async def test_nothing_is_redrawn_while_nothing_changes(fixture_run):
+    async with app_for(fixture_run, follow=True).run_test(size=(120, 40)) as pilot:
+        screen = await attached(pilot)
+        await until(pilot, lambda: not screen.plot.redraw_pending, "the plot's last scheduled redraw")
+        await pilot.pause(0.3)
+        plot_draws, header = screen.plot.draws, screen.header.shown_text
+        await pilot.pause(2.5)  # the follower polls (at least every second) and finds nothing new
+        assert screen.plot.draws == plot_draws
+        assert screen.header.shown_text == header
+
+
+async def test_a_directory_that_does_not_exist_yet_is_waited_for(tmp_path):
+    run_dir = tmp_path / "later"
+    async with app_for(run_dir, follow=True, clock=time.time).run_test(size=(100, 30)) as pilot:
+        screen = await attached(pilot)
+        assert "NOT STARTED" in screen.header.text().plain
+        write_fixture_run(run_dir)
+        await until(pilot, lambda: screen.state == "stopped", "the run to appear")
+
+
+# -- keys ---------------------------------------------------------------------------------------------
+
+async def test_plot_keys_toggle_smoothing_log_scale_windows_and_curves(fixture_run):
+    async with app_for(fixture_run).run_test(size=(100, 30)) as pilot:
+        screen = await attached(pilot)
+        plot = screen.plot
+        assert plot.options.smooth and not plot.options.log and plot.options.window is None
+        await pilot.press("m")
+        assert not plot.options.smooth and "EMA" not in plot.render().plain.split("\n")[0]
+        await pilot.press("l")
+        assert plot.options.log and "log" in plot.render().plain.split("\n")[0]
+        await pilot.press("n")
+        assert plot.options.window == 1000
+        await pilot.press("n")
+        assert plot.options.window == 10_000
+        await pilot.press("a")
+        assert plot.options.window is None
+        await pilot.press("c")
+        assert plot.view == "losses" and "acc-pol" not in plot.render().plain.split("\n")[0]
+        await pilot.press("c")
+        assert plot.view == "eval" and {c.label for c in plot.curves()} == {"eval-pol", "eval-val", "acc-pol",
+                                                                            "acc-val"}
+
+
+async def test_help_lists_the_keys_and_closes(fixture_run):
+    async with app_for(fixture_run).run_test(size=(100, 30)) as pilot:
+        await attached(pilot)
+        await pilot.press("question_mark")
+        assert isinstance(pilot.app.screen, TextScreen)
+        body = pilot.app.screen.body.plain
+        for key in ("s ", "x ", "m ", "l ", "n ", "a ", "c ", "e ", "q "):
+            assert f"  {key}" in body, key
+        assert "Start" in body and "checkpoint" in body
+        await pilot.press("escape")
+        assert isinstance(pilot.app.screen, DashboardScreen)
+
+
+async def test_start_without_a_plan_says_what_is_missing(fixture_run):
+    seen: list = []
+    async with app_for(fixture_run).run_test(size=(100, 30), message_hook=seen.append) as pilot:
+        await attached(pilot)
+        await pilot.press("s")
+        await pilot.pause()
+    assert any("no launch.json" in n and "--config" in n for n in notices(seen))
+
+
+async def test_stop_refuses_a_run_that_is_not_running(fixture_run):
+    seen: list = []
+    async with app_for(fixture_run).run_test(size=(100, 30), message_hook=seen.append) as pilot:
+        await attached(pilot)
+        await pilot.press("x")
+        await pilot.pause()
+        assert isinstance(pilot.app.screen, DashboardScreen)  # no confirmation for nothing
+    assert any("not running (stopped)" in n for n in notices(seen))
+
+
+@pytest.fixture
+def fake_trainer(tmp_path):
+    """A process recorded in train.pid as a run's trainer (a sleep; SIGTERM ends it)."""
+    run_dir = tmp_path / "live"
+    run_dir.mkdir()
+    process = subprocess.Popen(["sleep", "120"])
+    record = PidRecord(pid=process.pid, start_time=psutil.Process(process.pid).create_time(), host=this_host(),
+                       argv=["sleep", "120"], started_at=time.time())
+    (run_dir / "train.pid").write_text(json.dumps(record.to_dict()))
+    yield run_dir, process
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+
+
+async def test_stop_asks_first_then_sends_sigterm_to_the_recorded_process(fake_trainer):
+    run_dir, process = fake_trainer
+    seen: list = []
+    async with app_for(run_dir, clock=time.time).run_test(size=(100, 30), message_hook=seen.append) as pilot:
+        screen = await attached(pilot)
+        assert screen.state == "running"
+        await pilot.press("x")
+        assert isinstance(pilot.app.screen, ConfirmScreen)
+        await pilot.press("n")
+        assert isinstance(pilot.app.screen, DashboardScreen)
+        await pilot.pause(0.2)
+        assert process.poll() is None  # declined: nothing sent
+        await pilot.press("x", "y")
+        await until(pilot, lambda: process.poll() is not None, "the process to get SIGTERM")
+        assert process.returncode == -signal.SIGTERM
+        await until(pilot, lambda: any("SIGTERM sent" in n for n in notices(seen)), "the stop notice")
+        assert "stopping, SIGTERM" in screen.header.text().plain
+
+
+async def test_quitting_never_stops_the_run(fake_trainer):
+    run_dir, process = fake_trainer
+    async with app_for(run_dir, clock=time.time).run_test(size=(100, 30)) as pilot:
+        await attached(pilot)
+        await pilot.press("q")
+    time.sleep(0.2)
+    assert process.poll() is None
+
+
+async def test_ascii_mode_draws_no_braille_and_no_box_drawing(fixture_run):
+    async with app_for(fixture_run, ascii=True, colour=False).run_test(size=(100, 30)) as pilot:
+        screen = await attached(pilot)
+        assert pilot.app.has_class("-ascii")
+        assert screen.plot.render().plain.isascii()
+        assert pilot.app.screen.query_one("#gpu").styles.border.top[0] == "ascii"
+
+
+# -- the run picker -----------------------------------------------------------------------------------
+
+async def test_picker_lists_a_folder_of_runs_and_opens_one(tmp_path):
+    folder = tmp_path / "runs"
+    write_fixture_run(folder / "alpha")
+    write_fixture_run(folder / "beta", max_steps=300)
+    (folder / "not-a-run").mkdir()
+    options = TuiOptions(runs_folder=folder, clock=lambda: FIXTURE_NOW, use_nvml=False, follow=False)
+    async with create_app(options).run_test(size=(100, 30)) as pilot:
+        picker = pilot.app.screen
+        assert isinstance(picker, RunPickerScreen)
+        await until(pilot, picker.ready.is_set, "the runs")
+        assert [run["name"] for run in picker.runs] == ["alpha", "beta"]
+        assert [run["step"] for run in picker.runs] == [400, 300]
+        await pilot.press("down", "enter")
+        screen = await attached(pilot)
+        assert screen.run_dir == folder / "beta"
+        await pilot.press("escape")
+        assert pilot.app.screen is picker
+
+
+# -- the command line ---------------------------------------------------------------------------------
+
+def test_command_line_resolves_runs_folders_and_plans(tmp_path, fixture_run, monkeypatch):
+    monkeypatch.delenv("TIDEBORN_PROJECT_FILE", raising=False)
+    assert parse_options([str(fixture_run)], cwd=tmp_path).run_dir == fixture_run
+    assert parse_options([str(fixture_run.parent)], cwd=tmp_path).runs_folder == fixture_run.parent
+    config = str(REPO / "configs" / "smoke.toml")
+    options = parse_options(["--config", config, "--set", "runtime.max_steps=7"], cwd=tmp_path)
+    assert options.run_dir == tmp_path / "runs" / "ckpt" / "smoke"
+    empty = tmp_path / "new-run"
+    options = parse_options([str(empty), "--config", config], cwd=tmp_path)
+    assert options.run_dir == empty and options.plan is not None
+    aimed = options.plan.aimed_at(empty)
+    assert aimed.override_of("runtime.out_dir") == json.dumps(str(empty.resolve()))
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "give a run directory"),
+    (["/no/such/dir"], "no such directory"),
+    (["--config", "/no/such.toml"], "config file not found"),
+    (["--smoothing", "1.5", "x"], "--smoothing 1.5"),
+    (["--bogus"], "unrecognized arguments"),
+])
+def test_command_line_errors_are_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=message.replace("(", r"\(")):
+        parse_options(argv)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tideborn-tui: error:") and "Traceback" not in err
+
+
+def test_a_launch_file_plan_never_carries_fresh_over(tmp_path):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "launch.json").write_text(json.dumps({
+        "config": "configs/smoke.toml", "config_path": str(REPO / "configs" / "smoke.toml"),
+        "overrides": ["runtime.max_steps=9"], "flags": {"network": "resnet2x32"}, "trainer_args": ["--fresh"],
+        "cwd": str(tmp_path / "gone")}))
+    plan = LaunchPlan.from_launch_file(run_dir)
+    assert plan.config == str(REPO / "configs" / "smoke.toml")
+    assert plan.overrides == ("runtime.max_steps=9",) and plan.flags == {"network": "resnet2x32"}
+    assert plan.trainer_args == () and "--fresh" not in plan.request().trainer_argv()
+
+
+def test_tui_app_does_not_import_torch():
+    code = "import sys, tui.app, tui.screens.dashboard, tui.screens.override_editor, tui.screens.run_picker; " \
+           "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "False"
+
+
+# -- NVML (faked: no GPU needed) ------------------------------------------------------------------------
+
+class FakeNvml(types.ModuleType):
+    """The parts of nvidia-ml-py the GPU pane uses: two devices, the trainer's process on the second,
+    and a first device that will not report its power."""
+
+    NVML_TEMPERATURE_GPU = 0
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, trainer_pid: int):
+        super().__init__("pynvml")
+        self.trainer_pid = trainer_pid
+        self.shut = False
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetName(self, handle):
+        return b"NVIDIA H200" if handle else "NVIDIA A100-SXM4-80GB"
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return types.SimpleNamespace(gpu=97 if handle else 3)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return types.SimpleNamespace(used=(70 if handle else 1) * 2**30, total=140 * 2**30)
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 61
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        if not handle:
+            raise self.NVMLError("Not Supported")
+        return 612_000
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [types.SimpleNamespace(pid=self.trainer_pid)] if handle else []
+
+
+def test_nvml_reads_the_devices_the_trainer_uses(monkeypatch):
+    fake = FakeNvml(trainer_pid=4321)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    probe = NvmlProbe()
+    assert probe.available
+    used = probe.sample({4321})
+    assert [(d.index, d.name, d.utilization_percent, d.power_watts) for d in used] == [(1, "NVIDIA H200", 97.0, 612.0)]
+    everything = probe.sample({999})  # the trainer is on none of them (yet): show all
+    assert [d.index for d in everything] == [0, 1] and everything[0].power_watts is None
+    probe.close()
+    assert fake.shut
+
+
+async def test_gpu_pane_prefers_nvml_on_the_runs_own_host(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(trainer_pid=os.getpid()))
+    run_dir = tmp_path / "gpu-run"
+    run_dir.mkdir()
+    started = encode_event("run_started", {"step": 0, "device": "cuda:0 (NVIDIA H200), bf16", "pid": os.getpid(),
+                                           "host": this_host(), "max_steps": 10})
+    (run_dir / "events.jsonl").write_bytes(started)
+    async with app_for(run_dir, clock=time.time, use_nvml=True).run_test(size=(100, 30)) as pilot:
+        await attached(pilot)
+        panel = pilot.app.screen.query_one("#gpu", GpuPanel)
+        await until(pilot, lambda: panel.sample is not None, "a hardware sample")
+        text = panel.text().plain
+        assert panel.border_title == "GPU (NVML, live)"
+    assert "1 H200" in text and "util  97%" in text and "mem 70.0/140.0 GiB" in text and "612 W" in text
+    assert "A100" not in text  # a device the trainer does not use

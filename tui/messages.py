@@ -1,0 +1,118 @@
+"""Messages from the workers that follow a run to the UI, named for what happened.
+
+Workers never touch widgets: they post these. A message that only carries the latest picture of
+something (the run's status, a hardware sample, the runs of a folder) replaces an older one still in
+the queue (`can_replace`), so a burst of writes costs one redraw, not one per write.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.message import Message
+
+from tideborn.anomaly import Anomaly
+from tui.gpu import HardwareSample
+from tui.history import RunHistory
+
+
+class _Latest(Message):
+    """A picture that supersedes the previous one of its kind."""
+
+    def can_replace(self, message: Message) -> bool:
+        return type(message) is type(self)
+
+
+class RunRefreshed(_Latest):
+    """The run's status report (as `train_run status --json` gives it), after a refresh."""
+
+    def __init__(self, status: dict) -> None:
+        super().__init__()
+        self.status = status
+
+
+class RunAttached(Message):
+    """The first look at the run directory has been posted (everything before this message)."""
+
+
+class EventsArrived(Message):
+    """New events, oldest first. `reset`: events.jsonl was replaced or truncated; forget the old ones."""
+
+    def __init__(self, events: list[dict], reset: bool = False) -> None:
+        super().__init__()
+        self.events = events
+        self.reset = reset
+
+
+class HistoryLoaded(Message):
+    """The events before the tail that was read first (a long run), folded into curves off the UI thread.
+    `generation`: which reading of events.jsonl it belongs to (a replaced file makes it stale)."""
+
+    def __init__(self, history: RunHistory, generation: int) -> None:
+        super().__init__()
+        self.history = history
+        self.generation = generation
+
+
+class HistoryProgressed(_Latest):
+    def __init__(self, fraction: float) -> None:
+        super().__init__()
+        self.fraction = fraction
+
+
+class AnomaliesFound(Message):
+    """Anomalies that began. `initial`: found while attaching (already there, not news)."""
+
+    def __init__(self, anomalies: list[Anomaly], initial: bool = False) -> None:
+        super().__init__()
+        self.anomalies = anomalies
+        self.initial = initial
+
+
+class LogLinesArrived(Message):
+    """New lines of train.log as (line number, text, kind); kind is "error", "traceback" or "". `reset`:
+    the log was truncated or replaced."""
+
+    def __init__(self, lines: list[tuple[int, str, str]], reset: bool = False) -> None:
+        super().__init__()
+        self.lines = lines
+        self.reset = reset
+
+
+class HardwareSampled(_Latest):
+    def __init__(self, sample: HardwareSample) -> None:
+        super().__init__()
+        self.sample = sample
+
+
+class RunLaunched(Message):
+    def __init__(self, pid: int, run_dir: Path) -> None:
+        super().__init__()
+        self.pid = pid
+        self.run_dir = run_dir
+
+
+class LaunchFailed(Message):
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason
+
+
+class StopSent(Message):
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid = pid
+
+
+class StopFailed(Message):
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason
+
+
+class RunsListed(_Latest):
+    """The runs of a folder, one status report each (the run picker)."""
+
+    def __init__(self, runs: list[dict]) -> None:
+        super().__init__()
+        self.runs = runs

@@ -1,0 +1,348 @@
+"""One run's dashboard: header, loss plot, hardware, anomalies and the log, kept current by a worker
+that follows the run directory; start and stop by key, through `tideborn.runcontrol`."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, OptionList
+
+from tideborn.errors import UserError
+from tideborn.events import TERMINAL_KINDS
+from tideborn.runcontrol import NotRunning, launch_run, signal_run
+from tui.follow import RunFollower, follow
+from tui.history import RunHistory, load_history
+from tui.messages import (
+    AnomaliesFound,
+    EventsArrived,
+    HardwareSampled,
+    HistoryLoaded,
+    HistoryProgressed,
+    LaunchFailed,
+    LogLinesArrived,
+    RunAttached,
+    RunLaunched,
+    RunRefreshed,
+    StopFailed,
+    StopSent,
+)
+from tui.options import WINDOWS, TuiOptions
+from tui.plan import LaunchPlan
+from tui.plotting import Marker, PlotOptions
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.help import PLOT_NOTES, TextScreen
+from tui.widgets.anomalies import AnomalyList, clock_text, evidence_text
+from tui.widgets.gpu_panel import GpuPanel
+from tui.widgets.header import RunHeader
+from tui.widgets.log_pane import LogPane
+from tui.widgets.loss_plot import LossPlot
+
+LIVE_STATES = ("running", "stalled")
+
+
+class DashboardScreen(Screen):
+    HELP = PLOT_NOTES
+    BINDINGS = [
+        Binding("s", "start", "Start"),
+        Binding("x", "stop", "Stop"),
+        Binding("m", "smooth", "Smooth"),
+        Binding("l", "log_scale", "Log"),
+        Binding("n", "last_steps", "Last N"),
+        Binding("a", "all_steps", "All", show=False),
+        Binding("c", "curves", "Curves", show=False),
+        Binding("e", "edit", "Overrides"),
+        Binding("escape", "back", "Runs", show=False),
+    ]
+
+    def __init__(self, run_dir: Path, options: TuiOptions, from_picker: bool = False) -> None:
+        super().__init__()
+        self.run_dir = Path(run_dir)
+        self.options = options
+        self.from_picker = from_picker
+        self.history = RunHistory(options.smoothing)
+        self.state = "not started"
+        self.status: dict | None = None
+        self.ready = threading.Event()
+        """Set once the first poll and, for a long run, the full history have arrived (tests wait on it)."""
+        self._stop = threading.Event()
+        self._first_event_kind: str | None = None
+        self._history_source: tuple[Path, int] | None = None
+        """events.jsonl and the offset where the tail read first begins (a long run), else None."""
+        self._generation = 0
+        self._events_seen = False
+        self._launched: list[subprocess.Popen] = []
+
+    # -- layout ---------------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        o = self.options
+        yield RunHeader(self.run_dir, o.clock, colour=o.colour, id="header")
+        yield LossPlot(self.history, PlotOptions(window=o.window, ascii=o.ascii, colour=o.colour), id="plot")
+        with Horizontal(id="lower"):
+            yield GpuPanel(o.clock, ascii=o.ascii, colour=o.colour, id="gpu")
+            with Vertical(id="side"):
+                yield AnomalyList(colour=o.colour, id="anomalies")
+                yield LogPane(colour=o.colour, id="log")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = str(self.run_dir)
+        self.query_one("#log", LogPane).focus()
+        self._follow()
+        self.set_interval(2.0, self._reap)
+
+    def on_unmount(self) -> None:
+        self._stop.set()
+
+    @property
+    def plot(self) -> LossPlot:
+        return self.query_one("#plot", LossPlot)
+
+    @property
+    def header(self) -> RunHeader:
+        return self.query_one("#header", RunHeader)
+
+    # -- following ------------------------------------------------------------------------------------
+    @work(thread=True, group="follow", exclusive=True)
+    def _follow(self) -> None:
+        follower = RunFollower(self.run_dir, self.options.thresholds, self.options.clock, self.options.use_nvml)
+        if follower.tail_start > 0:
+            self._history_source = (follower.events_path, follower.tail_start)
+        if self.options.follow:
+            follow(follower, self.post_message, self._stop)
+            return
+        for message in follower.poll():
+            self.post_message(message)
+        self.post_message(RunAttached())
+        follower.close()
+
+    def on_run_attached(self, message: RunAttached) -> None:
+        if self._history_source is None:
+            self.ready.set()
+            return
+        # The tail is on screen first; the loader starts after that frame, so it never delays it.
+        self.call_after_refresh(self._load_history, *self._history_source, self._generation)
+
+    @work(thread=True, group="history", exclusive=True)
+    def _load_history(self, path: Path, end: int, generation: int) -> None:
+        history = load_history(path, end, self.options.smoothing,
+                               progress=lambda f: self.post_message(HistoryProgressed(f)),
+                               cancelled=lambda: self._stop.is_set() or generation != self._generation)
+        if history is not None:
+            self.post_message(HistoryLoaded(history, generation))
+
+    def on_events_arrived(self, message: EventsArrived) -> None:
+        if message.reset:  # events.jsonl was replaced (--fresh) or truncated: it is read again from the top
+            self._generation += 1
+            self.history = RunHistory(self.options.smoothing)
+            self.plot.set_history(self.history)
+            self.plot.anomaly_markers.clear()
+            self._first_event_kind = None
+            self.header.note = ""
+            self.ready.set()  # the new file is read whole, from its first byte
+        if message.events and self._first_event_kind is None:
+            self._first_event_kind = str(message.events[0].get("kind"))
+        if self.history.add(message.events):
+            self.plot.data_changed()
+        if self._events_seen:
+            self._announce(message.events)
+        self._events_seen = True
+
+    def _announce(self, events: list[dict]) -> None:
+        for event in events:
+            kind = event.get("kind")
+            if kind == "run_started":
+                self.notify(f"run started at step {event.get('step')} (pid {event.get('pid')})", title="run")
+            elif kind in TERMINAL_KINDS:
+                detail = event.get("checkpoint") or event.get("error") or ""
+                severity = "error" if kind == "run_failed" else "information"
+                self.notify(f"{kind} at step {event.get('step')}" + (f": {detail}" if detail else ""),
+                            title="run", severity=severity, timeout=10)
+
+    def on_history_loaded(self, message: HistoryLoaded) -> None:
+        if message.generation != self._generation:
+            return  # read from a file that has since been replaced
+        continues = self._first_event_kind != "run_started"
+        self.history.prepend(message.history, continues)
+        self.plot.data_changed()
+        self.header.note = ""
+        self.header.show()
+        self.ready.set()
+
+    def on_history_progressed(self, message: HistoryProgressed) -> None:
+        self.header.note = f"reading the full history: {message.fraction * 100:.0f}%"
+        self.header.show()
+
+    def on_run_refreshed(self, message: RunRefreshed) -> None:
+        self.status = message.status
+        self.state = str(message.status.get("state"))
+        if self.state == "not started" and not self.header.note:
+            self.header.note = "s starts a run here, e edits its settings first"
+        self.header.show_status(message.status)
+
+    def on_anomalies_found(self, message: AnomaliesFound) -> None:
+        pane = self.query_one("#anomalies", AnomalyList)
+        new = pane.add_anomalies(message.anomalies)
+        for anomaly in new:
+            step = anomaly.evidence.get("step")
+            if isinstance(step, int):
+                self.plot.anomaly_markers.append(Marker(float(step), "anomaly"))
+        if new:
+            self.plot.data_changed()
+            pane.alert()
+            if not message.initial:
+                for anomaly in new:
+                    self.notify(anomaly.message, title=f"anomaly: {anomaly.rule}", severity="error", timeout=15)
+
+    def on_log_lines_arrived(self, message: LogLinesArrived) -> None:
+        self.query_one("#log", LogPane).add_lines(message.lines, message.reset)
+
+    def on_hardware_sampled(self, message: HardwareSampled) -> None:
+        self.query_one("#gpu", GpuPanel).show_sample(message.sample)
+
+    def on_option_list_option_selected(self, message: OptionList.OptionSelected) -> None:
+        pane = self.query_one("#anomalies", AnomalyList)
+        anomaly = pane.selected_anomaly()
+        if anomaly is None:
+            return
+        body = (f"rule      {anomaly.rule}\ntime      {clock_text(anomaly.time)}\nstep      "
+                f"{anomaly.evidence.get('step', '-')}\n\n{anomaly.message}\n\nevidence\n  {evidence_text(anomaly)}")
+        self.app.push_screen(TextScreen(f"anomaly: {anomaly.rule}", body))
+
+    # -- start and stop -------------------------------------------------------------------------------
+    def launch_plan(self) -> LaunchPlan | None:
+        """What the start key launches: the command line's (or the editor's) plan, else launch.json's."""
+        plan = self.app.plan if self.app.plan is not None else LaunchPlan.from_launch_file(self.run_dir)
+        return plan.aimed_at(self.run_dir) if plan is not None else None
+
+    def action_start(self) -> None:
+        if self.state in LIVE_STATES:
+            self.notify(f"the run is {self.state} already; stop it first (x)", severity="warning")
+            return
+        try:
+            plan = self.launch_plan()
+        except UserError as exc:
+            self.notify(str(exc), title="cannot start", severity="error", timeout=15)
+            return
+        if plan is None:
+            self.notify(f"nothing to start: no launch.json in {self.run_dir} and no --config given",
+                        title="cannot start", severity="error", timeout=15)
+            return
+        self.header.note = "starting..."
+        self.header.show()
+        self._launch(plan)
+
+    @work(thread=True, group="control")
+    def _launch(self, plan: LaunchPlan) -> None:
+        try:
+            launched = launch_run(plan.request(), cwd=plan.cwd)
+        except UserError as exc:
+            self.post_message(LaunchFailed(str(exc)))
+            return
+        self._launched.append(launched.process)
+        self.post_message(RunLaunched(launched.record.pid, launched.run_dir))
+
+    def on_run_launched(self, message: RunLaunched) -> None:
+        self.header.note = f"launched pid {message.pid}"
+        self.header.show()
+        self.notify(f"trainer started: pid {message.pid}; its output goes to train.log", title="start")
+
+    def on_launch_failed(self, message: LaunchFailed) -> None:
+        self.header.note = ""
+        self.header.show()
+        self.notify(message.reason, title="cannot start", severity="error", timeout=20)
+
+    def _reap(self) -> None:
+        """Collect trainers this TUI launched that have exited (they are its children)."""
+        self._launched = [p for p in self._launched if p.poll() is None]
+
+    def action_stop(self) -> None:
+        if self.state not in LIVE_STATES:
+            self.notify(f"the run is not running ({self.state}); nothing to stop", severity="warning")
+            return
+        pid = (self.status or {}).get("pid")
+        question = (f"Stop the run in {self.run_dir}?\n\nSIGTERM to pid {pid}: it finishes its step, saves a "
+                    "checkpoint and exits (run_stopped).")
+        self.app.push_screen(ConfirmScreen(question), self._stop_confirmed)
+
+    def _stop_confirmed(self, yes: bool | None) -> None:
+        if yes:
+            self._signal()
+
+    @work(thread=True, group="control")
+    def _signal(self) -> None:
+        try:
+            record = signal_run(self.run_dir)
+        except NotRunning as exc:
+            self.post_message(StopFailed(str(exc)))
+            return
+        self.post_message(StopSent(record.pid))
+
+    def on_stop_sent(self, message: StopSent) -> None:
+        self.header.stopping_since = self.options.clock()
+        self.header.show()
+        self.notify(f"SIGTERM sent to pid {message.pid}; waiting for its checkpoint and run_stopped", title="stop")
+
+    def on_stop_failed(self, message: StopFailed) -> None:
+        self.notify(message.reason, title="cannot stop", severity="error", timeout=15)
+
+    # -- view keys ------------------------------------------------------------------------------------
+    def action_smooth(self) -> None:
+        on = self.plot.toggle_smoothing()
+        self.notify(f"smoothing {'on' if on else 'off'}", timeout=2)
+
+    def action_log_scale(self) -> None:
+        on = self.plot.toggle_log()
+        self.notify(f"{'log' if on else 'linear'} scale", timeout=2)
+
+    def action_last_steps(self) -> None:
+        current = self.plot.options.window
+        later = [w for w in WINDOWS if current is None or w > current]
+        window = later[0] if current is not None and later else WINDOWS[0]
+        if current is not None and not later:
+            window = WINDOWS[0]
+        self.plot.show_window(window)
+
+    def action_all_steps(self) -> None:
+        self.plot.show_window(None)
+
+    def action_curves(self) -> None:
+        view = self.plot.next_view()
+        self.notify(f"curves: {view}", timeout=2)
+
+    def action_edit(self) -> None:
+        from tui.screens.override_editor import OverrideEditorScreen
+
+        try:
+            plan = self.launch_plan()
+        except UserError as exc:
+            self.notify(str(exc), title="cannot edit", severity="error", timeout=15)
+            return
+        if plan is None:
+            self.notify("no settings to edit: start the TUI with --config FILE (or on a run with launch.json)",
+                        severity="warning", timeout=10)
+            return
+        try:
+            screen = OverrideEditorScreen(plan, ascii=self.options.ascii)
+        except UserError as exc:
+            self.notify(str(exc), title="cannot edit", severity="error", timeout=15)
+            return
+        self.app.push_screen(screen, self._edited)
+
+    def _edited(self, result: tuple[str, LaunchPlan] | None) -> None:
+        if result is None:
+            return
+        what, plan = result
+        self.app.plan = plan
+        if what == "launch":
+            self.action_start()
+
+    def action_back(self) -> None:
+        if self.from_picker:
+            self.app.pop_screen()

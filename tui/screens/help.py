@@ -1,0 +1,57 @@
+"""Help (every key of the screen it was opened from, and what the plot's marks mean) and a plain text
+viewer for an anomaly's full evidence: modal screens closed with Escape, q or ?."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Static
+
+PLOT_NOTES = """\
+The plot: x is the training step. Raw values are faint under the smoothed curve (EMA with TensorBoard's
+debiasing) while smoothing is on; a column spans the lowest to the highest value of the steps it covers,
+so a spike always shows. On the axis: + / ┼ a checkpoint, < / ◀ a resume, ! an anomaly. NaN and +inf
+values are marked x / × at the top, -inf v / ▼ at the bottom, and counted in the legend.
+Log scale: log10 when every value shown is positive, else symmetric log (linear near zero).
+Quitting (q) never stops a run; start the TUI again to reattach."""
+
+
+class TextScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "close", "Close")]
+
+    def __init__(self, title: str, body: Text | str) -> None:
+        super().__init__()
+        self.title_text = title
+        self.body = body
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="text-box") as box:
+            box.border_title = self.title_text
+            box.border_subtitle = "Esc closes"
+            yield Static(self.body, id="text-body")
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+def help_text(screen: Screen) -> Text:
+    text = Text()
+    text.append("Keys here\n", style="bold")
+    seen = set()
+    bindings = []
+    for source in (screen, screen.app):
+        for binding in getattr(source, "BINDINGS", []):
+            if isinstance(binding, Binding) and binding.action not in seen:
+                seen.add(binding.action)
+                bindings.append(binding)
+    for binding in bindings:
+        keys = ", ".join(binding.key.split(","))
+        text.append(f"  {keys:<16}", style="bold")
+        text.append(f"{binding.description or binding.action}\n")
+    notes = getattr(screen, "HELP", "")
+    if notes:
+        text.append("\n" + notes.strip() + "\n")
+    return text

@@ -1,0 +1,1 @@
+"""The dashboard's panes, one module each."""

@@ -1,0 +1,102 @@
+"""The run header: state, step / max_steps with ETA, positions/s, lr, time since the last event, and
+the last checkpoint with its age. Ages come from the app's clock (tests fix it)."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+from rich.text import Text
+from textual.widget import Widget
+
+from tideborn.humanize import duration, number
+
+STATE_STYLES = {
+    "running": "bold green", "stalled": "bold yellow", "finished": "bold blue", "stopped": "bold cyan",
+    "failed": "bold red", "vanished": "bold red", "unknown": "bold", "not started": "dim",
+}
+
+
+class RunHeader(Widget):
+    def __init__(self, run_dir: Path, clock: typing.Callable[[], float], colour: bool = True,
+                 id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.run_dir = run_dir
+        self.clock = clock
+        self.colour = colour
+        self.status: dict | None = None
+        self.stopping_since: float | None = None
+        self.note = ""
+        self.shown_text = ""
+        self._text = Text()
+
+    def on_mount(self) -> None:
+        self.show()
+        self.set_interval(1.0, self.show)
+
+    def show_status(self, status: dict) -> None:
+        self.status = status
+        if status.get("terminal") or status.get("state") not in ("running", "stalled"):
+            self.stopping_since = None
+        self.show()
+
+    def show(self) -> None:
+        text = self.text()
+        if text.plain != self.shown_text:  # ages tick every second; nothing else redraws the header
+            self.shown_text = text.plain
+            self._text = text
+            self.refresh()  # a fixed size: no layout pass
+
+    def render(self) -> Text:
+        return self._text
+
+    def _style(self, style: str) -> str:
+        return style if self.colour else ("bold" if "bold" in style else "")
+
+    def text(self) -> Text:
+        now = self.clock()
+        s = self.status
+        if s is None:
+            return Text.assemble((" reading ", self._style("bold")), str(self.run_dir), "\n")
+        state = str(s.get("state"))
+        line = Text(no_wrap=True, overflow="ellipsis")
+        label = state.upper()
+        if self.stopping_since is not None and state in ("running", "stalled"):
+            label += f" (stopping, SIGTERM {duration(now - self.stopping_since)} ago)"
+        badge = self._style(STATE_STYLES.get(state, "bold")) + (" reverse" if self.colour else "")
+        line.append(f" {label} ", style=badge)
+        step, max_steps = s.get("step") or 0, s.get("max_steps")
+        line.append(f" step {step:,}" + (f" / {max_steps:,}" if isinstance(max_steps, int) else ""))
+        if s.get("progress") is not None:
+            line.append(f" ({s['progress'] * 100:.1f}%)")
+        if s.get("eta_seconds") is not None:
+            line.append(f"  ETA {duration(s['eta_seconds'])}")
+        if s.get("positions_per_second") is not None:
+            line.append(f"  {number(s['positions_per_second'], ',.0f')} pos/s")
+        if s.get("lr") is not None:
+            line.append(f"  lr {number(s['lr'], '.2e')}")
+        second = Text(no_wrap=True, overflow="ellipsis")
+        last_event = s.get("last_event_time")
+        if isinstance(last_event, (int, float)):
+            second.append(f" event {duration(now - last_event)} ago")
+        else:
+            second.append(" no events yet")
+        checkpoint = s.get("last_checkpoint")
+        if checkpoint:
+            checked = s.get("checked_at") or now
+            age = checkpoint["age_seconds"] + (now - checked)
+            second.append(f"  checkpoint step {checkpoint['step']:,} ({duration(age)} ago)")
+        else:
+            second.append("  no checkpoint")
+        terminal = s.get("terminal")
+        if terminal:
+            detail = terminal.get("reason") or terminal.get("error") or ""
+            second.append(f"  {terminal['kind']} at step {terminal.get('step')}" + (f": {detail}" if detail else ""),
+                          style=self._style("bold red" if terminal["kind"] == "run_failed" else "bold"))
+        elif s.get("pid") is not None:
+            second.append(f"  pid {s['pid']}")
+        if s.get("watch_problem"):
+            second.append(f"  polling every 2 s ({s['watch_problem']})", style=self._style("yellow"))
+        if self.note:
+            second.append(f"  {self.note}", style=self._style("italic"))
+        return Text.assemble(line, "\n", second)

@@ -201,3 +201,19 @@ async def test_editor_launch_key_starts_the_run_with_the_edits(workdir, monkeypa
     assert cwd == workdir and request.config == "smoke.toml"
     assert "optim.lr=0.03" in request.overrides
     assert f"runtime.out_dir={json.dumps(str(run_dir.resolve()))}" in request.overrides
+
+
+def test_a_distributed_launch_is_started_again_through_torchrun(tmp_path):
+    import json as _json
+
+    from tui.options import parse_options
+    from tui.plan import LaunchPlan
+
+    options = parse_options(["--config", "configs/smoke.toml", "--nproc-per-node", "2"], cwd=tmp_path)
+    assert options.plan.request().trainer_argv()[1:6] == ["-m", "torch.distributed.run", "--standalone",
+                                                           "--nproc-per-node", "2"]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "launch.json").write_text(_json.dumps({"config": "configs/smoke.toml", "overrides": [],
+                                                      "flags": {}, "nproc_per_node": 2, "cwd": str(tmp_path)}))
+    assert LaunchPlan.from_launch_file(run_dir).request().nproc_per_node == 2

@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override one setting for the launch (repeatable), as for train")
     for name in ("type", "network", "mode"):
         parser.add_argument(f"--{name}", help=f"run.{name}, as for train")
+    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                        help="the start key launches N trainer processes through torchrun (DDP)")
     parser.add_argument("--ascii", action="store_true",
                         help="ASCII only: no braille, no box drawing, no colour (for plain terminals)")
     parser.add_argument("--smoothing", type=float, default=0.9, metavar="W",
@@ -84,6 +86,8 @@ def parse_options(argv: typing.Sequence[str] | None = None, cwd: Path | None = N
     cwd = Path.cwd() if cwd is None else cwd
     if not 0 <= args.smoothing < 1:
         raise UserError(f"--smoothing {args.smoothing}: must be at least 0 and below 1")
+    if args.nproc_per_node < 1:
+        raise UserError(f"--nproc-per-node {args.nproc_per_node}: must be at least 1")
     if args.last is not None and args.last < 1:
         raise UserError(f"--last {args.last}: must be at least 1")
     try:
@@ -94,7 +98,8 @@ def parse_options(argv: typing.Sequence[str] | None = None, cwd: Path | None = N
     plan = None
     if args.config is not None or args.overrides or any(flags.values()):
         plan = LaunchPlan(config=args.config, overrides=tuple(args.overrides),
-                          flags={k: v for k, v in flags.items() if v is not None}, cwd=cwd)
+                          flags={k: v for k, v in flags.items() if v is not None},
+                          nproc_per_node=args.nproc_per_node, cwd=cwd)
     options = TuiOptions(plan=plan, ascii=args.ascii, colour=not args.ascii and "NO_COLOR" not in os.environ,
                          smoothing=args.smoothing, window=args.last, thresholds=thresholds,
                          use_nvml=not args.no_nvml)

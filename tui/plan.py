@@ -25,6 +25,8 @@ class LaunchPlan:
     overrides: tuple[str, ...] = ()
     flags: dict[str, str | None] = field(default_factory=dict)
     trainer_args: tuple[str, ...] = ()
+    nproc_per_node: int = 1
+    """More than 1: the trainer runs under torchrun, one process per GPU (as `train_run start --nproc-per-node`)."""
     cwd: Path = field(default_factory=Path.cwd)
     origin: str = "command line"
     """Where the plan came from, for people: "command line" or the launch.json path."""
@@ -49,7 +51,7 @@ class LaunchPlan:
             config = data["config_path"]  # the directory it was started from has gone; the file has not
         return LaunchPlan(config=config, overrides=tuple(str(o) for o in data.get("overrides") or ()),
                           flags={k: (str(v) if v is not None else None) for k, v in (data.get("flags") or {}).items()},
-                          cwd=cwd, origin=str(path))
+                          nproc_per_node=int(data.get("nproc_per_node") or 1), cwd=cwd, origin=str(path))
 
     def with_override(self, item: str) -> LaunchPlan:
         """The plan with `key=value` replacing any earlier override of the same key."""
@@ -85,4 +87,4 @@ class LaunchPlan:
 
     def request(self) -> LaunchRequest:
         return LaunchRequest(config=self.config, overrides=self.overrides, flags=dict(self.flags),
-                             trainer_args=self.trainer_args)
+                             trainer_args=self.trainer_args, nproc_per_node=self.nproc_per_node)

@@ -36,7 +36,7 @@ def training_rep(processes: int, args: argparse.Namespace) -> float:
                    "--set", f"runtime.out_dir={json.dumps(str(run_dir))}", "--set", f"runtime.max_steps={args.steps}",
                    "--set", f"optim.batch_size={args.batch_size}", "--set", "runtime.log_every=5",
                    "--set", 'runtime.device="cpu"', "--set", 'data.kind="synthetic"', "--set", 'runtime.progress="off"']
-        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, args.threads // processes)))
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_process))
         subprocess.run(command, cwd=tmp, env=env, check=True, capture_output=True, timeout=600)
         rates = [e["positions_per_second"] for e in read_events(run_dir / "events.jsonl") if e["kind"] == "step"]
     return statistics.median(rates[1:])
@@ -79,12 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads shared by the processes")
+    parser.add_argument("--threads-per-process", type=int, default=1,
+                        help="CPU threads per process (1: on a small shared machine, more threads than free cores "
+                             "make OpenMP's spinning barriers collapse, which would measure the contention instead)")
     args = parser.parse_args(argv)
     settings = load_settings(None, [], {"network": args.network}, environ={}).settings
     numel = sum(p.numel() for p in build_model(settings.model).parameters())
     print(f"bench_ddp: {args.network} ({numel:,} parameters), batch {args.batch_size} per rank, {args.steps} steps, "
-          f"{args.reps} reps alternating, {args.threads} CPU threads in all, torch {torch.__version__}, gloo")
+          f"{args.reps} reps alternating, {args.threads_per_process} thread(s) per process, torch {torch.__version__}, gloo")
     rates: dict[int, list[float]] = {1: [], 2: []}
     for rep in range(args.reps):
         for processes in (1, 2):

@@ -15,9 +15,9 @@ import time
 import typing
 from pathlib import Path
 
+from tideborn.rundir import FILE_MODE
+
 SCHEMA_VERSION = 1
-FILE_MODE = 0o644
-"""Run-directory files: readable by others (status, the TUI, a colleague), writable only by the owner."""
 TERMINAL_KINDS = ("run_finished", "run_stopped", "run_failed")
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
@@ -60,7 +60,7 @@ class EventWriter:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
         # A writer that died mid-line (a full disk cut its write short) left a torn last line: start on a
         # line of our own, so the fragment stays one malformed line and our first event is not glued to it.
         self._torn = _ends_mid_line(self._fd)
@@ -94,6 +94,10 @@ class EventWriter:
         self.close()
 
 
+OVERSIZED_LINE = b"[line longer than the read limit: skipped]"
+"""What `LineFollower` returns for a line too long to hold (never JSON: an event reader counts it malformed)."""
+
+
 class LineFollower:
     """Complete lines appended to a file since the last call, followed from a byte offset.
 
@@ -105,15 +109,19 @@ class LineFollower:
         self.path = Path(path)
         self.offset = offset
         self._inode: int | None = None
+        self._oversized = False
 
     def read_lines(self, max_bytes: int) -> tuple[list[bytes], bool]:
-        """(new complete lines without their newlines, whether the file was read again from its start)."""
+        """(new complete lines without their newlines, whether the file was read again from its start).
+
+        A line longer than `max_bytes` is not waited for (that would stall the reader for good): its bytes
+        are skipped as they come, and it is returned as the line OVERSIZED_LINE."""
         restarted = False
         try:
             with open(self.path, "rb") as handle:
                 stat = os.fstat(handle.fileno())
                 if self._inode is not None and (stat.st_ino != self._inode or stat.st_size < self.offset):
-                    self.offset, restarted = 0, True
+                    self.offset, restarted, self._oversized = 0, True, False
                 self._inode = stat.st_ino
                 handle.seek(self.offset)
                 chunk = handle.read(max_bytes)
@@ -121,14 +129,32 @@ class LineFollower:
             return [], False
         end = chunk.rfind(b"\n")
         if end < 0:
+            if chunk and len(chunk) >= max_bytes:
+                self.offset += len(chunk)
+                self._oversized = True
             return [], restarted  # nothing complete yet: a torn line waits for its newline
         self.offset += end + 1
-        return chunk[:end].split(b"\n"), restarted
+        lines = chunk[:end].split(b"\n")
+        if self._oversized:
+            lines[0], self._oversized = OVERSIZED_LINE, False
+        return lines, restarted
+
+
+def well_formed(event: object) -> bool:
+    """A JSON object with a string `kind`, and where present a finite number `time` and a whole-number
+    `step` >= 0: the fields every reader relies on. Other fields are checked by whoever uses them."""
+    if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
+        return False
+    when = event.get("time", 0.0)
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+        return False
+    step = event.get("step", 0)
+    return isinstance(step, int) and not isinstance(step, bool) and step >= 0
 
 
 class EventReader:
     """Reads new complete events from `path` since the last call, from a byte offset; lines that are not
-    a JSON object with a string `kind` are counted in `malformed` and skipped."""
+    a well-formed event (`well_formed`) are counted in `malformed` and skipped."""
 
     def __init__(self, path: Path, offset: int = 0):
         self.path = Path(path)
@@ -154,7 +180,7 @@ class EventReader:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 self.malformed += 1
                 continue
-            if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
+            if not well_formed(event):
                 self.malformed += 1
                 continue
             event.setdefault("_line", self._line_number)

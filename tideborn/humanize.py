@@ -3,6 +3,8 @@ the TUI (no torch here)."""
 
 from __future__ import annotations
 
+import time
+
 
 def duration(seconds: object) -> str:
     """`45s`, `3m07s`, `2h05m`, `3d04h`; `?` for anything that is not a finite, non-negative number."""
@@ -17,6 +19,16 @@ def duration(seconds: object) -> str:
     if hours:
         return f"{hours}h{minutes:02d}m"
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def clock(when: object, spec: str = "%H:%M:%S") -> str:
+    """Local wall-clock time of a unix time; `?` for one no calendar can show (a corrupt file's 1e17, "x")."""
+    if isinstance(when, bool) or not isinstance(when, (int, float)):
+        return "?"
+    try:
+        return time.strftime(spec, time.localtime(when))
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 def number(value: object, spec: str = ".4f") -> str:

@@ -25,7 +25,17 @@ import psutil
 from tideborn.anomaly import same_process
 from tideborn.config import load_settings
 from tideborn.errors import UserError
-from tideborn.rundir import EVENTS_FILE, LAUNCH_FILE, LOG_FILE, PID_FILE, TRAINER_LOCK_FILE, run_dir_of
+from tideborn.humanize import clock
+from tideborn.rundir import (
+    EVENTS_FILE,
+    LAUNCH_FILE,
+    LOG_FILE,
+    PID_FILE,
+    TRAINER_LOCK_FILE,
+    make_dirs,
+    open_run_file,
+    run_dir_of,
+)
 from tideborn.runfiles import LAUNCH_MARK, PidRecord, process_facts, read_pid_record, this_host
 from tideborn.trainer.cli import build_parser
 from tideborn.trainer.preflight import preflight
@@ -93,7 +103,7 @@ def live_holder(run_dir: Path) -> str | None:
 
 
 def _clock(when: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+    return clock(when, "%Y-%m-%d %H:%M:%S")
 
 
 @contextlib.contextmanager
@@ -109,7 +119,7 @@ def _directory_lock(run_dir: Path) -> typing.Iterator[None]:
 
 def write_atomically(path: Path, text: str) -> None:
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(temp, "w", encoding="utf-8") as handle:
+    with os.fdopen(open_run_file(temp, os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
@@ -137,7 +147,7 @@ def launch_run(request: LaunchRequest, cwd: Path | None = None,
     if run_dir.is_dir() and (holder := live_holder(run_dir)):
         raise UserError(f"{run_dir}: a run is already going there: {holder}; stop it first "
                         f"(train_run stop --out-dir {run_dir}) or choose another runtime.out_dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(run_dir)
     with _directory_lock(run_dir):
         if holder := live_holder(run_dir):
             raise UserError(f"{run_dir}: a run is already going there: {holder}; stop it first")
@@ -155,7 +165,7 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
     except FileNotFoundError:
         events_offset, events_inode = 0, None
     started_at = time.time()
-    with open(log_path, "ab") as log:
+    with os.fdopen(open_run_file(log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
         if log.tell() and _last_byte(log_path) != b"\n":
             log.write(b"\n")  # an earlier process died mid-line: start this launch on a line of its own
         log_offset = log.tell()

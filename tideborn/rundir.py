@@ -6,6 +6,7 @@ Names of the files in it, and how step checkpoints are named and listed. Only fi
 
 from __future__ import annotations
 
+import os
 import re
 import typing
 from pathlib import Path
@@ -21,8 +22,35 @@ ARCHIVE_DIR = "archive"
 TRAINER_LOCK_FILE = ".trainer.lock"
 """The flock a trainer holds on its run directory for its lifetime."""
 
+FILE_MODE = 0o644
+"""Files in a run directory: readable by others (status, the TUI, a colleague), written only by their owner.
+A stricter umask still applies; a looser one (000) cannot make them group- or world-writable."""
+DIR_MODE = 0o755
+"""Directories the trainer and `train_run start` create, on the same terms."""
+
 CHECKPOINT_RE = re.compile(r"^step-(\d{9})\.pt$")
 TEMP_CHECKPOINT_RE = re.compile(r"^\.step-\d{9}\.pt\.tmp-\d+$")
+
+
+def make_dirs(path: Path) -> None:
+    """Create `path` and any missing parents with DIR_MODE (so a umask of 000 leaves none world-writable)."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, DIR_MODE)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+
+
+def open_run_file(path: Path, flags: int) -> int:
+    """`os.open` of a run-directory file, created with FILE_MODE: the file descriptor."""
+    return os.open(path, flags | os.O_CREAT, FILE_MODE)
 
 
 def run_dir_of(settings: Settings) -> Path:

@@ -330,10 +330,11 @@ class RunTracker:
         eta = ((max_steps - step) / rate if self.state in ("running", "stalled") and rate and isinstance(max_steps, int)
                else None)
         began = as_float(started.get("time"))
+        ended_at = as_float(terminal.get("time")) if terminal is not None else None
         if terminal is not None and isinstance(as_float(terminal.get("elapsed_seconds")), float):
             elapsed = as_float(terminal.get("elapsed_seconds"))
-        elif terminal is not None and began is not None:
-            elapsed = float(terminal["time"]) - began
+        elif ended_at is not None and began is not None:
+            elapsed = ended_at - began
         else:
             elapsed = now - began if began is not None else None
         checkpoints = list_checkpoints(self.run_dir)

@@ -68,6 +68,9 @@ def load_settings(
     for layer in layers:
         network = typing.cast(str, layer.values.get("run", {}).get("network", network))
     if network:
+        if not isinstance(network, str):
+            source = next(lay.sources["run.network"] for lay in reversed(layers) if "run.network" in lay.sources)
+            raise UserError(f"{source}: run.network expects a string, got {_describe(network)}")
         if network not in NETWORKS:
             hint = _suggest(network, NETWORKS)
             raise UserError(f"run.network: unknown network preset {network!r}{hint}; "
@@ -104,11 +107,15 @@ def file_layer(path: Path) -> Layer:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        except RecursionError:
+            raise UserError(f"{path}: malformed JSON: nested too deeply") from None
     else:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise UserError(f"{path}: malformed TOML: {exc}") from None
+        except RecursionError:
+            raise UserError(f"{path}: malformed TOML: nested too deeply") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a table of sections at the top level")
     return _checked_layer(data, str(path))
@@ -138,7 +145,12 @@ def override_layer(item: str) -> Layer:
     _check_key(section, name, label)
     raw = raw.strip()
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        parsed = tomllib.loads(f"v = {raw}")
+        if parsed.keys() != {"v"}:  # `1\nother = 2` is more than one value: never silently half-used
+            raise tomllib.TOMLDecodeError("more than one value")
+        value = parsed["v"]
+    except RecursionError:
+        raise UserError(f"{label}: the value is nested too deeply") from None
     except tomllib.TOMLDecodeError:
         if _field_type(section, name) is str:
             value = raw  # a bare word for a string setting: `--set runtime.device=cuda`
@@ -229,12 +241,20 @@ def _coerce(value: object, hint: object, key: str, source: str) -> object:
             raise wrong(_TYPE_NAMES[int])
         return value
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise wrong("a finite number" if isinstance(value, float) else _TYPE_NAMES[float])
-        return float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong(_TYPE_NAMES[float])
+        try:
+            number = float(value)
+        except OverflowError:  # an integer too large for a float (10**400)
+            raise wrong("a finite number") from None
+        if not math.isfinite(number):
+            raise wrong("a finite number")
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise wrong(_TYPE_NAMES[str])
+        if "\x00" in value:  # no path, name or device can hold one; the OS would refuse it much later
+            raise UserError(f"{source}: {key} must not contain a NUL character, got {_describe(value)}")
         return value
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is tuple:

@@ -18,7 +18,7 @@ from pathlib import Path
 from tideborn.anomaly import Anomaly, AnomalyThresholds
 from tideborn.errors import UserError, report_user_error
 from tideborn.events import encode_event
-from tideborn.humanize import duration, number
+from tideborn.humanize import clock, duration, number
 from tideborn.runcontrol import LaunchRequest, NotRunning, is_alive, launch_run, recorded_process, signal_run
 from tideborn.rundir import EVENTS_FILE, PID_FILE
 from tideborn.runfiles import PidRecord
@@ -151,7 +151,7 @@ def status_text(report: dict) -> str:
 
 
 def event_text(event: dict) -> str:
-    when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0)))
+    when = clock(event.get("time") or 0)
     kind = event.get("kind")
     if kind == "anomaly":
         return f"{when} ANOMALY {event.get('rule')}: {event.get('message')}"

@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import pickle
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from tideborn.rundir import checkpoint_name, list_checkpoints
+from tideborn.rundir import checkpoint_name, list_checkpoints, open_run_file
 
 FORMAT = "tideborn-checkpoint"
 FORMAT_VERSION = 1
@@ -41,16 +40,38 @@ def save_checkpoint(run_dir: Path, step: int, payload: dict) -> SavedCheckpoint:
     final = run_dir / checkpoint_name(step)
     temp = run_dir / f".{final.name}.tmp-{os.getpid()}"
     try:
-        with open(temp, "wb") as handle:
+        with os.fdopen(open_run_file(temp, os.O_WRONLY | os.O_TRUNC), "wb") as handle:
             torch.save(payload, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, final)
-    except BaseException:
+    except BaseException as exc:
         temp.unlink(missing_ok=True)
+        cause = _os_error_within(exc) if isinstance(exc, Exception) else None
+        if cause is not None and cause.errno is not None:
+            # torch reports a failed write (a full disk) as an opaque "unexpected pos" RuntimeError, the
+            # OSError only in its context: name the real cause, and what it cost.
+            raise CheckpointSaveError(cause.errno, f"{cause.strerror or cause} while writing checkpoint {final} "
+                                      "(the partial file was removed; earlier checkpoints are intact)") from exc
         raise
     fsync_directory(run_dir)
     return SavedCheckpoint(final, final.stat().st_size, time.perf_counter() - started)
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (a full disk, a quota, an I/O error); the message names it."""
+
+
+def _os_error_within(exc: BaseException) -> OSError | None:
+    """The OSError that `exc` is, or that it was raised while handling (torch wraps write errors)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def fsync_directory(path: Path) -> None:
@@ -73,7 +94,9 @@ def load_checkpoint(path: Path) -> dict:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{path}: refused: loading it would need pickle to run code "
                               f"(weights_only load failed: {first})") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a damaged file makes torch.load raise almost anything
+        # (RuntimeError, EOFError, BadZipFile, KeyError, IndexError from its unpickler, MemoryError for a
+        # size field gone wild, ...: tests/test_reliability_fuzz.py); all of it means the same to a user.
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({first})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import TRAINER_LOCK_FILE
+from tideborn.rundir import TRAINER_LOCK_FILE, open_run_file
 
 
 class RunDirLock:
@@ -20,7 +20,7 @@ class RunDirLock:
         self._fd: int | None = None
 
     def __enter__(self) -> RunDirLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_run_file(self.path, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -1,0 +1,551 @@
+"""Fuzzing (hypothesis, bounded): bad input ends in a clear error or correct handling, never a crash.
+
+- `--set` strings and config files, through `tideborn.config.load_settings`: a valid Settings or a
+  `UserError`, never another exception; a quoted string value round-trips exactly.
+- event lines (random bytes, torn lines, wrong types, huge lines), through `EventReader` and through
+  what status, watch and the TUI build on it (`RunTracker`, the status report and its text, watch's text
+  lines): valid lines come back exactly, bad ones are counted, nothing raises or hangs.
+- hcpe and psv bytes, through the record files, the decoder and `data verify`: a `UserError` or a
+  skipped/refused record. cshogi is C++ and a bad position could crash the process, so this fuzz runs in
+  a subprocess: a segfault is a failed test, not a dead pytest.
+- checkpoint files (random, truncated, bit-flipped), through `load_checkpoint`: `CheckpointError` or a
+  checkpoint, nothing else (also in a subprocess, for the same reason).
+
+Examples are derandomized (the same cases every run, so CI is stable); TIDEBORN_FUZZ_SCALE=10 tries ten
+times as many.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+import tomlkit
+from conftest import REPO_ROOT, child_env
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from test_reliability_support import toml_string
+
+from tideborn.config import load_settings
+from tideborn.config.schema import SECTIONS
+from tideborn.errors import UserError
+from tideborn.events import EventReader, well_formed
+from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE
+from tideborn.runstate import RunTracker
+from tideborn.tools import train_run
+
+SCALE = float(os.environ.get("TIDEBORN_FUZZ_SCALE", "1"))
+TIMEOUT = 120  # a hang fails the test (pytest-timeout); not a performance figure
+
+
+def fuzz_settings(examples: int) -> settings:
+    return settings(max_examples=max(1, int(examples * SCALE)), deadline=None, database=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                           HealthCheck.data_too_large, HealthCheck.filter_too_much])
+
+
+TRIED: dict[str, int] = {}
+
+
+def tried(name: str) -> None:
+    TRIED[name] = TRIED.get(name, 0) + 1
+
+
+@pytest.fixture(autouse=True, scope="module")
+def report_cases_tried():
+    yield
+    print(f"\nfuzz cases tried: {json.dumps(TRIED)}")
+
+
+# -- settings ---------------------------------------------------------------------------------------------
+
+KEYS = [f"{section}.{f.name}" for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+STRING_KEYS = ["paths.data_root", "paths.runs_root", "runtime.out_dir", "run.init_checkpoint"]
+
+
+FRAGMENTS = st.sampled_from(['"', "'", "[", "]", "{", "}", "=", "#", "\n", "\\", ",", ".", "nan", "inf", "-inf",
+                             "true", "false", "1979-05-27T07:32:00Z", "07:32:00", "0x1F", "1_000", "1e400",
+                             '"""', "'''", "\x00", " ", "cuda", "cuda:0", "resnet2x32"])
+SCALARS = st.one_of(
+    st.integers().map(str),
+    st.integers(min_value=-10**500, max_value=10**500).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.booleans().map(lambda b: str(b).lower()),
+    st.text(max_size=20).map(toml_string),
+    st.text(max_size=20),
+    st.lists(FRAGMENTS, max_size=8).map("".join),
+)
+RAW_VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4).map(lambda items: "[" + ", ".join(items) + "]"),
+    st.dictionaries(st.sampled_from(["a", "b", "kind"]), inner, max_size=3).map(
+        lambda d: "{" + ", ".join(f"{k} = {v}" for k, v in d.items()) + "}"),
+), max_leaves=8)
+DEEP = st.integers(min_value=500, max_value=20_000).map(lambda n: "[" * n + "1" + "]" * n)
+OVERRIDES = st.one_of(
+    st.tuples(st.sampled_from(KEYS), st.one_of(RAW_VALUES, DEEP)).map(lambda kv: f"{kv[0]}={kv[1]}"),
+    st.tuples(st.text(max_size=20), RAW_VALUES).map(lambda kv: f"{kv[0]}={kv[1]}"),
+    st.text(max_size=40),
+)
+FLAG_CHOICES = (("type", ["dl", "nnue"]), ("network", ["resnet2x32", "resnet5x64"]), ("mode", ["scratch", "finetune"]))
+FLAGS = st.fixed_dictionaries({name: st.one_of(st.none(), st.text(max_size=12), st.sampled_from(choices))
+                               for name, choices in FLAG_CHOICES})
+
+
+def settings_or_user_error(config: Path | None = None, overrides: typing.Sequence[str] = (),
+                           flags: dict | None = None):
+    try:
+        return load_settings(config, overrides, flags, environ={}, cwd=config.parent if config else Path("/"))
+    except UserError as exc:
+        assert str(exc).strip(), "a UserError without a message"
+        return None
+
+
+@fuzz_settings(400)
+@given(overrides=st.lists(OVERRIDES, max_size=4), flags=FLAGS)
+def test_any_set_strings_end_in_settings_or_a_user_error(overrides, flags):
+    tried("--set strings")
+    resolved = settings_or_user_error(None, overrides, flags)
+    if resolved is not None:
+        json.dumps(resolved.settings.to_dict(), allow_nan=False)  # what the trainer and `config` print
+
+
+@fuzz_settings(200)
+@given(key=st.sampled_from(STRING_KEYS), text=st.text(min_size=1, max_size=60))
+def test_a_quoted_string_value_round_trips_exactly(key, text):
+    tried("--set round trip")
+    resolved = settings_or_user_error(None, [f"{key}={toml_string(text)}"])
+    section, name = key.split(".")
+    if "\x00" in text:
+        assert resolved is None
+    else:
+        assert resolved is not None and getattr(getattr(resolved.settings, section), name) == text
+
+
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(min_value=-10**30, max_value=10**30),
+              st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=16)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=10)
+TABLE = st.dictionaries(st.one_of(st.sampled_from([k.split(".")[1] for k in KEYS]), st.text(max_size=10)),
+                        JSON_VALUES, max_size=5)
+CONFIG_DATA = st.dictionaries(st.one_of(st.sampled_from(list(SECTIONS)), st.text(max_size=10)),
+                              st.one_of(TABLE, JSON_VALUES), max_size=4)
+REAL_CONFIGS = [path.read_text() for path in sorted((REPO_ROOT / "configs").glob("*.toml"))]
+
+
+@st.composite
+def config_files(draw) -> tuple[str, bytes]:
+    how = draw(st.sampled_from(["toml", "json", "mutated", "bytes"]))
+    if how == "bytes":
+        return draw(st.sampled_from([".toml", ".json"])), draw(st.binary(max_size=300))
+    if how == "mutated":
+        text = draw(st.sampled_from(REAL_CONFIGS))
+        for _ in range(draw(st.integers(1, 4))):
+            at = draw(st.integers(0, len(text)))
+            cut = draw(st.integers(0, 40))
+            text = text[:at] + draw(st.one_of(st.text(max_size=20), FRAGMENTS, RAW_VALUES)) + text[at + cut:]
+        return ".toml", text.encode("utf-8", "surrogatepass")
+    data = draw(CONFIG_DATA)
+    if how == "json":
+        return ".json", json.dumps(data).encode()
+    try:
+        return ".toml", tomlkit.dumps(data).encode()
+    except Exception:  # noqa: BLE001 - tomlkit cannot write every Python value (None, say): not our input
+        assume(False)
+        raise
+
+
+@fuzz_settings(300)
+@given(config=config_files())
+def test_any_config_file_ends_in_settings_or_a_user_error(tmp_path_factory, config):
+    tried("config files")
+    suffix, content = config
+    path = tmp_path_factory.mktemp("config") / f"fuzzed{suffix}"
+    path.write_bytes(content)
+    resolved = settings_or_user_error(path)
+    if resolved is not None:
+        json.dumps(resolved.settings.to_dict(), allow_nan=False)
+
+
+# -- events -----------------------------------------------------------------------------------------------
+
+KINDS = ["run_started", "step", "eval", "checkpoint_saved", "gpu", "warning", "run_finished", "run_stopped",
+         "run_failed", "anomaly", "something_new"]
+ODD = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
+                st.floats(allow_nan=False, allow_infinity=False), st.sampled_from(["nan", "inf", "-inf", "", "x"]),
+                st.text(max_size=12), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=4),
+                                                                                            st.integers(), max_size=2))
+FIELD_NAMES = ["step", "time", "pid", "host", "launcher_pid", "max_steps", "batch_size", "loss", "policy_loss",
+               "value_loss", "lr", "grad_norm", "positions_per_second", "error", "reason", "checkpoint", "path",
+               "bytes", "message", "resumed_from", "settings", "devices", "elapsed_seconds", "policy_accuracy",
+               "value_accuracy", "rule", "evidence", "v"]
+
+
+@st.composite
+def events(draw) -> dict:
+    """An event line's object: a real kind (mostly), with fields of the right or of any type."""
+    event = {"kind": draw(st.one_of(st.sampled_from(KINDS), st.text(max_size=8)))}
+    for name in draw(st.lists(st.sampled_from(FIELD_NAMES), max_size=8, unique=True)):
+        event[name] = draw(ODD)
+    if draw(st.booleans()):
+        event["step"] = draw(st.integers(min_value=0, max_value=10**6))
+    if draw(st.booleans()):
+        event["time"] = draw(st.floats(min_value=0, max_value=4e9))
+    if event["kind"] in ("run_started", "step") and draw(st.booleans()):
+        event.setdefault("pid", draw(st.sampled_from([1, os.getpid(), 2**22 + 7])))
+    return event
+
+
+@st.composite
+def event_lines(draw) -> tuple[list[bytes], list[dict], int]:
+    """(lines without newlines, the events among them in order, how many are malformed)."""
+    lines, good, bad = [], [], 0
+    for _ in range(draw(st.integers(0, 25))):
+        what = draw(st.sampled_from(["event", "event", "event", "bytes", "json", "blank"]))
+        if what == "event":  # a real kind mostly, but `time` or `step` may be of the wrong type
+            event = draw(events())
+            lines.append(json.dumps(event).encode())
+            if well_formed(event):
+                good.append(event)
+            else:
+                bad += 1
+        elif what == "bytes":  # never JSON: not valid UTF-8
+            lines.append(b"\xff" + draw(st.binary(max_size=40)).replace(b"\n", b""))
+            bad += 1
+        elif what == "json":  # JSON, but not an event object
+            not_a_string = JSON_VALUES.filter(lambda v: not isinstance(v, str))
+            value = draw(st.one_of(JSON_VALUES, st.dictionaries(st.text(max_size=5).filter(lambda k: k != "kind"),
+                                                                   JSON_VALUES, max_size=3),
+                                   st.builds(lambda v: {"kind": v}, not_a_string)))
+            assume(not (isinstance(value, dict) and isinstance(value.get("kind"), str)))
+            lines.append(json.dumps(value).encode())
+            bad += 1
+        else:
+            lines.append(draw(st.sampled_from([b"", b" ", b"\t", b"\r"])))
+    return lines, good, bad
+
+
+def test_what_makes_an_event_line_well_formed() -> None:
+    assert well_formed({"kind": "step", "time": 1.5, "step": 3}) and well_formed({"kind": "x"})
+    for broken in ({"time": 1.0}, {"kind": 3}, {"kind": "step", "time": "nan"}, {"kind": "step", "time": [0]},
+                   {"kind": "step", "time": True}, {"kind": "step", "step": "3"}, {"kind": "step", "step": -1},
+                   {"kind": "step", "step": 2.0}, {"kind": "step", "step": None}, ["kind"]):
+        assert not well_formed(broken), broken
+
+
+def strip_line(event: dict) -> dict:
+    return {k: v for k, v in event.items() if k != "_line"}
+
+
+def same_json(a: object, b: object) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+@fuzz_settings(300)
+@given(data=event_lines(), torn=st.binary(max_size=50).map(lambda b: b.replace(b"\n", b"")),
+       cuts=st.lists(st.integers(min_value=0, max_value=10**6), max_size=6))
+def test_event_reader_returns_every_good_line_exactly_and_counts_the_bad(tmp_path_factory, data, torn, cuts):
+    tried("event streams")
+    lines, good, bad = data
+    content = b"".join(line + b"\n" for line in lines) + torn
+    path = tmp_path_factory.mktemp("events") / EVENTS_FILE
+    reader = EventReader(path)
+    got: list[dict] = []
+    written = 0
+    # Appended in pieces, read after each: torn lines at random places, as a live writer makes them.
+    for cut in sorted({min(c, len(content)) for c in cuts} | {len(content)}):
+        with open(path, "ab") as handle:
+            handle.write(content[written:cut])
+        written = cut
+        got += reader.read_new()
+    assert len(got) == len(good) and all(same_json(strip_line(a), b) for a, b in zip(got, good))
+    assert reader.malformed == bad
+
+
+RUN_STATUS_CODES = (0, 1, 2, 3)
+
+
+def run_status(run_dir: Path, *extra: str) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = train_run.main(["status", "--out-dir", str(run_dir), *extra])
+    assert "Traceback" not in err.getvalue(), err.getvalue()
+    return code, out.getvalue()
+
+
+PID_FILES = st.one_of(
+    st.binary(max_size=60),
+    st.fixed_dictionaries({"pid": ODD, "start_time": ODD, "host": ODD, "started_at": ODD},
+                          optional={"log_offset": ODD, "events_offset": ODD, "events_inode": ODD, "argv": ODD}
+                          ).map(lambda d: json.dumps(d).encode()),
+    st.builds(lambda pid, offset: json.dumps({"v": 1, "pid": pid, "start_time": 0.0, "host": os.uname().nodename,
+                                              "argv": [], "started_at": 0.0, "log_offset": offset}).encode(),
+              st.sampled_from([1, os.getpid(), 2**22 + 7]), st.integers(0, 10**6)),
+)
+LOG_LINES = ["Traceback (most recent call last):", "  File \"x.py\", line 1", "RuntimeError: CUDA error: misaligned",
+             "torch.OutOfMemoryError: CUDA out of memory", "NCCL error", "=== launch",
+             "[rank1]: Traceback (most recent call last):", "ok", ""]
+LOGS = st.one_of(st.binary(max_size=200),
+                 st.lists(st.sampled_from(LOG_LINES), max_size=12).map(lambda lines: "\n".join(lines).encode()))
+
+
+@fuzz_settings(200)
+@given(data=event_lines(), torn=st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")),
+       pid_file=st.one_of(st.none(), PID_FILES), log=st.one_of(st.none(), LOGS),
+       start=st.sampled_from(["beginning", "tail", "end"]))
+def test_status_watch_and_the_tracker_survive_any_events_file(tmp_path_factory, data, torn, pid_file, log, start):
+    tried("run directories")
+    lines, good, bad = data
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / EVENTS_FILE).write_bytes(b"".join(line + b"\n" for line in lines) + torn)
+    if pid_file is not None:
+        (run_dir / PID_FILE).write_bytes(pid_file)
+    if log is not None:
+        (run_dir / LOG_FILE).write_bytes(log)
+
+    try:
+        tracker = RunTracker(run_dir, start=start)
+    except UserError as exc:  # a train.pid that `start` did not write: status says so and exits 2
+        assert "not a train.pid written by train_run start" in str(exc)
+        assert run_status(run_dir)[0] == 2
+        return
+    update = tracker.refresh()
+    if start == "beginning":
+        assert len(update.events) == len(good) and tracker.events.malformed == bad
+    tracker.finish_log()
+    report = tracker.status()
+    json.dumps(report, allow_nan=False)  # status --json prints it
+    train_run.status_text(report)
+    for event in update.events:  # what watch prints, in both formats
+        train_run.event_text(event)
+        json.dumps({k: v for k, v in event.items() if not k.startswith("_")})
+    for anomaly in update.anomalies:
+        train_run._anomaly_line(anomaly, text=True)
+        train_run._anomaly_line(anomaly, text=False)
+    for extra in ((), ("--json",)):
+        code, out = run_status(run_dir, *extra)
+        assert code in RUN_STATUS_CODES and out
+
+
+def test_a_line_longer_than_the_read_limit_is_skipped_not_waited_for(tmp_path: Path) -> None:
+    """A line with no newline for more than the reader's whole buffer (64 MiB) would stall a reader for
+    good: it is counted malformed and the events after it are read."""
+    from tideborn.events import encode_event
+
+    path = tmp_path / EVENTS_FILE
+    with open(path, "wb") as handle:
+        handle.write(encode_event("run_started", {"step": 0, "pid": 1}))
+        handle.write(b"\0" * (65 * 1024 * 1024) + b"\n")  # a crash on some filesystems leaves zeros like this
+        handle.write(encode_event("step", {"step": 1, "loss": 1.0}))
+    reader = EventReader(path)
+    got = []
+    for _ in range(5):
+        got += reader.read_new()
+    assert [e["kind"] for e in got] == ["run_started", "step"] and reader.malformed == 1
+    tracker = RunTracker(tmp_path, start="beginning")
+    assert [e["kind"] for e in tracker.refresh().events] == ["run_started", "step"]
+    assert tracker.status()["events_malformed"] == 1
+    small = EventReader(path)  # the same with a small buffer, a piece at a time
+    got = []
+    for _ in range(100_000):
+        got += small.read_new(max_bytes=4 * 1024 * 1024)
+        if small.offset == path.stat().st_size:
+            break
+    assert [e["kind"] for e in got] == ["run_started", "step"] and small.malformed == 1
+
+
+# -- teacher records and checkpoints, in a subprocess --------------------------------------------------------
+
+RECORDS_FUZZ = r'''
+import json, sys, tempfile
+from pathlib import Path
+import numpy as np
+from hypothesis import HealthCheck, given, settings, strategies as st
+sys.path.insert(0, sys.argv[1])
+from test_data_support import hcpe_records, psv_records, random_positions
+from tideborn.data.checks import verify_files
+from tideborn.data.features import BadRecord, Decoder
+from tideborn.data.records import RECORD_DTYPES, RecordSet
+from tideborn.errors import UserError
+
+examples = int(sys.argv[2])
+positions = random_positions(64, seed=3)
+valid = {"hcpe": hcpe_records(positions).tobytes(), "psv": psv_records(positions).tobytes()}
+work = Path(tempfile.mkdtemp())
+counts = {"files": 0, "user_errors": 0, "records": 0, "bad_records": 0, "decoded": 0}
+
+@st.composite
+def record_files(draw):
+    kind = draw(st.sampled_from(["hcpe", "psv"]))
+    size = RECORD_DTYPES[kind].itemsize
+    how = draw(st.sampled_from(["flips", "flips", "records", "random", "cut"]))
+    if how == "random":
+        return kind, draw(st.binary(max_size=size * 8))
+    data = bytearray(valid[kind][: size * draw(st.integers(1, 64))])
+    if how == "records":  # whole records replaced with random bytes
+        for _ in range(draw(st.integers(1, 4))):
+            at = draw(st.integers(0, len(data) // size - 1)) * size
+            data[at:at + size] = draw(st.binary(min_size=size, max_size=size))
+    else:
+        for _ in range(draw(st.integers(1, 12))):
+            at = draw(st.integers(0, len(data) - 1))
+            data[at] ^= 1 << draw(st.integers(0, 7))
+    if how == "cut":
+        data = data[: draw(st.integers(0, len(data)))] + draw(st.binary(max_size=size))
+    return kind, bytes(data)
+
+@settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(record_file=record_files())
+def fuzz(record_file):
+    kind, data = record_file
+    counts["files"] += 1
+    path = work / f"fuzz.{kind}"
+    path.write_bytes(data)
+    verify_files([path], kind, progress=False)  # data verify: reports, never raises for bad records
+    try:
+        records = RecordSet([path], kind)
+    except UserError:
+        counts["user_errors"] += 1
+        return
+    decoder = Decoder(kind, eval_scale=756.0, value_lambda=0.333)
+    batch = records.read(np.arange(len(records)))
+    for i in range(len(batch)):  # one at a time: the batch decoder stops at the first bad record
+        counts["records"] += 1
+        try:
+            decoded = decoder.decode(batch[i:i + 1])
+            counts["decoded"] += len(decoded)
+            counts["bad_records"] += len(decoded.skipped)
+        except BadRecord:
+            counts["bad_records"] += 1
+    records.close()
+
+fuzz()
+print(json.dumps(counts))
+'''
+
+CHECKPOINT_FUZZ = r'''
+import json, sys, tempfile, zipfile
+from pathlib import Path
+from hypothesis import HealthCheck, given, settings, strategies as st
+from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
+
+source, examples = Path(sys.argv[1]), int(sys.argv[2])
+original = source.read_bytes()
+with zipfile.ZipFile(source) as archive:  # where the pickle and the zip directory sit: flips there matter most
+    info = next(i for i in archive.infolist() if i.filename.endswith("data.pkl"))
+    pickle_at, pickle_size = info.header_offset, info.compress_size + 100
+work = Path(tempfile.mkdtemp())
+counts = {"files": 0, "refused": 0, "loaded": 0}
+
+@st.composite
+def damaged(draw):
+    how = draw(st.sampled_from(["truncate", "flip_pickle", "flip_tail", "flip_anywhere", "random", "splice"]))
+    if how == "random":
+        return draw(st.binary(max_size=2000))
+    data = bytearray(original)
+    if how == "truncate":
+        return bytes(data[: draw(st.integers(0, len(data) - 1))])
+    if how == "splice":
+        at = draw(st.integers(0, len(data)))
+        return bytes(data[:at]) + draw(st.binary(max_size=64)) + bytes(data[at + draw(st.integers(0, 64)):])
+    lo, hi = {"flip_pickle": (pickle_at, pickle_at + pickle_size), "flip_tail": (len(data) - 4096, len(data)),
+              "flip_anywhere": (0, len(data))}[how]
+    for _ in range(draw(st.integers(1, 8))):
+        at = draw(st.integers(max(0, lo), min(len(data), hi) - 1))
+        data[at] ^= 1 << draw(st.integers(0, 7))
+    return bytes(data)
+
+@settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(data=damaged())
+def fuzz(data):
+    counts["files"] += 1
+    path = work / "step-000000004.pt"
+    path.write_bytes(data)
+    try:
+        payload = load_checkpoint(path)
+    except CheckpointError as exc:
+        assert str(exc).startswith(str(path)), exc
+        counts["refused"] += 1
+        return
+    assert isinstance(payload, dict) and payload["step"] == 4
+    counts["loaded"] += 1
+
+fuzz()
+print(json.dumps(counts))
+'''
+
+
+def shortened(text: str, width: int = 400) -> str:
+    """Output with its long lines cut (hypothesis prints a failing 5 MB checkpoint in full)."""
+    return "\n".join(line if len(line) <= width else f"{line[:width]}... ({len(line):,} chars)"
+                     for line in text.splitlines()[-200:])
+
+
+def run_fuzz_script(script: str, *args: str) -> dict:
+    result = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO_ROOT, env=child_env(),
+                            capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 0, ("the fuzzed process failed (a negative status is a signal: -11 is a "
+                                    f"segfault), exit {result.returncode}\n--- stdout\n{shortened(result.stdout)}"
+                                    f"\n--- stderr\n{shortened(result.stderr)}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_fuzzed_hcpe_and_psv_files_end_in_a_user_error_or_skipped_records_never_a_crash() -> None:
+    counts = run_fuzz_script(RECORDS_FUZZ, str(Path(__file__).parent), str(int(300 * SCALE)))
+    TRIED["record files"] = counts["files"]
+    assert counts["user_errors"] > 0 and counts["bad_records"] > 0 and counts["decoded"] > 0, counts
+    print(f"\nrecord files: {counts}")
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_fuzzed_checkpoint_files_end_in_checkpoint_error_never_anything_else(template_run: Path) -> None:
+    counts = run_fuzz_script(CHECKPOINT_FUZZ, str(template_run / "step-000000004.pt"), str(int(150 * SCALE)))
+    TRIED["checkpoint files"] = counts["files"]
+    assert counts["refused"] > 0, counts
+    print(f"\ncheckpoint files: {counts}")
+
+
+def test_settings_the_fuzz_broke_are_user_errors_now() -> None:
+    """Cases the fuzz found: each used to escape as OverflowError, RecursionError, TypeError or ValueError
+    (a NUL reached the OS), or was half-used silently (a second TOML key after a newline)."""
+    for item, pattern in [("run.network=1", r"run\.network expects a string, got 1 \(an integer\)"),
+                          ("run.network=[[1]]", r"run\.network expects a string"),
+                          ("optim.lr=1" + "0" * 400, r"expects a finite number"),
+                          ("optim.betas=[1" + "0" * 400 + ", 0.9]", r"expects a list of 2 numbers"),
+                          ("data.train=" + "[" * 5000, r"nested too deeply"),
+                          ("runtime.seed=18446744073709551616", r"runtime\.seed must be <= 9223372036854775807"),
+                          ("runtime.max_steps=1" + "0" * 12, r"runtime\.max_steps must be <= 999,999,999"),
+                          ('runtime.out_dir="a\\u0000b"', r"must not contain a NUL character"),
+                          ("optim.lr=1\nother = 2", r"is not a TOML value")]:
+        with pytest.raises(UserError, match=pattern):
+            load_settings(None, [item], environ={}, cwd=Path("/"))
+    assert math.isfinite(load_settings(None, ["optim.lr=10"], environ={}, cwd=Path("/")).settings.optim.lr)
+
+
+def test_event_fields_the_fuzz_broke_are_handled_now(tmp_path: Path) -> None:
+    """A terminal event without `time` (KeyError in status) and a `time` past any calendar (OverflowError
+    in watch's text lines) are shown, not raised."""
+    from tideborn.events import encode_event
+
+    with open(tmp_path / EVENTS_FILE, "wb") as handle:
+        handle.write(encode_event("run_started", {"step": 0, "pid": 1}, now=67768036191676796))
+        handle.write(b'{"kind":"run_finished","step":3}\n')
+    tracker = RunTracker(tmp_path)
+    update = tracker.refresh()
+    texts = [train_run.event_text(e) for e in update.events]
+    assert texts[0].startswith("? run_started") and " run_finished step=3" in texts[1]
+    report = tracker.status()
+    assert report["state"] == "finished" and report["terminal"]["kind"] == "run_finished"
+    assert run_status(tmp_path)[0] == 0

@@ -35,6 +35,7 @@ from tideborn.rundir import (
     make_dirs,
     open_run_file,
     run_dir_of,
+    write_atomically,
 )
 from tideborn.runfiles import LAUNCH_MARK, PidRecord, process_facts, read_pid_record, this_host
 from tideborn.trainer.cli import build_parser
@@ -117,18 +118,8 @@ def _directory_lock(run_dir: Path) -> typing.Iterator[None]:
         os.close(fd)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with os.fdopen(open_run_file(temp, os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def write_text_atomically(path: Path, text: str) -> None:
+    write_atomically(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
 def launch_run(request: LaunchRequest, cwd: Path | None = None,
@@ -178,7 +169,7 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
         record = PidRecord(pid=process.pid, start_time=start_time, host=this_host(), argv=argv,
                            started_at=started_at, cwd=str(cwd), log_offset=log_offset,
                            events_offset=events_offset, events_inode=events_inode)
-        write_atomically(run_dir / PID_FILE, json.dumps(record.to_dict(), indent=2) + "\n")
+        write_text_atomically(run_dir / PID_FILE, json.dumps(record.to_dict(), indent=2) + "\n")
         launch = {"v": 1, "config": request.config,
                   "config_path": str((cwd / request.config).resolve()) if request.config else None,
                   "overrides": list(request.overrides),
@@ -186,7 +177,7 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
                   "trainer_args": list(request.trainer_args), "nproc_per_node": request.nproc_per_node,
                   "cwd": str(cwd), "argv": argv,
                   "started_at": started_at, "run_dir": str(run_dir)}
-        write_atomically(run_dir / LAUNCH_FILE, json.dumps(launch, indent=2) + "\n")
+        write_text_atomically(run_dir / LAUNCH_FILE, json.dumps(launch, indent=2) + "\n")
     except BaseException:
         process.kill()  # a run nobody can find or stop must not be left behind
         process.wait()

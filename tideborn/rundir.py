@@ -53,6 +53,31 @@ def open_run_file(path: Path, flags: int) -> int:
     return os.open(path, flags | os.O_CREAT, FILE_MODE)
 
 
+def fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, write: typing.Callable[[typing.BinaryIO], object]) -> None:
+    """Write `path` whole or not at all: `write` fills a hidden temp file beside it (`.NAME.tmp-PID`, created
+    with FILE_MODE), which is fsynced and renamed over `path`; then the directory is fsynced. If anything
+    fails, the temp file is removed and the old `path`, if any, is untouched."""
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with os.fdopen(open_run_file(temp, os.O_WRONLY | os.O_TRUNC), "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
+
+
 def run_dir_of(settings: Settings) -> Path:
     """The run directory: `runtime.out_dir`, relative to `paths.runs_root` (itself relative to the cwd)."""
     out = Path(settings.runtime.out_dir)

@@ -33,7 +33,7 @@ from tideborn.export.interface import (
     WEIGHT_CHOICES,
 )
 from tideborn.export.parity import ParityError, check_parity
-from tideborn.trainer.checkpoint import fsync_directory
+from tideborn.rundir import fsync_directory
 from tideborn.trainer.model import FEATURES1_NUM, FEATURES2_NUM, build_model
 
 OPSET = 18

@@ -8,7 +8,6 @@ and plain data, so loading never needs pickle; a file that does is refused and n
 
 from __future__ import annotations
 
-import os
 import pickle
 import time
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from tideborn.rundir import checkpoint_name, list_checkpoints, open_run_file
+from tideborn.rundir import checkpoint_name, list_checkpoints, write_atomically
 
 FORMAT = "tideborn-checkpoint"
 FORMAT_VERSION = 1
@@ -38,23 +37,16 @@ class SavedCheckpoint:
 def save_checkpoint(run_dir: Path, step: int, payload: dict) -> SavedCheckpoint:
     started = time.perf_counter()
     final = run_dir / checkpoint_name(step)
-    temp = run_dir / f".{final.name}.tmp-{os.getpid()}"
     try:
-        with os.fdopen(open_run_file(temp, os.O_WRONLY | os.O_TRUNC), "wb") as handle:
-            torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, final)
-    except BaseException as exc:
-        temp.unlink(missing_ok=True)
-        cause = _os_error_within(exc) if isinstance(exc, Exception) else None
+        write_atomically(final, lambda handle: torch.save(payload, handle))
+    except Exception as exc:
+        cause = _os_error_within(exc)
         if cause is not None and cause.errno is not None:
             # torch reports a failed write (a full disk) as an opaque "unexpected pos" RuntimeError, the
             # OSError only in its context: name the real cause, and what it cost.
             raise CheckpointSaveError(cause.errno, f"{cause.strerror or cause} while writing checkpoint {final} "
                                       "(the partial file was removed; earlier checkpoints are intact)") from exc
         raise
-    fsync_directory(run_dir)
     return SavedCheckpoint(final, final.stat().st_size, time.perf_counter() - started)
 
 
@@ -72,14 +64,6 @@ def _os_error_within(exc: BaseException) -> OSError | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
-
-
-def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load_checkpoint(path: Path) -> dict:

@@ -100,13 +100,15 @@ class ModelSettings:
 @dataclass(frozen=True)
 class DataSettings:
     kind: str = "auto"
-    """`synthetic` (random batches, for smoke runs), `hcpe` or `psv` teacher files, or `auto`: synthetic without `data.train`, else from the files' extension (.hcpe; .bin/.psv)."""
+    """`synthetic` (random batches, for smoke runs), `hcpe` or `psv` teacher files, or `auto`: synthetic without
+    `data.train`, else from the files' extension (.hcpe; .bin/.psv)."""
     train: tuple[str, ...] = ()
     """Training files or globs (teacher data kinds only)."""
     test: tuple[str, ...] = ()
     """Held-out files or globs for evaluation (teacher data kinds only)."""
     eval_scale: float = 756.0
-    """Evaluation (centipawn-like) units per logit in the value target's `sigmoid(eval / eval_scale)` (dlshogi's 756)."""
+    """Evaluation (centipawn-like) units per logit in the value target's `sigmoid(eval / eval_scale)` (dlshogi's
+    756)."""
     bad_records: str = "skip"
     """A record whose move is empty or illegal: `skip` it (counted, reported in a `warning` event) or `error`."""
     workers: int = 2
@@ -213,7 +215,8 @@ class LossSettings:
     value_weight: float = 1.0
     """Weight of the value binary cross-entropy in the total loss."""
     value_lambda: float = 0.333
-    """Value target mix: `(1 - value_lambda) * result + value_lambda * sigmoid(eval / data.eval_scale)` (dlshogi's ~1/3)."""
+    """Value target mix: `(1 - value_lambda) * result + value_lambda * sigmoid(eval / data.eval_scale)` (dlshogi's
+    ~1/3)."""
 
     def __post_init__(self) -> None:
         _check(self.policy_weight >= 0, "loss.policy_weight", f"must be >= 0; got {self.policy_weight}")
@@ -232,7 +235,8 @@ class RuntimeSettings:
     device: str = "auto"
     """`auto` (CUDA if available, else CPU), `cpu`, `cuda` or `cuda:N`."""
     precision: str = "auto"
-    """Autocast precision: `auto` (bf16 on CUDA that supports it, else fp32), `fp32`, `bf16`, or `fp16` (with a grad scaler)."""
+    """Autocast precision: `auto` (bf16 on CUDA that supports it, else fp32), `fp32`, `bf16`, or `fp16` (with a
+    grad scaler)."""
     tf32: bool = True
     """Allow TF32 matrix multiplies and convolutions on CUDA."""
     channels_last: bool = True
@@ -256,13 +260,16 @@ class RuntimeSettings:
     keep_checkpoints: int = 5
     """How many of the newest step checkpoints to keep; older ones are deleted after a new one is written."""
     progress: str = "auto"
-    """Terminal progress: `auto` (updating line on a terminal, else `plain`), `line`, `plain` (a line per log), `off`."""
+    """Terminal progress: `auto` (updating line on a terminal, else `plain`), `line`, `plain` (a line per log),
+    `off`."""
     dist_timeout_seconds: float = 600.0
     """Under torchrun: how long a collective may wait for the other ranks before the run fails."""
     ddp_diagnostics: bool = False
-    """Under torchrun: count gradient all-reduces and check after every step that all ranks hold identical parameters."""
+    """Under torchrun: count gradient all-reduces and check after every step that all ranks hold identical
+    parameters."""
     export_onnx: bool = False
-    """At the end of a run, export the final weights (EMA when kept) to `RUN_DIR/step-XXXXXXXXX.onnx`, parity-checked."""
+    """At the end of a run, export the final weights (EMA when kept) to `RUN_DIR/step-XXXXXXXXX.onnx`,
+    parity-checked."""
     stop_on_nonfinite: bool = True
     """Stop the run with `run_failed` when a logged loss is NaN or infinite (the last checkpoint stays good)."""
 

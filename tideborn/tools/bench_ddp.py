@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings(None, [], {"network": args.network}, environ={}).settings
     numel = sum(p.numel() for p in build_model(settings.model).parameters())
     print(f"bench_ddp: {args.network} ({numel:,} parameters), batch {args.batch_size} per rank, {args.steps} steps, "
-          f"{args.reps} reps alternating, {args.threads_per_process} thread(s) per process, torch {torch.__version__}, gloo")
+          f"{args.reps} reps alternating, {args.threads_per_process} thread(s) per process, "
+          f"torch {torch.__version__}, gloo")
     rates: dict[int, list[float]] = {1: [], 2: []}
     for rep in range(args.reps):
         for processes in (1, 2):

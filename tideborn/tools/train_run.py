@@ -88,7 +88,8 @@ def thresholds_of(args: argparse.Namespace) -> AnomalyThresholds:
                                  divergence_warmup_steps=args.divergence_warmup_steps,
                                  smoothing=args.smoothing, stall_seconds=args.stall_seconds)
     except ValueError as exc:
-        raise UserError(f"{exc} (--divergence-factor, --divergence-warmup-steps, --smoothing, --stall-seconds)") from None
+        raise UserError(f"{exc} (--divergence-factor, --divergence-warmup-steps, --smoothing, "
+                        "--stall-seconds)") from None
 
 
 def run_dir_problem(run_dir: Path) -> str | None:

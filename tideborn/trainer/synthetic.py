@@ -3,9 +3,10 @@
 The stream is one global sequence of micro-batches; micro-batch `k` depends only on (seed, k). Rank `r`
 of `w` takes micro-batches `r, r + w, r + 2w, ...`, so the data cursor is just the number of micro-batches
 each rank has consumed, and a resumed run sees exactly the batches an uninterrupted one would. It also
-makes a step of 2 ranks x 1 micro-batch see the same positions as a step of 1 rank x 2 micro-batches. The data is weakly learnable,
-so a smoke run's loss visibly falls: each position's policy label is also written as a set bit on
-plane `label // 81` at square `label % 81`, and the value target is the fraction of set hand planes.
+makes a step of 2 ranks x 1 micro-batch see the same positions as a step of 1 rank x 2 micro-batches. The
+data is weakly learnable, so a smoke run's loss visibly falls: each position's policy label is also
+written as a set bit on plane `label // 81` at square `label % 81`, and the value target is the fraction
+of set hand planes.
 """
 
 from __future__ import annotations

@@ -421,7 +421,7 @@ def test_a_launch_file_plan_never_carries_fresh_over(tmp_path):
     plan = LaunchPlan.from_launch_file(run_dir)
     assert plan.config == str(REPO / "configs" / "smoke.toml")
     assert plan.overrides == ("runtime.max_steps=9",) and plan.flags == {"network": "resnet2x32"}
-    assert plan.trainer_args == () and "--fresh" not in plan.request().trainer_argv()
+    assert plan.request().trainer_args == () and "--fresh" not in plan.request().trainer_argv()
 
 
 def test_tui_app_does_not_import_torch():

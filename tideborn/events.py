@@ -22,20 +22,21 @@ TERMINAL_KINDS = ("run_finished", "run_stopped", "run_failed")
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-def _jsonable(value: object) -> object:
+def jsonable(value: object) -> object:
+    """Plain JSON data; non-finite floats become "nan"/"inf"/"-inf", as events.jsonl writes them."""
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return value
 
 
 def encode_event(kind: str, fields: typing.Mapping[str, object], now: float | None = None) -> bytes:
     record = {"v": SCHEMA_VERSION, "time": time.time() if now is None else now, "kind": kind}
     record.update(fields)
-    return (json.dumps(_jsonable(record), separators=(",", ":"), allow_nan=False, default=str) + "\n").encode()
+    return (json.dumps(jsonable(record), separators=(",", ":"), allow_nan=False, default=str) + "\n").encode()
 
 
 def _ends_mid_line(fd: int) -> bool:

@@ -28,7 +28,7 @@ from tideborn.anomaly import (
     stalled,
     vanished,
 )
-from tideborn.events import TERMINAL_KINDS, EventReader, as_float
+from tideborn.events import TERMINAL_KINDS, EventReader, as_float, jsonable
 from tideborn.rundir import EVENTS_FILE, LOG_FILE, list_checkpoints
 from tideborn.runfiles import (
     LAUNCH_MARK,
@@ -83,17 +83,6 @@ def _public(event: typing.Mapping | None) -> dict | None:
     if event is None:
         return None
     return {k: v for k, v in event.items() if not k.startswith("_") and k != "v"}
-
-
-def jsonable(value: object) -> object:
-    """Plain JSON data; non-finite floats become "nan"/"inf"/"-inf" as in events.jsonl."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    return value
 
 
 class RunTracker:

@@ -24,7 +24,6 @@ class LaunchPlan:
     config: str | None = None
     overrides: tuple[str, ...] = ()
     flags: dict[str, str | None] = field(default_factory=dict)
-    trainer_args: tuple[str, ...] = ()
     nproc_per_node: int = 1
     """More than 1: the trainer runs under torchrun, one process per GPU (as `train_run start --nproc-per-node`)."""
     cwd: Path = field(default_factory=Path.cwd)
@@ -87,4 +86,4 @@ class LaunchPlan:
 
     def request(self) -> LaunchRequest:
         return LaunchRequest(config=self.config, overrides=self.overrides, flags=dict(self.flags),
-                             trainer_args=self.trainer_args, nproc_per_node=self.nproc_per_node)
+                             nproc_per_node=self.nproc_per_node)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check: the smoke config on CUDA, then the fast-path throughput sweep; figures in OUTDIR.
 #   scripts/gpu-check.sh OUTDIR [--quick] [--peak-tflops N] [other tideborn.tools.bench_gpu options]
-# Needs a CUDA machine with torch and the project's other dependencies installed (no network is used).
+# Needs a CUDA machine with torch, numpy and psutil (no network is used, and nothing else of the project's
+# dependencies: cshogi, textual and the rest are not imported, so a stock PyTorch image runs it as it is).
 # Python: $PYTHON if set, else ./.venv/bin/python if present, else python3. Whatever happens, it ends
 # within 8 minutes: the sweep keeps to its own budget, and a hard limit interrupts it just before 8
 # minutes, after which results.json/results.md still hold every configuration measured so far.
@@ -24,11 +25,11 @@ fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 missing="$("$PY" - <<'PY'
 import importlib.util
-print(" ".join(m for m in ("torch", "numpy", "cshogi", "tomlkit") if importlib.util.find_spec(m) is None))
+print(" ".join(m for m in ("torch", "numpy", "psutil") if importlib.util.find_spec(m) is None))
 PY
 )"
 if [[ -n "$missing" ]]; then
-    echo "gpu-check: error: $PY lacks $missing; install the project's dependencies first" >&2
+    echo "gpu-check: error: $PY lacks $missing; install them first" >&2
     exit 2
 fi
 mkdir -p "$OUT"

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import child_env, describe, events_of, step_events, terminal_events, train
+from conftest import REPO_ROOT, child_env, describe, events_of, step_events, terminal_events, train
 
 from tideborn.events import as_float
 from tideborn.tools import bench_gpu
@@ -32,15 +33,34 @@ def test_bf16_autocast_trains_on_the_cpu_with_finite_falling_losses(tmp_path: Pa
     assert [e["kind"] for e in terminal_events(events)] == ["run_finished"]
 
 
+# What a stock PyTorch image (the lent GPU machines' among them) lacks of the project's dependencies.
+NOT_ON_A_PYTORCH_IMAGE = ("cshogi", "tomlkit", "textual", "watchfiles")
+
+
 def test_the_gpu_check_runs_its_cpu_version_and_writes_json_and_markdown(tmp_path: Path) -> None:
+    # Through the script, as on a GPU machine, with the packages a PyTorch image lacks made unimportable
+    # (in the smoke run's own process too): the check must need only torch, numpy and psutil.
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        f"import sys\nfor name in {NOT_ON_A_PYTORCH_IMAGE!r}:\n    sys.modules[name] = None\n")
+    env = child_env({"PYTHON": sys.executable, "PYTHONPATH": os.pathsep.join([str(blocker), str(REPO_ROOT)])})
+    probe = subprocess.run([sys.executable, "-c", "import cshogi"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "cshogi" in probe.stderr, describe(probe)
+
     out = tmp_path / "gpu-check"
-    result = subprocess.run([sys.executable, "-m", "tideborn.tools.bench_gpu", "--device", "cpu", "--quick",
-                             "--out", str(out)], cwd=tmp_path, env=child_env(), capture_output=True, text=True,
-                            timeout=300, stdin=subprocess.DEVNULL)
+    script = REPO_ROOT / "scripts" / "gpu-check.sh"
+    result = subprocess.run(["bash", str(script), str(out), "--device", "cpu", "--quick"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+                            stdin=subprocess.DEVNULL)
     assert result.returncode == 0, describe(result)
 
     results = json.loads((out / "results.json").read_text())
     assert results["finished"] is True
+    # Few, flat files: a lent GPU machine hands back at most eight.
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md", "smoke-events.jsonl",
+                                                     "smoke-train.log"]
+    assert "run_finished" in (out / "smoke-events.jsonl").read_text()
     smoke = results["smoke"]
     assert (smoke["exit_code"], smoke["terminal"], smoke["steps"]) == (0, "run_finished", 20)
     assert smoke["device_used"] == "cpu, fp32"

@@ -37,7 +37,10 @@ def _features(boards: list[cshogi.Board]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_constants_match_cshogi():
-    assert (FEATURES1_NUM, FEATURES2_NUM) == (62, 57)
+    from cshogi import dlshogi
+
+    # model.py spells the plane counts out (so the trainer loads without cshogi); they must stay cshogi's.
+    assert (FEATURES1_NUM, FEATURES2_NUM) == (dlshogi.FEATURES1_NUM, dlshogi.FEATURES2_NUM) == (62, 57)
     assert POLICY_CLASSES == MOVE_DIRECTIONS * 81 == 2187
 
 

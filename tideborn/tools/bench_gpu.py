@@ -20,6 +20,7 @@ import gc
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -135,8 +136,15 @@ def device_info(device: str, peak_tflops: float | None) -> dict:
 # -- the smoke run ------------------------------------------------------------------------------------
 
 def smoke_run(device: str, out: Path, timeout_seconds: float) -> dict:
-    """`tideborn train --config configs/smoke.toml` on `device`, as a separate process; its figures."""
-    run_dir = out / "smoke-run"
+    """`tideborn train --config configs/smoke.toml` on `device`, as a separate process; its figures.
+
+    The run directory is a temporary one: OUTDIR keeps only its log and event stream, so that it holds
+    four files whatever happens (a device machine hands back only a few files)."""
+    with tempfile.TemporaryDirectory(prefix="tideborn-smoke-") as scratch:
+        return _smoke_run(device, out, Path(scratch) / "run", timeout_seconds)
+
+
+def _smoke_run(device: str, out: Path, run_dir: Path, timeout_seconds: float) -> dict:
     command = [sys.executable, "-m", "tideborn.cli", "train", "--config", str(SMOKE_CONFIG), "--fresh",
                "--set", f'runtime.device="{device}"', "--set", f"runtime.out_dir={json.dumps(str(run_dir))}",
                "--set", 'runtime.progress="plain"']
@@ -151,7 +159,11 @@ def smoke_run(device: str, out: Path, timeout_seconds: float) -> dict:
             code = None
             result["error"] = f"killed after {timeout_seconds:.0f} s"
     result.update(exit_code=code, seconds=time.perf_counter() - started)
-    events = read_events(run_dir / EVENTS_FILE) if (run_dir / EVENTS_FILE).exists() else []
+    events = []
+    if (run_dir / EVENTS_FILE).exists():
+        shutil.copyfile(run_dir / EVENTS_FILE, out / "smoke-events.jsonl")
+        result["events"] = str(out / "smoke-events.jsonl")
+        events = read_events(run_dir / EVENTS_FILE)
     steps = [e for e in events if e["kind"] == "step"]
     started_event = next((e for e in events if e["kind"] == "run_started"), {})
     terminal = [e["kind"] for e in events if e["kind"] in ("run_finished", "run_stopped", "run_failed")]

@@ -8,7 +8,6 @@ logit whose sigmoid is the side to move's win probability.
 from __future__ import annotations
 
 import torch
-from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM
 from torch import nn
 
 from tideborn.config.schema import ModelSettings
@@ -18,6 +17,12 @@ __all__ = [
     "PolicyValueNet", "ResidualBlock", "build_model",
 ]
 
+FEATURES1_NUM = 62
+"""Board planes of `cshogi.dlshogi.make_input_features` (pieces, attacks, check). Spelled out rather than
+imported so that the model, the synthetic data and the GPU check load without cshogi (the GPU machines'
+images lack it); tests/test_model.py keeps both counts equal to cshogi's."""
+FEATURES2_NUM = 57
+"""Hand planes of `cshogi.dlshogi.make_input_features`."""
 SQUARES = 81
 MOVE_DIRECTIONS = 27
 """10 board directions, 10 promoting ones, 7 drop piece types: make_move_label's label // 81."""

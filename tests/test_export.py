@@ -214,6 +214,10 @@ def bad_checkpoint(kind: str, tmp_path: Path, template_run: Path) -> Path:
         return path
     if kind == "truncated":
         path.write_bytes((template_run / SMOKE_STEP).read_bytes()[:5000])
+    elif kind == "text":
+        path.write_text("step 4 notes\n")
+    elif kind == "empty":
+        path.write_bytes(b"")
     elif kind == "foreign":
         torch.save({"weights": torch.zeros(3)}, path)
     elif kind == "pickle":
@@ -230,6 +234,9 @@ def bad_checkpoint(kind: str, tmp_path: Path, template_run: Path) -> Path:
 @pytest.mark.parametrize("kind, extra, pattern", [
     ("missing", [], r"\S+/input/step-000000004\.pt: no such checkpoint$"),
     ("truncated", [], r"\S+/input/step-000000004\.pt: corrupt or truncated checkpoint"),
+    ("text", [], r"\S+/input/step-000000004\.pt: not a checkpoint \(neither a PyTorch zip archive nor a pickle "
+                 r"stream\)$"),
+    ("empty", [], r"\S+/input/step-000000004\.pt: empty file, not a checkpoint$"),
     ("foreign", [], r"\S+/input/step-000000004\.pt: not a tideborn checkpoint$"),
     ("pickle", [], r"\S+/input/step-000000004\.pt: refused: loading it would need pickle to run code"),
     ("nan", [], r"the checkpoint's raw weights hold NaN or inf \(in tower\.0\.conv1\.weight\)"),

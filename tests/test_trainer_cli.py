@@ -91,7 +91,7 @@ BAD_INPUT = {
         r"--resume gone\.pt: no such checkpoint"),
     "resume-not-a-checkpoint": (
         ["train", *SMOKE, "--resume", "notes.pt"], {"notes.pt": "just text\n"},
-        r"--resume notes\.pt: corrupt or truncated checkpoint"),
+        r"--resume notes\.pt: not a checkpoint \(neither a PyTorch zip archive nor a pickle stream\)$"),
     "stop-at-step-zero": (
         ["train", *SMOKE, "--stop-at-step", "0"], {},
         r"--stop-at-step 0: must be .*runtime\.max_steps \(20\)"),

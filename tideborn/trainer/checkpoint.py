@@ -66,12 +66,28 @@ def _os_error_within(exc: BaseException) -> OSError | None:
     return None
 
 
+def _check_container(path: Path) -> None:
+    """Name a file that is no PyTorch save at all (empty, text, another format) before torch.load does,
+    whose errors for such files say little ("list index out of range")."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(4)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    if not head:
+        raise CheckpointError(f"{path}: empty file, not a checkpoint")
+    # torch.save writes a zip archive; the legacy format is a pickle stream (protocol 2+ starts with 0x80).
+    if not (head.startswith(b"PK\x03\x04") or head[0] == 0x80):
+        raise CheckpointError(f"{path}: not a checkpoint (neither a PyTorch zip archive nor a pickle stream)")
+
+
 def load_checkpoint(path: Path) -> dict:
     """Load and check a checkpoint on the CPU. Raises `CheckpointError` with a one-line reason."""
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint")
     if not path.is_file():
         raise CheckpointError(f"{path}: not a file")
+    _check_container(path)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -82,6 +98,8 @@ def load_checkpoint(path: Path) -> dict:
         # (RuntimeError, EOFError, BadZipFile, KeyError, IndexError from its unpickler, MemoryError for a
         # size field gone wild, ...: tests/test_reliability_fuzz.py); all of it means the same to a user.
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if len(first) > 120:  # torch's zip reader appends a paragraph of advice to its one-line reason
+            first = first.split(". ")[0]
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({first})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a tideborn checkpoint")

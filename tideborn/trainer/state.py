@@ -14,15 +14,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import tideborn
 from tideborn.config import Settings
 from tideborn.trainer.checkpoint import FORMAT, FORMAT_VERSION
 from tideborn.trainer.device import DeviceSetup, apply_global_switches
 from tideborn.trainer.distributed import AllReduceCounter, check_ranks_in_sync
+from tideborn.trainer.ema import WeightAverage
 from tideborn.trainer.model import build_model
-from tideborn.trainer.optim import build_optimizer, build_scheduler
+from tideborn.trainer.optim import build_optimizer, build_scheduler, load_optimizer_state
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.synthetic import SyntheticBatches
@@ -71,8 +71,7 @@ class TrainingState:
         self.optimizer = build_optimizer(model, s.optim, fused=setup.is_cuda and s.runtime.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, s.optim, s.runtime.max_steps)
         self.scaler = torch.amp.GradScaler("cuda") if setup.uses_grad_scaler else None
-        self.ema = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(s.optim.ema_decay), use_buffers=True)
-                    if s.optim.ema_decay > 0 else None)
+        self.ema = WeightAverage(model, s.optim.ema_decay) if s.optim.ema_decay > 0 else None
         if s.data.resolved_kind == "synthetic":
             self.data = SyntheticBatches(s.runtime.seed, s.optim.micro_batch_size, setup.device,
                                          env.rank, env.world_size)
@@ -92,7 +91,7 @@ class TrainingState:
         if start.payload is not None:
             payload = start.payload
             self.model.load_state_dict(payload["model"])
-            self.optimizer.load_state_dict(payload["optimizer"])
+            load_optimizer_state(self.optimizer, payload["optimizer"])
             self.scheduler.load_state_dict(payload["scheduler"])
             if self.scaler is not None and payload.get("scaler"):
                 self.scaler.load_state_dict(payload["scaler"])

@@ -187,6 +187,27 @@ def test_sigterm_to_torchrun_stops_every_rank_with_one_checkpoint(tmp_path, clea
     assert (run_dir / f"step-{stopped_at:09d}.pt").exists()
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_signal_that_reaches_one_rank_stops_every_rank_together(rank, tmp_path, cleanup):
+    # The ranks vote on stopping every step; the vote is read two steps later (StopVote.LAG), so that no
+    # step waits for the GPU: every rank must still stop at the same step, with one checkpoint.
+    run_dir = tmp_path / "run"
+    launcher = start_torchrun(run_dir, tmp_path, "runtime.checkpoint_every=100000")
+    cleanup(launcher)
+    wait_for_steps(run_dir, launcher, 2)
+    ranks = trainer_ranks(launcher)
+    ranks[rank].send_signal(signal.SIGTERM)
+    code = launcher.wait(timeout=60)
+    log = (tmp_path / "torchrun.log").read_text()[-3000:]
+    assert code == 0, log
+    events = events_of(run_dir)
+    terminal = terminal_events(events)
+    assert [e["kind"] for e in terminal] == ["run_stopped"], log
+    stopped_at = terminal[0]["step"]
+    assert [e["step"] for e in events if e["kind"] == "checkpoint_saved"] == [stopped_at]
+    assert (run_dir / f"step-{stopped_at:09d}.pt").exists()
+
+
 def test_train_run_start_status_stop_through_torchrun(tmp_path):
     run_dir = tmp_path / "run"
     tool = [sys.executable, "-m", "tideborn.tools.train_run"]

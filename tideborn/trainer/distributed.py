@@ -4,7 +4,9 @@ needs. A process launched alone (world size 1, see `tideborn.trainer.rank`) crea
 
 from __future__ import annotations
 
+import collections
 import datetime
+import typing
 
 import torch
 import torch.distributed as dist
@@ -45,6 +47,55 @@ def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
     value = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
+
+
+class StopVote:
+    """The ranks agree, every step, on whether to stop (a signal may reach only some of them), without
+    making the host wait for the GPU.
+
+    A plain `any_rank` each step would: its result must come back to the host, so the host would wait for
+    the whole step (backward and gradient all-reduce) before queueing the next, and the GPU would idle
+    while it does. Here each step's vote is all-reduced asynchronously and its result read `LAG` steps
+    later. By then the GPU has long finished that vote; waiting for it leaves the newer steps queued, so
+    the GPU never runs dry. Every rank reads the same vote at the same step, so all stop together, at
+    most `LAG` steps after the signal. Without a process group the flag is the answer at once.
+    """
+
+    LAG = 2
+
+    def __init__(self, env: DistEnv, device: torch.device):
+        self.env, self.device = env, device
+        self.pending: collections.deque[tuple[torch.Tensor, typing.Callable[[], object]]] = collections.deque()
+
+    def __call__(self, flag: bool) -> bool:
+        if not self.env.distributed:
+            return flag
+        # torch.full fills on the device (a kernel); torch.tensor([..], device=...) would copy from the
+        # host, and such a copy waits for the GPU.
+        vote = torch.full((1,), 1.0 if flag else 0.0, device=self.device)
+        work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, async_op=True)
+        if self.device.type == "cuda":
+            work.wait()  # for NCCL: the current stream waits for the all-reduce; the host does not
+            host = torch.empty(1, pin_memory=True)
+            host.copy_(vote, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            self.pending.append((host, done.synchronize))
+        else:
+            self.pending.append((vote, work.wait))
+        if len(self.pending) <= self.LAG:
+            return False
+        return self._read_oldest()
+
+    def _read_oldest(self) -> bool:
+        result, wait = self.pending.popleft()
+        wait()
+        return bool(result.item())
+
+    def drain(self) -> None:
+        """Wait for the votes still in flight (before the process group goes away)."""
+        while self.pending:
+            self._read_oldest()
 
 
 def mean_over_ranks(values: torch.Tensor, env: DistEnv) -> torch.Tensor:

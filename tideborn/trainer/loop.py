@@ -27,6 +27,7 @@ from tideborn.rundir import EVENTS_FILE, list_checkpoints, make_dirs, temp_check
 from tideborn.trainer.checkpoint import prune_checkpoints, save_checkpoint
 from tideborn.trainer.device import DeviceSetup, resolve_device
 from tideborn.trainer.distributed import (
+    StopVote,
     any_rank,
     barrier,
     close_process_group,
@@ -230,8 +231,9 @@ class Trainer:
             window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
             return means
 
+        stop_vote = StopVote(env, device)
         while True:
-            signalled = any_rank(self.stop.reason is not None, env, device)
+            signalled = stop_vote(self.stop.reason is not None)
             if signalled or self.step >= runtime.max_steps or self.step == self.p.stop_at_step:
                 break
             if self.setup.is_cuda and env.is_main and time.perf_counter() >= next_gpu_event:
@@ -263,6 +265,7 @@ class Trainer:
                 if not self._finite_window(window, window_steps):
                     return self._fail_nonfinite(mean_over_ranks(window / window_steps, env).tolist())
                 last_saved, saved_step = self._save(), self.step
+        stop_vote.drain()
         if window_steps:
             means = log_window()
             if runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):

@@ -116,3 +116,49 @@ def test_compile_time_is_reported_as_an_event(tmp_path):
     train(run_dir, "runtime.max_steps=2", "optim.batch_size=8", "runtime.compile=true", cwd=tmp_path)
     (compiled,) = [e for e in events_of(run_dir) if e["kind"] == "compile"]
     assert compiled["step"] == 1 and compiled["first_step_seconds"] > 0
+
+
+@pytest.mark.parametrize("native_bf16, requested, expected", [
+    (True, "auto", "bf16"), (False, "auto", "fp16"), (True, "bf16", "bf16"), (False, "fp16", "fp16"),
+    (False, "bf16", 'runtime.precision="bf16": Tesla V100 has no native bf16'),
+])
+def test_auto_precision_takes_bf16_only_where_the_gpu_has_it_natively(monkeypatch, native_bf16: bool,
+                                                                      requested: str, expected: str) -> None:
+    # The choice itself, with the CUDA queries answered as a GPU would (no GPU here); the real CUDA path
+    # runs in scripts/gpu-check.sh.
+    from tideborn.config.schema import RuntimeSettings
+    from tideborn.errors import UserError
+    from tideborn.trainer.device import resolve_device
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: asked.append(including_emulation) or native_bf16
+                        or including_emulation)
+    runtime = RuntimeSettings(device="cuda", precision=requested)
+    if expected.startswith("runtime."):
+        with pytest.raises(UserError, match=expected):
+            resolve_device(runtime)
+    else:
+        assert resolve_device(runtime).precision == expected
+    assert asked and not any(asked), "the emulated bf16 must not count"
+
+
+def test_the_sweep_measures_the_defaults_first_then_every_switch_at_the_middle_batch() -> None:
+    plan = bench_gpu.Plan("cuda", ("resnet10x192", "resnet20x256"), (256, 1024, 2048), reps=5, warmup_steps=3,
+                          rep_seconds=0.3, budget_seconds=400)
+    order = [(model, batch, variant.name) for model, batch, variant in bench_gpu.schedule(plan)]
+    assert order[:6] == [(m, b, "default") for m in plan.models for b in plan.batch_sizes]
+    cuda_flips = [v.name for v in bench_gpu.variants()[1:] if "cuda" in v.devices]
+    assert order[6:6 + len(cuda_flips)] == [("resnet10x192", 1024, name) for name in cuda_flips]
+    assert {"no channels_last", "no fused_optimizer", "compile", "clip + ema", "fp16"} <= set(cuda_flips)
+    # Every switch at every size, except the production-setting checks, which run at the middle size only.
+    middle_only = {v.name for v in bench_gpu.variants() if v.middle_batch_only}
+    for model in plan.models:
+        for name in cuda_flips:
+            sizes = sorted(b for m, b, n in order if (m, n) == (model, name))
+            assert sizes == ([1024] if name in middle_only else [256, 1024, 2048]), (model, name)
+    assert len(order) == len(set(order))

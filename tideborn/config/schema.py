@@ -235,8 +235,8 @@ class RuntimeSettings:
     device: str = "auto"
     """`auto` (CUDA if available, else CPU), `cpu`, `cuda` or `cuda:N`."""
     precision: str = "auto"
-    """Autocast precision: `auto` (bf16 on CUDA that supports it, else fp32), `fp32`, `bf16`, or `fp16` (with a
-    grad scaler)."""
+    """Autocast precision: `auto` (bf16 on a GPU with native bf16, Ampere or newer; fp16 with a grad scaler on
+    older GPUs, where bf16 is only emulated; fp32 on the CPU), `fp32`, `bf16`, or `fp16` (with a grad scaler)."""
     tf32: bool = True
     """Allow TF32 matrix multiplies and convolutions on CUDA."""
     channels_last: bool = True

@@ -72,6 +72,8 @@ class Variant:
     overrides: tuple[str, ...] = ()
     """`--set` items on top of the trainer's defaults."""
     devices: tuple[str, ...] = ("cuda",)
+    middle_batch_only: bool = False
+    """Run at the middle batch size only (settings that change the step's cost little, checked once)."""
 
 
 def variants() -> tuple[Variant, ...]:
@@ -89,6 +91,11 @@ def variants() -> tuple[Variant, ...]:
         flip("tf32"), flip("channels_last"),
         flip("fused_optimizer"),
         flip("compile"),
+        # What the production configs add to the defaults (configs/rtx4070ti.toml: clipping and the weight
+        # average), and the alternatives a user may pick: these run on CUDA nowhere else before a real run.
+        Variant("clip + ema", ("optim.grad_clip_norm=10.0", "optim.ema_decay=0.9999"), middle_batch_only=True),
+        Variant("adamw", ('optim.optimizer="adamw"',), middle_batch_only=True),
+        Variant("fp16", ('runtime.precision="fp16"',), middle_batch_only=True),
         Variant("bf16", ('runtime.precision="bf16"',), devices=("cpu",)),
     )
 
@@ -149,6 +156,8 @@ def _smoke_run(device: str, out: Path, run_dir: Path, timeout_seconds: float) ->
                "--set", f'runtime.device="{device}"', "--set", f"runtime.out_dir={json.dumps(str(run_dir))}",
                "--set", 'runtime.progress="plain"']
     env = {k: v for k, v in os.environ.items() if k not in ("TIDEBORN_PROJECT_FILE", "WORLD_SIZE", "RANK")}
+    # The same tideborn as this process, installed or not (the run starts in OUTDIR, not the checkout).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SMOKE_CONFIG.parents[1]), env.get("PYTHONPATH")]))
     started = time.perf_counter()
     result: dict = {"command": command, "log": str(out / "smoke-train.log")}
     with open(out / "smoke-train.log", "wb") as log:
@@ -170,7 +179,8 @@ def _smoke_run(device: str, out: Path, run_dir: Path, timeout_seconds: float) ->
     result.update(device_used=started_event.get("device"), terminal=terminal[-1] if terminal else None,
                   steps=steps[-1]["step"] if steps else 0,
                   first_loss=steps[0]["loss"] if steps else None, final_loss=steps[-1]["loss"] if steps else None,
-                  positions_per_second=steps[-1]["positions_per_second"] if steps else None)
+                  positions_per_second=steps[-1]["positions_per_second"] if steps else None,
+                  gpu_event=next((e for e in events if e["kind"] == "gpu"), None))  # NVML's figures, if any
     return result
 
 
@@ -277,7 +287,8 @@ def schedule(plan: Plan) -> list[tuple[str, int, Variant]]:
     middle = plan.batch_sizes[len(plan.batch_sizes) // 2]
     order = [(m, b, default) for m in plan.models for b in plan.batch_sizes]
     order += [(m, middle, v) for m in plan.models for v in flips]
-    order += [(m, b, v) for m in plan.models for b in plan.batch_sizes if b != middle for v in flips]
+    order += [(m, b, v) for m in plan.models for b in plan.batch_sizes if b != middle for v in flips
+              if not v.middle_batch_only]
     return order
 
 

@@ -36,7 +36,21 @@ def _smoke(smoke: dict | None) -> list[str]:
             f"{smoke['seconds']:.1f} s in all "
             f"(process start and torch import included). Device: `{smoke['device_used']}`. Log: `{smoke['log']}`."
             if smoke.get("steps") else
-            f"exit status {smoke['exit_code']}, no step was logged; log: `{smoke['log']}`."]
+            f"exit status {smoke['exit_code']}, no step was logged; log: `{smoke['log']}`.", *_gpu_event(smoke)]
+
+
+def _gpu_event(smoke: dict) -> list[str]:
+    """The run's first `gpu` event: what NVML reported through the trainer (absent figures: None)."""
+    event = smoke.get("gpu_event")
+    if not event:
+        return []
+    lines = ["", "Its first `gpu` event (NVML through the trainer; `None` where a figure was not available):", ""]
+    for device in event.get("devices") or []:
+        lines.append(f"- device {device.get('index')} {device.get('name')}: utilisation "
+                     f"{device.get('utilization_percent')} %, memory used {device.get('memory_used_bytes')} of "
+                     f"{device.get('memory_total_bytes')} bytes, {device.get('temperature_c')} C, "
+                     f"{device.get('power_watts')} W")
+    return lines
 
 
 def _model_table(name: str, model: dict, rows: list[dict]) -> list[str]:

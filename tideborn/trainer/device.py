@@ -71,14 +71,17 @@ def resolve_device(runtime: RuntimeSettings, local_rank: int | None = None) -> D
             raise UserError(f"LOCAL_RANK {local_rank} has no GPU: only {torch.cuda.device_count()} visible; "
                             "start no more processes per node than GPUs")
     precision = runtime.precision
+    # Native bf16 only: by default is_bf16_supported() also says yes where bf16 is emulated (V100, T4),
+    # many times slower than fp16 on those GPUs' tensor cores.
+    native_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
     if precision == "auto":
-        precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+        precision = ("bf16" if native_bf16 else "fp16") if device.type == "cuda" else "fp32"
     if precision == "fp16" and device.type != "cuda":
         raise UserError("runtime.precision=\"fp16\" needs CUDA (its grad scaler is CUDA-only); "
                         "use \"bf16\" or \"fp32\" on the CPU")
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UserError(f"runtime.precision=\"bf16\" is not supported by {torch.cuda.get_device_name(device)}; "
-                        "use \"fp16\" or \"fp32\"")
+    if precision == "bf16" and device.type == "cuda" and not native_bf16:
+        raise UserError(f"runtime.precision=\"bf16\": {torch.cuda.get_device_name(device)} has no native bf16 "
+                        "(only a slow emulation); use \"fp16\" or \"auto\"")
     return DeviceSetup(device, precision, channels_last=runtime.channels_last and device.type == "cuda")
 
 
@@ -86,6 +89,9 @@ def apply_global_switches(runtime: RuntimeSettings, setup: DeviceSetup) -> None:
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
     if setup.is_cuda:
+        # The training device becomes the current one, so that calls without a device (synchronize, the
+        # pin-memory thread, new CUDA tensors) never create a context on GPU 0 when training on cuda:N.
+        torch.cuda.set_device(setup.device)
         torch.backends.cuda.matmul.allow_tf32 = runtime.tf32
         torch.backends.cudnn.allow_tf32 = runtime.tf32
         torch.backends.cudnn.benchmark = True

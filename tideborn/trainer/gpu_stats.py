@@ -20,13 +20,15 @@ def gpu_snapshot(device: torch.device) -> dict | None:
         return None
     devices = []
     for index in range(torch.cuda.device_count()):
-        free_total = _maybe(torch.cuda.mem_get_info, index)
+        # Memory through NVML (device_memory_used), not torch.cuda.mem_get_info: that one creates a CUDA
+        # context on every device it is asked about, half a GiB on each other rank's GPU under torchrun.
+        properties = torch.cuda.get_device_properties(index)
         devices.append({
             "index": index,
-            "name": torch.cuda.get_device_name(index),
+            "name": properties.name,
             "utilization_percent": _maybe(torch.cuda.utilization, index),
-            "memory_used_bytes": free_total[1] - free_total[0] if free_total else None,
-            "memory_total_bytes": free_total[1] if free_total else None,
+            "memory_used_bytes": _maybe(torch.cuda.device_memory_used, index),
+            "memory_total_bytes": properties.total_memory,
             "temperature_c": _maybe(torch.cuda.temperature, index),
             "power_watts": (lambda mw: mw / 1000 if mw is not None else None)(_maybe(torch.cuda.power_draw, index)),
         })

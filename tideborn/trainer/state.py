@@ -36,16 +36,17 @@ def versions() -> dict[str, str]:
     return found
 
 
-def rng_state(cuda: bool) -> dict:
+def rng_state(device: torch.device) -> dict:
+    """The generators' states; on CUDA only the training device's (a resume may see fewer GPUs)."""
     return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if cuda else []}
+            "cuda": [torch.cuda.get_rng_state(device)] if device.type == "cuda" else []}
 
 
-def restore_rng(state: dict, cuda: bool) -> None:
+def restore_rng(state: dict, device: torch.device) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
-    if cuda and state.get("cuda"):
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if device.type == "cuda" and state.get("cuda"):
+        torch.cuda.set_rng_state(state["cuda"][0], device)
 
 
 @dataclass
@@ -98,7 +99,7 @@ class TrainingState:
             if self.ema is not None and payload.get("ema"):
                 self.ema.load_state_dict(payload["ema"])
             self.data.load_state_dict(payload["data_cursor"])
-            restore_rng(payload["rng"], self.setup.is_cuda)
+            restore_rng(payload["rng"], self.setup.device)
         elif start.init_weights is not None:
             self.model.load_state_dict(start.init_weights)
         self._wrap()
@@ -125,7 +126,7 @@ class TrainingState:
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "ema": self.ema.state_dict() if self.ema is not None else None,
-            "rng": rng_state(self.setup.is_cuda), "data_cursor": self.data.state_dict(),
+            "rng": rng_state(self.setup.device), "data_cursor": self.data.state_dict(),
             "versions": versions(), "saved_at": time.time(), "world_size": self.env.world_size,
         }
 

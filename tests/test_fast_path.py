@@ -61,6 +61,8 @@ def test_the_gpu_check_runs_its_cpu_version_and_writes_json_and_markdown(tmp_pat
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md", "smoke-events.jsonl",
                                                      "smoke-train.log"]
     assert "run_finished" in (out / "smoke-events.jsonl").read_text()
+    assert "cshogi is not installed" in results["teacher"]["skipped"]  # said, not silently left out
+    assert "## Teacher-data run" in (out / "results.md").read_text()
     smoke = results["smoke"]
     assert (smoke["exit_code"], smoke["terminal"], smoke["steps"]) == (0, "run_finished", 20)
     assert smoke["device_used"] == "cpu, fp32"
@@ -162,3 +164,20 @@ def test_the_sweep_measures_the_defaults_first_then_every_switch_at_the_middle_b
             sizes = sorted(b for m, b, n in order if (m, n) == (model, name))
             assert sizes == ([1024] if name in middle_only else [256, 1024, 2048]), (model, name)
     assert len(order) == len(set(order))
+
+
+def test_the_gpu_checks_teacher_data_run_trains_on_random_play_records(tmp_path: Path) -> None:
+    # The teacher path (decoding workers; on CUDA pinned memory and asynchronous copies) on hcpe records
+    # of random legal games, which the check writes itself where no game records are at hand.
+    out = tmp_path / "out"
+    out.mkdir()
+    run = bench_gpu.teacher_run("cpu", out, timeout_seconds=240)
+    assert (run["exit_code"], run["terminal"], run["steps"]) == (0, "run_finished", 60), run
+    assert run["records"] > 10_000 and 0 <= run["data_wait_fraction"] < 1
+    assert math.isfinite(run["final_loss"]) and run["final_loss"] < run["first_loss"]
+    events = [json.loads(line) for line in (out / "teacher-events.jsonl").read_text().splitlines()]
+    started = next(e for e in events if e["kind"] == "run_started")
+    assert started["settings"]["data"]["kind"] == "hcpe" and started["settings"]["data"]["workers"] == 2
+    # Every random-play record decodes: no record was skipped as illegal.
+    assert not [e for e in events if e["kind"] == "warning"], [e for e in events if e["kind"] == "warning"]
+    assert sorted(p.name for p in out.iterdir()) == ["teacher-events.jsonl", "teacher-train.log"]

@@ -111,12 +111,22 @@ def to_device_batch(item: dict, device: torch.device) -> Batch:
         features1 = torch.from_numpy(planes.numpy().astype(np.float32))
         hands = torch.from_numpy(hands.numpy().astype(np.float32))
     else:
+        # DataLoader pins the planes (a tensor); the small arrays arrive as numpy, which it leaves alone.
+        # Pinned here too, so that every copy is asynchronous: a copy from pageable memory can make the
+        # host wait for the GPU. (Pinned blocks come from torch's caching host allocator, which reuses a
+        # block only once the copy that read it is done.)
         features1 = planes.to(device, non_blocking=non_blocking).float()
-        hands = hands.to(device, non_blocking=non_blocking).float()
+        hands = _to_device(item["features2"], device).float()
     n = hands.shape[0]
     features2 = hands.view(n, -1, 1, 1).expand(n, hands.shape[1], 9, 9)
-    return Batch(features1, features2, torch.as_tensor(item["policy"]).to(device, non_blocking=non_blocking),
-                 torch.as_tensor(item["value"]).to(device, non_blocking=non_blocking))
+    return Batch(features1, features2, _to_device(item["policy"], device), _to_device(item["value"], device))
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    tensor = torch.as_tensor(array)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 class TeacherBatches:

@@ -140,27 +140,90 @@ def device_info(device: str, peak_tflops: float | None) -> dict:
     return info
 
 
-# -- the smoke run ------------------------------------------------------------------------------------
+# -- the smoke runs -----------------------------------------------------------------------------------
+
+TEACHER_GAMES = 120
+"""Random-play games for the teacher-data run: about 14,000 positions (550 KB of hcpe)."""
+TEACHER_SETS = ('data.kind="hcpe"', "data.test=[]", "data.workers=2", "optim.batch_size=256",
+                "runtime.max_steps=60", "runtime.log_every=10", "runtime.checkpoint_every=30", "runtime.threads=0")
+"""On top of configs/smoke.toml: the real teacher path (decoding workers, pinned memory, copies that
+overlap the step on CUDA) for 60 steps of the small net."""
+
+
+def random_play_hcpe(path: Path, games: int, seed: int = 0, max_plies: int = 120) -> int:
+    """Write hcpe records of `games` random legal games (real positions and legal moves, meaningless play)
+    to `path`; the number of records. Teacher-format data for a machine without game records; needs cshogi."""
+    import random
+
+    import cshogi
+    import numpy as np
+
+    from tideborn.data.convert import game_records
+    from tideborn.data.games import Game
+
+    rng = random.Random(seed)
+    board = cshogi.Board()
+    parts = []
+    for number in range(games):
+        board.reset()
+        moves: list[int] = []
+        while len(moves) < max_plies and not board.is_game_over():
+            move = rng.choice(list(board.legal_moves))
+            moves.append(move)
+            board.push(move)
+        # Mated: the side to move lost. Cut off at max_plies: a draw.
+        result = ((cshogi.WHITE_WIN if board.turn == cshogi.BLACK else cshogi.BLACK_WIN) if board.is_game_over()
+                  else cshogi.DRAW)
+        records = game_records(Game(f"random#{number}", cshogi.STARTING_SFEN, moves, result), board)
+        assert not isinstance(records, str), records  # every move was legal by construction
+        parts.append(records)
+    data = np.concatenate(parts)
+    data.tofile(path)
+    return len(data)
+
 
 def smoke_run(device: str, out: Path, timeout_seconds: float) -> dict:
-    """`tideborn train --config configs/smoke.toml` on `device`, as a separate process; its figures.
-
-    The run directory is a temporary one: OUTDIR keeps only its log and event stream, so that it holds
-    four files whatever happens (a device machine hands back only a few files)."""
-    with tempfile.TemporaryDirectory(prefix="tideborn-smoke-") as scratch:
-        return _smoke_run(device, out, Path(scratch) / "run", timeout_seconds)
+    """`tideborn train --config configs/smoke.toml` on `device`, as a separate process; its figures."""
+    return training_run("smoke", device, out, (), timeout_seconds)
 
 
-def _smoke_run(device: str, out: Path, run_dir: Path, timeout_seconds: float) -> dict:
+def teacher_run(device: str, out: Path, timeout_seconds: float) -> dict:
+    """The smoke config on teacher-format data (random-play hcpe records) with decoding workers; skipped,
+    and said so, where cshogi is not installed (stock PyTorch images lack it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("cshogi") is None:
+        return {"skipped": "cshogi is not installed here (carry its wheel to run the teacher-data path)"}
+    with tempfile.TemporaryDirectory(prefix="tideborn-teacher-data-") as scratch:
+        data = Path(scratch) / "random-play.hcpe"
+        records = random_play_hcpe(data, TEACHER_GAMES)
+        result = training_run("teacher", device, out,
+                              (*TEACHER_SETS, f"data.train=[{json.dumps(str(data))}]"), timeout_seconds)
+    result["records"] = records
+    return result
+
+
+def training_run(name: str, device: str, out: Path, overrides: tuple[str, ...], timeout_seconds: float) -> dict:
+    """A real `tideborn train` process in a temporary run directory. OUTDIR keeps only its log and event
+    stream (NAME-train.log, NAME-events.jsonl): few, flat files, as a borrowed machine hands back."""
+    with tempfile.TemporaryDirectory(prefix=f"tideborn-{name}-") as scratch:
+        return _training_run(name, device, out, Path(scratch) / "run", overrides, timeout_seconds)
+
+
+def _training_run(name: str, device: str, out: Path, run_dir: Path, overrides: tuple[str, ...],
+                  timeout_seconds: float) -> dict:
     command = [sys.executable, "-m", "tideborn.cli", "train", "--config", str(SMOKE_CONFIG), "--fresh",
                "--set", f'runtime.device="{device}"', "--set", f"runtime.out_dir={json.dumps(str(run_dir))}",
                "--set", 'runtime.progress="plain"']
+    for item in overrides:
+        command += ["--set", item]
     env = {k: v for k, v in os.environ.items() if k not in ("TIDEBORN_PROJECT_FILE", "WORLD_SIZE", "RANK")}
     # The same tideborn as this process, installed or not (the run starts in OUTDIR, not the checkout).
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SMOKE_CONFIG.parents[1]), env.get("PYTHONPATH")]))
     started = time.perf_counter()
-    result: dict = {"command": command, "log": str(out / "smoke-train.log")}
-    with open(out / "smoke-train.log", "wb") as log:
+    log_path, events_path = out / f"{name}-train.log", out / f"{name}-events.jsonl"
+    result: dict = {"command": command, "log": str(log_path)}
+    with open(log_path, "wb") as log:
         try:
             code = subprocess.run(command, cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, timeout=timeout_seconds).returncode
@@ -170,16 +233,20 @@ def _smoke_run(device: str, out: Path, run_dir: Path, timeout_seconds: float) ->
     result.update(exit_code=code, seconds=time.perf_counter() - started)
     events = []
     if (run_dir / EVENTS_FILE).exists():
-        shutil.copyfile(run_dir / EVENTS_FILE, out / "smoke-events.jsonl")
-        result["events"] = str(out / "smoke-events.jsonl")
+        shutil.copyfile(run_dir / EVENTS_FILE, events_path)
+        result["events"] = str(events_path)
         events = read_events(run_dir / EVENTS_FILE)
     steps = [e for e in events if e["kind"] == "step"]
     started_event = next((e for e in events if e["kind"] == "run_started"), {})
     terminal = [e["kind"] for e in events if e["kind"] in ("run_finished", "run_stopped", "run_failed")]
+    later = steps[1:] or steps  # the first window holds start-up (worker start, cuDNN's search)
+    wait = sum(e["data_wait_seconds"] for e in later)
+    busy = wait + sum(e["compute_seconds"] for e in later)
     result.update(device_used=started_event.get("device"), terminal=terminal[-1] if terminal else None,
                   steps=steps[-1]["step"] if steps else 0,
                   first_loss=steps[0]["loss"] if steps else None, final_loss=steps[-1]["loss"] if steps else None,
                   positions_per_second=steps[-1]["positions_per_second"] if steps else None,
+                  data_wait_fraction=wait / busy if busy > 0 else None,
                   gpu_event=next((e for e in events if e["kind"] == "gpu"), None))  # NVML's figures, if any
     return result
 
@@ -340,6 +407,14 @@ def sweep(plan: Plan, results: dict, save) -> None:
             save()
 
 
+def describe_run(label: str, run: dict) -> str:
+    if run.get("skipped"):
+        return f"{label}: skipped: {run['skipped']}"
+    wait = f", data wait {run['data_wait_fraction']:.1%}" if run.get("data_wait_fraction") is not None else ""
+    return (f"{label}: exit {run['exit_code']}, {run['terminal']}, {run['steps']} steps, last loss "
+            f"{run['final_loss']}{wait}, {run['seconds']:.1f} s")
+
+
 def describe_row(row: dict) -> str:
     head = f"{row['model']:<13} batch {row['batch_size']:>5}  {row['variant']:<20}"
     if row["status"] != "ok":
@@ -383,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict = {"tool": "tideborn.tools.bench_gpu", "tideborn": tideborn.__version__, "quick": args.quick,
                      "started_at": time.time(), "device": device_info(args.device, args.peak_tflops),
-                     "smoke": None, "models": {}, "sweep": [], "finished": False}
+                     "smoke": None, "teacher": None, "models": {}, "sweep": [], "finished": False}
 
     def save() -> None:
         results["seconds"] = time.perf_counter() - plan.started
@@ -395,9 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.skip_smoke:
             results["smoke"] = smoke_run(args.device, args.out, timeout_seconds=min(180.0, plan.left() / 3))
-            smoke = results["smoke"]
-            print(f"smoke run: exit {smoke['exit_code']}, {smoke['terminal']}, {smoke['steps']} steps, last loss "
-                  f"{smoke['final_loss']}, {smoke['seconds']:.1f} s", flush=True)
+            print(describe_run("smoke run", results["smoke"]), flush=True)
+            save()
+            results["teacher"] = teacher_run(args.device, args.out, timeout_seconds=min(180.0, plan.left() / 3))
+            print(describe_run("teacher-data run", results["teacher"]), flush=True)
             save()
         sweep(plan, results, save)
         results["finished"] = True

@@ -39,6 +39,20 @@ def _smoke(smoke: dict | None) -> list[str]:
             f"exit status {smoke['exit_code']}, no step was logged; log: `{smoke['log']}`.", *_gpu_event(smoke)]
 
 
+def _teacher(run: dict | None) -> list[str]:
+    if run is None:
+        return ["Not run (`--skip-smoke`)."]
+    if run.get("skipped"):
+        return [f"Skipped: {run['skipped']}."]
+    lines = _smoke(run)
+    lines[0] = lines[0].replace("`configs/smoke.toml` with `runtime.device` set",
+                                f"`configs/smoke.toml` on {run.get('records', 0):,} random-play hcpe records with "
+                                f"2 decoding workers")
+    if run.get("data_wait_fraction") is not None:
+        lines.insert(1, f"\nWaiting for data: {run['data_wait_fraction']:.1%} of step time after the first window.")
+    return lines
+
+
 def _gpu_event(smoke: dict) -> list[str]:
     """The run's first `gpu` event: what NVML reported through the trainer (absent figures: None)."""
     event = smoke.get("gpu_event")
@@ -108,6 +122,7 @@ def render_markdown(results: dict) -> str:
              f"{when}, tideborn {results['tideborn']}, {'quick' if results['quick'] else 'full'} sweep, "
              f"{status} after {results.get('seconds', 0):.0f} s.", "", _device_line(device) + ".", "",
              "## Smoke run", "", *_smoke(results.get("smoke")), "",
+             "## Teacher-data run", "", *_teacher(results.get("teacher")), "",
              "## Training throughput", "",
              "The trainer's own step (`TrainingState.train_step`) on premade synthetic batches. Positions/s is the "
              "median of the repetitions after warm-up; MFU = positions/s x 3 x forward FLOPs per position / dense "

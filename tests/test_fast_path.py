@@ -168,7 +168,7 @@ def test_the_sweep_measures_the_defaults_first_then_every_switch_at_the_middle_b
 
 def test_the_gpu_checks_teacher_data_run_trains_on_random_play_records(tmp_path: Path) -> None:
     # The teacher path (decoding workers; on CUDA pinned memory and asynchronous copies) on hcpe records
-    # of random legal games, which the check writes itself where no game records are at hand.
+    # of seeded random games, which the check writes itself where no game records are at hand.
     out = tmp_path / "out"
     out.mkdir()
     run = bench_gpu.teacher_run("cpu", out, timeout_seconds=240)

@@ -142,44 +142,12 @@ def device_info(device: str, peak_tflops: float | None) -> dict:
 
 # -- the smoke runs -----------------------------------------------------------------------------------
 
-TEACHER_GAMES = 120
-"""Random-play games for the teacher-data run: about 14,000 positions (550 KB of hcpe)."""
+TEACHER_POSITIONS = 14_000
+"""Positions of seeded random games for the teacher-data run (530 KB of hcpe)."""
 TEACHER_SETS = ('data.kind="hcpe"', "data.test=[]", "data.workers=2", "optim.batch_size=256",
                 "runtime.max_steps=60", "runtime.log_every=10", "runtime.checkpoint_every=30", "runtime.threads=0")
 """On top of configs/smoke.toml: the real teacher path (decoding workers, pinned memory, copies that
 overlap the step on CUDA) for 60 steps of the small net."""
-
-
-def random_play_hcpe(path: Path, games: int, seed: int = 0, max_plies: int = 120) -> int:
-    """Write hcpe records of `games` random legal games (real positions and legal moves, meaningless play)
-    to `path`; the number of records. Teacher-format data for a machine without game records; needs cshogi."""
-    import random
-
-    import cshogi
-    import numpy as np
-
-    from tideborn.data.convert import game_records
-    from tideborn.data.games import Game
-
-    rng = random.Random(seed)
-    board = cshogi.Board()
-    parts = []
-    for number in range(games):
-        board.reset()
-        moves: list[int] = []
-        while len(moves) < max_plies and not board.is_game_over():
-            move = rng.choice(list(board.legal_moves))
-            moves.append(move)
-            board.push(move)
-        # Mated: the side to move lost. Cut off at max_plies: a draw.
-        result = ((cshogi.WHITE_WIN if board.turn == cshogi.BLACK else cshogi.BLACK_WIN) if board.is_game_over()
-                  else cshogi.DRAW)
-        records = game_records(Game(f"random#{number}", cshogi.STARTING_SFEN, moves, result), board)
-        assert not isinstance(records, str), records  # every move was legal by construction
-        parts.append(records)
-    data = np.concatenate(parts)
-    data.tofile(path)
-    return len(data)
 
 
 def smoke_run(device: str, out: Path, timeout_seconds: float) -> dict:
@@ -194,9 +162,13 @@ def teacher_run(device: str, out: Path, timeout_seconds: float) -> dict:
 
     if importlib.util.find_spec("cshogi") is None:
         return {"skipped": "cshogi is not installed here (carry its wheel to run the teacher-data path)"}
+    from tideborn.tools.bench_data import random_game_records  # imports cshogi
+
     with tempfile.TemporaryDirectory(prefix="tideborn-teacher-data-") as scratch:
         data = Path(scratch) / "random-play.hcpe"
-        records = random_play_hcpe(data, TEACHER_GAMES)
+        generated = random_game_records(TEACHER_POSITIONS, seed=0)
+        generated.tofile(data)
+        records = len(generated)
         result = training_run("teacher", device, out,
                               (*TEACHER_SETS, f"data.train=[{json.dumps(str(data))}]"), timeout_seconds)
     result["records"] = records

@@ -46,7 +46,7 @@ def _teacher(run: dict | None) -> list[str]:
         return [f"Skipped: {run['skipped']}."]
     lines = _smoke(run)
     lines[0] = lines[0].replace("`configs/smoke.toml` with `runtime.device` set",
-                                f"`configs/smoke.toml` on {run.get('records', 0):,} random-play hcpe records with "
+                                f"`configs/smoke.toml` on {run.get('records', 0):,} hcpe records of random games with "
                                 f"2 decoding workers")
     if run.get("data_wait_fraction") is not None:
         lines.insert(1, f"\nWaiting for data: {run['data_wait_fraction']:.1%} of step time after the first window.")

@@ -27,7 +27,7 @@ def gpu_snapshot(device: torch.device) -> dict | None:
             "index": index,
             "name": properties.name,
             "utilization_percent": _maybe(torch.cuda.utilization, index),
-            "memory_used_bytes": _maybe(torch.cuda.device_memory_used, index),
+            "memory_used_bytes": _maybe(lambda i: torch.cuda.device_memory_used(i), index),  # older torch: None
             "memory_total_bytes": properties.total_memory,
             "temperature_c": _maybe(torch.cuda.temperature, index),
             "power_watts": (lambda mw: mw / 1000 if mw is not None else None)(_maybe(torch.cuda.power_draw, index)),

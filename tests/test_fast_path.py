@@ -181,3 +181,34 @@ def test_the_gpu_checks_teacher_data_run_trains_on_random_play_records(tmp_path:
     # Every random-play record decodes: no record was skipped as illegal.
     assert not [e for e in events if e["kind"] == "warning"], [e for e in events if e["kind"] == "warning"]
     assert sorted(p.name for p in out.iterdir()) == ["teacher-events.jsonl", "teacher-train.log"]
+
+
+def test_the_gpu_event_reads_other_gpus_through_nvml_only(monkeypatch) -> None:
+    # torch.cuda.mem_get_info would create a CUDA context (half a GiB) on every GPU it is asked about: on
+    # the other ranks' GPUs under torchrun. The event takes memory from NVML instead, and a figure NVML
+    # cannot give is None. (The CUDA queries are stubbed: there is no GPU here; gpu-check runs the real one.)
+    from types import SimpleNamespace
+
+    from tideborn.trainer.gpu_stats import gpu_snapshot
+
+    def no_nvml(index=None):
+        raise RuntimeError("pynvml does not seem to be installed")
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("mem_get_info creates a CUDA context on the device it asks about")
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(name=f"GPU {i}", total_memory=80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", forbidden)
+    monkeypatch.setattr(torch.cuda, "device_memory_used", lambda i: (i + 1) * 2**30)
+    for name in ("utilization", "temperature", "power_draw"):
+        monkeypatch.setattr(torch.cuda, name, no_nvml)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 5)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 3)
+
+    snapshot = gpu_snapshot(torch.device("cuda", 0))
+    assert [d["memory_used_bytes"] for d in snapshot["devices"]] == [2**30, 2 * 2**30]
+    assert all(d["memory_total_bytes"] == 80 * 2**30 for d in snapshot["devices"])
+    assert all(d["utilization_percent"] is None and d["power_watts"] is None for d in snapshot["devices"])
+    assert gpu_snapshot(torch.device("cpu")) is None

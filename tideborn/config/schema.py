@@ -245,6 +245,9 @@ class RuntimeSettings:
     """Compile the model with `torch.compile` (slower start, faster steps)."""
     fused_optimizer: bool = True
     """Use the fused (single-kernel) optimizer step on CUDA; ignored on the CPU."""
+    pin_memory: bool = True
+    """Teacher batches reach CUDA from pinned host memory by asynchronous copies that overlap the step; off:
+    pageable memory and blocking copies. Ignored on the CPU and for synthetic data (made on the device)."""
     threads: int = 0
     """CPU threads for torch (`torch.set_num_threads`); 0 keeps torch's default."""
     out_dir: str = "ckpt/default"

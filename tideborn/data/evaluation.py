@@ -41,6 +41,7 @@ class Evaluator:
             raise UserError("data.test: no files given; evaluation needs held-out data")
         data = settings.data
         self.device = torch.device(device)
+        self.pinned = settings.runtime.pin_memory
         self.batch_size = batch_size or settings.optim.micro_batch_size
         decoder = Decoder(records.kind, data.eval_scale, settings.loss.value_lambda, data.bad_records)
         indices = evaluation_indices(len(records), data.eval_positions, settings.runtime.seed)
@@ -85,7 +86,7 @@ class Evaluator:
                     stop = start + self.batch_size
                     item = {"features1": self.features1[start:stop], "features2": self.features2[start:stop],
                             "policy": self.policy[start:stop], "value": self.value[start:stop]}
-                    batch = to_device_batch(item, self.device)
+                    batch = to_device_batch(item, self.device, self.pinned)
                     result = self.result[start:stop].to(self.device)
                     policy_logits, value_logit = model(batch.features1, batch.features2)
                     policy_logits, value_logit = policy_logits.float(), value_logit.float()

@@ -98,13 +98,14 @@ class _CursorSampler(Sampler):
             epoch, batch = self.order.following(epoch, batch)
 
 
-def to_device_batch(item: dict, device: torch.device) -> Batch:
-    """Decoded uint8 planes to the float tensors the model takes, on `device` (copies overlap on CUDA).
+def to_device_batch(item: dict, device: torch.device, pinned: bool = True) -> Batch:
+    """Decoded uint8 planes to the float tensors the model takes, on `device`. On CUDA with `pinned`
+    (`runtime.pin_memory`) the copies come from pinned memory and overlap the step.
 
     `features2` is the [n, 57] hand/check values broadcast to [n, 57, 9, 9] (a stride-0 view: the
     convolution or a `.contiguous()` materialises it, so it is not copied twice).
     """
-    non_blocking = device.type == "cuda"
+    non_blocking = device.type == "cuda" and pinned
     planes, hands = torch.as_tensor(item["features1"]), torch.as_tensor(item["features2"])
     if device.type == "cpu":
         # numpy widens in one pass; torch's threaded cast is several times slower on a busy 2-core host
@@ -116,15 +117,16 @@ def to_device_batch(item: dict, device: torch.device) -> Batch:
         # host wait for the GPU. (Pinned blocks come from torch's caching host allocator, which reuses a
         # block only once the copy that read it is done.)
         features1 = planes.to(device, non_blocking=non_blocking).float()
-        hands = _to_device(item["features2"], device).float()
+        hands = _to_device(item["features2"], device, non_blocking).float()
     n = hands.shape[0]
     features2 = hands.view(n, -1, 1, 1).expand(n, hands.shape[1], 9, 9)
-    return Batch(features1, features2, _to_device(item["policy"], device), _to_device(item["value"], device))
+    return Batch(features1, features2, _to_device(item["policy"], device, non_blocking),
+                 _to_device(item["value"], device, non_blocking))
 
 
-def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+def _to_device(array: np.ndarray, device: torch.device, non_blocking: bool) -> torch.Tensor:
     tensor = torch.as_tensor(array)
-    if device.type == "cuda":
+    if non_blocking:
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
 
@@ -137,6 +139,7 @@ class TeacherBatches:
         data = settings.data
         self.settings = settings
         self.device = torch.device(device)
+        self.pinned = self.device.type == "cuda" and settings.runtime.pin_memory
         self.records = training_records(settings)
         self.kind = self.records.kind
         batch_size = micro_batch_size or settings.optim.micro_batch_size
@@ -164,7 +167,7 @@ class TeacherBatches:
         extra = {"prefetch_factor": self.settings.data.prefetch_batches} if workers else {}
         self._loader = DataLoader(
             dataset, batch_size=None, sampler=_CursorSampler(self.order, self.epoch, self.batch_in_epoch),
-            num_workers=workers, pin_memory=self.device.type == "cuda", collate_fn=_as_decoded, **extra)
+            num_workers=workers, pin_memory=self.pinned, collate_fn=_as_decoded, **extra)
         self._iterator = iter(self._loader)
 
     def next_batch(self) -> Batch:
@@ -182,7 +185,7 @@ class TeacherBatches:
                 self.skipped_records += 1
                 self.skipped_examples.append(f"{where}: {reason}")
             if item["policy"].shape[0]:
-                return to_device_batch(item, self.device)
+                return to_device_batch(item, self.device, self.pinned)
             # every record of this batch was skipped: take the next one rather than train on nothing
             empty_batches += 1
             if empty_batches >= self.order.batches_per_epoch:

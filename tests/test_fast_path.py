@@ -120,33 +120,32 @@ def test_compile_time_is_reported_as_an_event(tmp_path):
     assert compiled["step"] == 1 and compiled["first_step_seconds"] > 0
 
 
-@pytest.mark.parametrize("native_bf16, requested, expected", [
-    (True, "auto", "bf16"), (False, "auto", "fp16"), (True, "bf16", "bf16"), (False, "fp16", "fp16"),
-    (False, "bf16", 'runtime.precision="bf16": Tesla V100 has no native bf16'),
+@pytest.mark.parametrize("capability, requested, expected", [
+    ((9, 0), "auto", "bf16"), ((8, 6), "auto", "bf16"), ((7, 0), "auto", "fp16"), ((6, 1), "auto", "fp32"),
+    ((8, 0), "bf16", "bf16"), ((7, 5), "fp16", "fp16"),
+    ((7, 5), "bf16", 'runtime.precision="bf16": GPU 1 has no native bf16'),
 ])
-def test_auto_precision_takes_bf16_only_where_the_gpu_has_it_natively(monkeypatch, native_bf16: bool,
-                                                                      requested: str, expected: str) -> None:
-    # The choice itself, with the CUDA queries answered as a GPU would (no GPU here); the real CUDA path
-    # runs in scripts/gpu-check.sh.
+def test_auto_precision_takes_bf16_only_where_the_training_gpu_has_it_natively(
+        monkeypatch, capability: tuple[int, int], requested: str, expected: str) -> None:
+    # The choice itself, with the CUDA queries answered as a two-GPU machine would (no GPU here; the real
+    # CUDA path runs in scripts/gpu-check.sh). GPU 0 is always Hopper: the answer must come from the
+    # training device, cuda:1, not from the current device.
     from tideborn.config.schema import RuntimeSettings
     from tideborn.errors import UserError
     from tideborn.trainer.device import resolve_device
 
-    asked = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
-                        lambda including_emulation=True: asked.append(including_emulation) or native_bf16
-                        or including_emulation)
-    runtime = RuntimeSettings(device="cuda", precision=requested)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"GPU {torch.device(device).index}")
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: capability if torch.device(device).index == 1 else (9, 0))
+    runtime = RuntimeSettings(device="cuda:1", precision=requested)
     if expected.startswith("runtime."):
         with pytest.raises(UserError, match=expected):
             resolve_device(runtime)
     else:
         assert resolve_device(runtime).precision == expected
-    assert asked and not any(asked), "the emulated bf16 must not count"
 
 
 def test_the_sweep_measures_the_defaults_first_then_every_switch_at_the_middle_batch() -> None:
@@ -186,7 +185,7 @@ def test_the_gpu_checks_teacher_data_run_trains_on_random_play_records(tmp_path:
 def test_the_gpu_event_reads_other_gpus_through_nvml_only(monkeypatch) -> None:
     # torch.cuda.mem_get_info would create a CUDA context (half a GiB) on every GPU it is asked about: on
     # the other ranks' GPUs under torchrun. The event takes memory from NVML instead, and a figure NVML
-    # cannot give is None. (The CUDA queries are stubbed: there is no GPU here; gpu-check runs the real one.)
+    # cannot give is None (memory excepted on the training GPU, below). (The CUDA queries are stubbed: there is no GPU here; gpu-check runs the real one.)
     from types import SimpleNamespace
 
     from tideborn.trainer.gpu_stats import gpu_snapshot
@@ -212,3 +211,10 @@ def test_the_gpu_event_reads_other_gpus_through_nvml_only(monkeypatch) -> None:
     assert all(d["memory_total_bytes"] == 80 * 2**30 for d in snapshot["devices"])
     assert all(d["utilization_percent"] is None and d["power_watts"] is None for d in snapshot["devices"])
     assert gpu_snapshot(torch.device("cpu")) is None
+
+    # Without NVML: the training GPU (which has its context already) answers through CUDA; no other does.
+    asked = []
+    monkeypatch.setattr(torch.cuda, "device_memory_used", no_nvml)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: asked.append(i) or (30 * 2**30, 80 * 2**30))
+    snapshot = gpu_snapshot(torch.device("cuda", 1))
+    assert [d["memory_used_bytes"] for d in snapshot["devices"]] == [None, 50 * 2**30] and asked == [1]

@@ -103,3 +103,26 @@ def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(template_run:
     assert "warning: skipped unusable checkpoint" in result.stdout and "step-000000004.pt" in result.stdout
     assert f"resuming from {run_dir / 'step-000000002.pt'} at step 2" in result.stdout, describe(result)
     assert load_checkpoint(newest)["step"] == 4  # written again, whole, by the resumed run
+
+
+def test_a_changed_learning_rate_and_decay_take_effect_on_resume(tmp_path: Path) -> None:
+    # changed_settings lists them; the resumed steps must also use them (the checkpoint's optimizer state
+    # holds the old ones).
+    from tideborn.config.schema import OptimSettings
+    from tideborn.trainer.optim import lr_factor
+
+    run = tmp_path / "run"
+    sets = ("runtime.max_steps=12", "runtime.log_every=1", "optim.batch_size=16", "runtime.progress=plain")
+    train(run, *sets, cwd=tmp_path, extra=["--stop-at-step", "6"])
+    first = len(events_of(run))
+    train(run, *sets, "optim.lr=0.01", "optim.weight_decay=0.001", cwd=tmp_path)
+
+    resumed = events_of(run)[first:]
+    assert resumed[0]["changed_settings"]["optim.lr"] == [0.05, 0.01]
+    smoke = OptimSettings(lr=0.01, warmup_steps=2, schedule="cosine")  # configs/smoke.toml's, lr changed
+    for event in step_events(resumed):
+        # the rate of the update that made step N is lr_factor(N - 1)
+        assert event["lr"] == pytest.approx(0.01 * lr_factor(event["step"] - 1, smoke, 12), rel=1e-12), event
+    groups = load_checkpoint(run / "step-000000012.pt")["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.001, 0.0]
+    assert all(g["initial_lr"] == 0.01 for g in groups)

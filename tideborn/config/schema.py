@@ -236,7 +236,8 @@ class RuntimeSettings:
     """`auto` (CUDA if available, else CPU), `cpu`, `cuda` or `cuda:N`."""
     precision: str = "auto"
     """Autocast precision: `auto` (bf16 on a GPU with native bf16, Ampere or newer; fp16 with a grad scaler on
-    older GPUs, where bf16 is only emulated; fp32 on the CPU), `fp32`, `bf16`, or `fp16` (with a grad scaler)."""
+    Volta and Turing, where bf16 is only emulated; fp32 on older GPUs and the CPU), `fp32`, `bf16`, or `fp16`
+    (with a grad scaler)."""
     tf32: bool = True
     """Allow TF32 matrix multiplies and convolutions on CUDA."""
     channels_last: bool = True

@@ -60,6 +60,9 @@ class Evaluator:
         self.policy = torch.from_numpy(np.concatenate([p.policy for p in parts]))
         self.value = torch.from_numpy(np.concatenate([p.value for p in parts]))
         self.result = torch.from_numpy(np.concatenate([p.result for p in parts]))
+        if self.device.type == "cuda" and self.pinned:  # pinned once: each batch's copy is then asynchronous
+            self.features1, self.features2 = self.features1.pin_memory(), self.features2.pin_memory()
+            self.policy, self.value = self.policy.pin_memory(), self.value.pin_memory()
         if not len(self.policy):
             raise UserError(f"data.test: none of the {len(indices)} sampled records has a legal move")
 

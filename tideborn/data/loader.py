@@ -127,7 +127,7 @@ def to_device_batch(item: dict, device: torch.device, pinned: bool = True) -> Ba
 def _to_device(array: np.ndarray, device: torch.device, non_blocking: bool) -> torch.Tensor:
     tensor = torch.as_tensor(array)
     if non_blocking:
-        return tensor.pin_memory().to(device, non_blocking=True)
+        return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
     return tensor.to(device)
 
 

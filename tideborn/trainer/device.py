@@ -71,11 +71,13 @@ def resolve_device(runtime: RuntimeSettings, local_rank: int | None = None) -> D
             raise UserError(f"LOCAL_RANK {local_rank} has no GPU: only {torch.cuda.device_count()} visible; "
                             "start no more processes per node than GPUs")
     precision = runtime.precision
-    # Native bf16 only: by default is_bf16_supported() also says yes where bf16 is emulated (V100, T4),
-    # many times slower than fp16 on those GPUs' tensor cores.
-    native_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+    # Asked of the training device itself (torch.cuda.is_bf16_supported asks the current device, which is
+    # GPU 0 until set_device). Native bf16 needs Ampere (8.0) or newer; V100 and T4 (7.x) only emulate it,
+    # many times slower than fp16 on their tensor cores; older GPUs have no fp16 tensor cores either.
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)
+    native_bf16 = capability >= (8, 0)
     if precision == "auto":
-        precision = ("bf16" if native_bf16 else "fp16") if device.type == "cuda" else "fp32"
+        precision = "bf16" if native_bf16 else "fp16" if capability >= (7, 0) else "fp32"
     if precision == "fp16" and device.type != "cuda":
         raise UserError("runtime.precision=\"fp16\" needs CUDA (its grad scaler is CUDA-only); "
                         "use \"bf16\" or \"fp32\" on the CPU")

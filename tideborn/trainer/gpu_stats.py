@@ -14,6 +14,15 @@ def _maybe(read, device: int):
         return None
 
 
+def _memory_used(index: int, training: torch.device) -> int | None:
+    """NVML's figure; without NVML, CUDA's own for the training GPU only, which already has a context."""
+    used = _maybe(lambda i: torch.cuda.device_memory_used(i), index)
+    if used is None and index == training.index:
+        free_total = _maybe(torch.cuda.mem_get_info, index)
+        used = free_total[1] - free_total[0] if free_total else None
+    return used
+
+
 def gpu_snapshot(device: torch.device) -> dict | None:
     """The `gpu` event's fields for every visible CUDA device, or None when not training on CUDA."""
     if device.type != "cuda":
@@ -27,7 +36,7 @@ def gpu_snapshot(device: torch.device) -> dict | None:
             "index": index,
             "name": properties.name,
             "utilization_percent": _maybe(torch.cuda.utilization, index),
-            "memory_used_bytes": _maybe(lambda i: torch.cuda.device_memory_used(i), index),  # older torch: None
+            "memory_used_bytes": _memory_used(index, device),
             "memory_total_bytes": properties.total_memory,
             "temperature_c": _maybe(torch.cuda.temperature, index),
             "power_watts": (lambda mw: mw / 1000 if mw is not None else None)(_maybe(torch.cuda.power_draw, index)),

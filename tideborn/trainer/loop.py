@@ -258,11 +258,13 @@ class Trainer:
             if self.step % runtime.log_every == 0 or final:
                 means = log_window()
                 if runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):
+                    stop_vote.drain()
                     return self._fail_nonfinite(means)
             if state.evaluator is not None and (self.step % runtime.eval_every == 0 or final):
                 self._evaluate()
             if self.step % runtime.checkpoint_every == 0 or final:
                 if not self._finite_window(window, window_steps):
+                    stop_vote.drain()
                     return self._fail_nonfinite(mean_over_ranks(window / window_steps, env).tolist())
                 last_saved, saved_step = self._save(), self.step
         stop_vote.drain()

@@ -27,19 +27,22 @@ def build_optimizer(model: torch.nn.Module, optim: OptimSettings, fused: bool = 
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
-    """Restore a checkpoint's optimizer state into `optimizer`, keeping how this run built it.
+    """Restore a checkpoint's optimizer state (momentum buffers, step counts) into `optimizer`, keeping
+    everything else as this run built it.
 
-    `Optimizer.load_state_dict` would take the saved groups' `fused`/`foreach` flags (a checkpoint from a
-    CPU run, or from `runtime.fused_optimizer=false`, would silently run another kernel, and fp16's grad
-    scaler would hand `found_inf` to a non-fused step, which refuses it) and keep each state tensor's
-    memory layout (after a `runtime.channels_last` change, CUDA's fused kernels refuse momentum buffers
-    whose strides differ from their parameter's). So the flags come from this run, and every state
-    tensor takes its parameter's layout.
+    `Optimizer.load_state_dict` would take the saved groups' settings: a changed `optim.lr`,
+    `optim.weight_decay`, momentum or betas would be listed in `run_started.changed_settings` and then
+    silently ignored; the saved `fused`/`foreach` flags would run another kernel than this run's settings
+    and device choose (fp16's grad scaler hands `found_inf` to a fused step, which a non-fused one refuses);
+    and each state tensor would keep its saved memory layout (after a `runtime.channels_last` change,
+    CUDA's fused kernels need buffers laid out like their parameters, and the CPU's silently compute
+    wrong updates). So the groups' settings come from this run (the learning rate is then set by
+    `load_scheduler_state`), and every state tensor takes its parameter's layout.
     """
-    built = [{key: group[key] for key in ("fused", "foreach") if key in group} for group in optimizer.param_groups]
+    mine = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
     state_dict = dict(state_dict)
     # Before loading: load_state_dict reads `fused` from these groups to decide where `step` lives.
-    state_dict["param_groups"] = [{**saved, **flags} for saved, flags in zip(state_dict["param_groups"], built)]
+    state_dict["param_groups"] = [{**saved, **ours} for saved, ours in zip(state_dict["param_groups"], mine)]
     optimizer.load_state_dict(state_dict)
     for group in optimizer.param_groups:
         for param in group["params"]:
@@ -48,6 +51,18 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> 
                 if (isinstance(value, torch.Tensor) and value.shape == param.shape
                         and value.stride() != param.stride()):
                     state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
+def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state_dict: dict) -> None:
+    """Restore the schedule's position (its step), with this run's base rate (`optim.lr`) and shape rather
+    than the checkpoint's, so that a changed `optim.lr`, schedule or `max_steps` applies from here on. With
+    nothing changed the rate is the one a run that never stopped has, to the bit (same formula)."""
+    scheduler.load_state_dict(state_dict)
+    optimizer = scheduler.optimizer
+    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 def lr_factor(step: int, optim: OptimSettings, max_steps: int) -> float:

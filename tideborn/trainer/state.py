@@ -22,7 +22,12 @@ from tideborn.trainer.device import DeviceSetup, apply_global_switches
 from tideborn.trainer.distributed import AllReduceCounter, check_ranks_in_sync
 from tideborn.trainer.ema import WeightAverage
 from tideborn.trainer.model import build_model
-from tideborn.trainer.optim import build_optimizer, build_scheduler, load_optimizer_state
+from tideborn.trainer.optim import (
+    build_optimizer,
+    build_scheduler,
+    load_optimizer_state,
+    load_scheduler_state,
+)
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.synthetic import SyntheticBatches
@@ -93,7 +98,7 @@ class TrainingState:
             payload = start.payload
             self.model.load_state_dict(payload["model"])
             load_optimizer_state(self.optimizer, payload["optimizer"])
-            self.scheduler.load_state_dict(payload["scheduler"])
+            load_scheduler_state(self.scheduler, payload["scheduler"])
             if self.scaler is not None and payload.get("scaler"):
                 self.scaler.load_state_dict(payload["scaler"])
             if self.ema is not None and payload.get("ema"):

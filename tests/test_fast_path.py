@@ -185,7 +185,8 @@ def test_the_gpu_checks_teacher_data_run_trains_on_random_play_records(tmp_path:
 def test_the_gpu_event_reads_other_gpus_through_nvml_only(monkeypatch) -> None:
     # torch.cuda.mem_get_info would create a CUDA context (half a GiB) on every GPU it is asked about: on
     # the other ranks' GPUs under torchrun. The event takes memory from NVML instead, and a figure NVML
-    # cannot give is None (memory excepted on the training GPU, below). (The CUDA queries are stubbed: there is no GPU here; gpu-check runs the real one.)
+    # cannot give is None (memory excepted on the training GPU, below). The CUDA queries are stubbed:
+    # there is no GPU here; gpu-check runs the real ones.
     from types import SimpleNamespace
 
     from tideborn.trainer.gpu_stats import gpu_snapshot

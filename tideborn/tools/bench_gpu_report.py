@@ -27,16 +27,7 @@ def _device_line(device: dict) -> str:
 def _smoke(smoke: dict | None) -> list[str]:
     if smoke is None:
         return ["Not run (`--skip-smoke`)."]
-    if smoke.get("error"):
-        return [f"**{smoke['error']}**; log: `{smoke['log']}`."]
-    rate = smoke.get("positions_per_second")
-    return [f"`configs/smoke.toml` with `runtime.device` set: exit status {smoke['exit_code']}, terminal event "
-            f"`{smoke['terminal']}`, {smoke['steps']} steps, loss {_loss(smoke['first_loss'])} -> "
-            f"{_loss(smoke['final_loss'])}, last window {_rate(rate or 0)} positions/s, "
-            f"{smoke['seconds']:.1f} s in all "
-            f"(process start and torch import included). Device: `{smoke['device_used']}`. Log: `{smoke['log']}`."
-            if smoke.get("steps") else
-            f"exit status {smoke['exit_code']}, no step was logged; log: `{smoke['log']}`.", *_gpu_event(smoke)]
+    return _training_run(smoke, "`configs/smoke.toml` with `runtime.device` set")
 
 
 def _teacher(run: dict | None) -> list[str]:
@@ -44,13 +35,25 @@ def _teacher(run: dict | None) -> list[str]:
         return ["Not run (`--skip-smoke`)."]
     if run.get("skipped"):
         return [f"Skipped: {run['skipped']}."]
-    lines = _smoke(run)
-    lines[0] = lines[0].replace("`configs/smoke.toml` with `runtime.device` set",
-                                f"`configs/smoke.toml` on {run.get('records', 0):,} hcpe records of random games with "
-                                f"2 decoding workers")
-    if run.get("data_wait_fraction") is not None:
-        lines.insert(1, f"\nWaiting for data: {run['data_wait_fraction']:.1%} of step time after the first window.")
-    return lines
+    return _training_run(run, f"`configs/smoke.toml` on {run.get('records', 0):,} hcpe records of random games "
+                              f"with 2 decoding workers", data_wait=True)
+
+
+def _training_run(run: dict, what: str, data_wait: bool = False) -> list[str]:
+    """One `tideborn train` process of the check (`bench_gpu.training_run`'s figures), described as `what`."""
+    if run.get("error"):
+        return [f"**{run['error']}**; log: `{run['log']}`."]
+    rate = run.get("positions_per_second")
+    lines = [f"{what}: exit status {run['exit_code']}, terminal event "
+             f"`{run['terminal']}`, {run['steps']} steps, loss {_loss(run['first_loss'])} -> "
+             f"{_loss(run['final_loss'])}, last window {_rate(rate or 0)} positions/s, "
+             f"{run['seconds']:.1f} s in all "
+             f"(process start and torch import included). Device: `{run['device_used']}`. Log: `{run['log']}`."
+             if run.get("steps") else
+             f"exit status {run['exit_code']}, no step was logged; log: `{run['log']}`."]
+    if data_wait and run.get("data_wait_fraction") is not None:
+        lines.append(f"\nWaiting for data: {run['data_wait_fraction']:.1%} of step time after the first window.")
+    return lines + _gpu_event(run)
 
 
 def _gpu_event(smoke: dict) -> list[str]:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from tideborn.config.schema import Settings
 from tideborn.data.features import BadRecord, Decoder
-from tideborn.data.loader import to_device_batch
+from tideborn.data.loader import pins_memory, to_device_batch
 from tideborn.data.records import RecordSet, held_out_records
 from tideborn.errors import UserError
 
@@ -41,7 +41,7 @@ class Evaluator:
             raise UserError("data.test: no files given; evaluation needs held-out data")
         data = settings.data
         self.device = torch.device(device)
-        self.pinned = settings.runtime.pin_memory
+        self.pinned = pins_memory(self.device, settings)
         self.batch_size = batch_size or settings.optim.micro_batch_size
         decoder = Decoder(records.kind, data.eval_scale, settings.loss.value_lambda, data.bad_records)
         indices = evaluation_indices(len(records), data.eval_positions, settings.runtime.seed)
@@ -60,7 +60,7 @@ class Evaluator:
         self.policy = torch.from_numpy(np.concatenate([p.policy for p in parts]))
         self.value = torch.from_numpy(np.concatenate([p.value for p in parts]))
         self.result = torch.from_numpy(np.concatenate([p.result for p in parts]))
-        if self.device.type == "cuda" and self.pinned:  # pinned once: each batch's copy is then asynchronous
+        if self.pinned:  # pinned once: each batch's copy is then asynchronous
             self.features1, self.features2 = self.features1.pin_memory(), self.features2.pin_memory()
             self.policy, self.value = self.policy.pin_memory(), self.value.pin_memory()
         if not len(self.policy):

@@ -98,6 +98,11 @@ class _CursorSampler(Sampler):
             epoch, batch = self.order.following(epoch, batch)
 
 
+def pins_memory(device: torch.device, settings: Settings) -> bool:
+    """Whether batches for `device` are staged in pinned memory (`runtime.pin_memory`, CUDA only)."""
+    return device.type == "cuda" and settings.runtime.pin_memory
+
+
 def to_device_batch(item: dict, device: torch.device, pinned: bool = True) -> Batch:
     """Decoded uint8 planes to the float tensors the model takes, on `device`. On CUDA with `pinned`
     (`runtime.pin_memory`) the copies come from pinned memory and overlap the step.
@@ -113,18 +118,18 @@ def to_device_batch(item: dict, device: torch.device, pinned: bool = True) -> Ba
         hands = torch.from_numpy(hands.numpy().astype(np.float32))
     else:
         # DataLoader pins the planes (a tensor); the small arrays arrive as numpy, which it leaves alone.
-        # Pinned here too, so that every copy is asynchronous: a copy from pageable memory can make the
-        # host wait for the GPU. (Pinned blocks come from torch's caching host allocator, which reuses a
-        # block only once the copy that read it is done.)
-        features1 = planes.to(device, non_blocking=non_blocking).float()
-        hands = _to_device(item["features2"], device, non_blocking).float()
+        # Whatever is not pinned yet is pinned here, so that every copy is asynchronous: a copy from
+        # pageable memory can make the host wait for the GPU. (Pinned blocks come from torch's caching host
+        # allocator, which reuses a block only once the copy that read it is done.)
+        features1 = _to_device(planes, device, non_blocking).float()
+        hands = _to_device(hands, device, non_blocking).float()
     n = hands.shape[0]
     features2 = hands.view(n, -1, 1, 1).expand(n, hands.shape[1], 9, 9)
     return Batch(features1, features2, _to_device(item["policy"], device, non_blocking),
                  _to_device(item["value"], device, non_blocking))
 
 
-def _to_device(array: np.ndarray, device: torch.device, non_blocking: bool) -> torch.Tensor:
+def _to_device(array: np.ndarray | torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
     tensor = torch.as_tensor(array)
     if non_blocking:
         return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
@@ -139,7 +144,7 @@ class TeacherBatches:
         data = settings.data
         self.settings = settings
         self.device = torch.device(device)
-        self.pinned = self.device.type == "cuda" and settings.runtime.pin_memory
+        self.pinned = pins_memory(self.device, settings)
         self.records = training_records(settings)
         self.kind = self.records.kind
         batch_size = micro_batch_size or settings.optim.micro_batch_size

@@ -290,21 +290,39 @@ def shift_lines(anomaly: Anomaly, by: int) -> Anomaly:
 
 @dataclass(frozen=True)
 class ProcessFacts:
-    """What the OS says about a pid, gathered by `tideborn.runstate.process_facts`."""
+    """What the OS says about a pid, gathered by `tideborn.runfiles.process_facts`."""
 
     pid: int
     running: bool
     """The pid exists and is not a zombie."""
     create_time: float | None = None
+    """Its start as a wall-clock time (psutil `create_time()`): boot time + start ticks, so it moves when
+    the clock is stepped."""
     name: str = ""
+    start_ticks: int | None = None
+    """Its start in clock ticks since boot (field 22 of /proc/PID/stat): does not move with the clock."""
+    boot_id: str | None = None
+    """Which boot of the host this is (/proc/sys/kernel/random/boot_id): start ticks restart at a reboot."""
+    start_ticks_slack: int = 0
+    """How far apart two readings of one process's `start_ticks` can be: 0 from /proc; a second's worth
+    where they are derived from psutil's wall-clock times (no /proc)."""
+    status: str = ""
+    """psutil's status: `stopped` for a process stopped by SIGSTOP or Ctrl-Z."""
 
 
-def same_process(facts: ProcessFacts, start_time: float | None = None, started_by: float | None = None) -> bool:
-    """Is the running pid still the process we mean? `start_time`: its recorded start time (train.pid);
-    else `started_by`: a time it had certainly started by (its `run_started` event), for runs started
-    in the foreground without a pid file."""
+def same_process(facts: ProcessFacts, start_time: float | None = None, started_by: float | None = None,
+                 start_ticks: int | None = None, boot_id: str | None = None) -> bool:
+    """Is the running pid still the process we mean? `start_ticks` (and `boot_id`): its recorded start in
+    clock ticks since boot, which no clock step moves: where both sides have them, they alone decide.
+    Else `start_time`: its recorded wall-clock start time (a train.pid older than start ticks); else
+    `started_by`: a time it had certainly started by (its `run_started` event), for runs started in
+    the foreground without a pid file."""
     if not facts.running:
         return False
+    if start_ticks is not None and facts.start_ticks is not None:
+        if boot_id and facts.boot_id and boot_id != facts.boot_id:
+            return False  # the host rebooted since: ticks count from a new boot
+        return abs(facts.start_ticks - start_ticks) <= facts.start_ticks_slack
     if facts.create_time is None:
         return True  # the OS would not say (access denied): trust the pid
     if start_time is not None:
@@ -316,16 +334,21 @@ def same_process(facts: ProcessFacts, start_time: float | None = None, started_b
 
 def vanished(facts: ProcessFacts, ended: bool, now: float, start_time: float | None = None,
              started_by: float | None = None, last_event: typing.Mapping | None = None,
-             last_log_line: str | None = None) -> Anomaly | None:
+             last_log_line: str | None = None, start_ticks: int | None = None,
+             boot_id: str | None = None) -> Anomaly | None:
     """The run should be going (no terminal event) but its process is gone or is another process.
     `last_event`: the launch's latest event; `last_log_line`: train.log's, for a run that wrote no event."""
-    if ended or same_process(facts, start_time, started_by):
+    if ended or same_process(facts, start_time, started_by, start_ticks, boot_id):
         return None
     evidence: dict = {"pid": facts.pid, "expected_start_time": start_time}
     if facts.running:
-        evidence.update(actual_start_time=facts.create_time, name=facts.name)
-        why = (f"pid {facts.pid} now belongs to another process ({facts.name or 'unnamed'}, started later: "
-               "the pid was reused) and the run wrote no terminal event")
+        # Both clocks, recorded and now: the wall-clock times alone cannot tell a reused pid from a clock step.
+        evidence.update(actual_start_time=facts.create_time, name=facts.name, expected_start_ticks=start_ticks,
+                        actual_start_ticks=facts.start_ticks)
+        if boot_id and facts.boot_id and boot_id != facts.boot_id:
+            evidence.update(expected_boot_id=boot_id, actual_boot_id=facts.boot_id)
+        why = (f"pid {facts.pid} now belongs to another process ({facts.name or 'unnamed'}, "
+               f"{identity_mismatch(facts, start_time, start_ticks, boot_id)}) and the run wrote no terminal event")
     else:
         why = f"process {facts.pid} is gone without writing run_finished, run_stopped or run_failed"
     if last_event is not None:
@@ -338,6 +361,19 @@ def vanished(facts: ProcessFacts, ended: bool, now: float, start_time: float | N
     else:
         why += "; it wrote no event (see train.log)"
     return Anomaly(VANISHED, why, evidence, now)
+
+
+def identity_mismatch(facts: ProcessFacts, start_time: float | None, start_ticks: int | None,
+                      boot_id: str | None) -> str:
+    """Why a live pid is not the recorded process, in words: which recorded start it fails to match."""
+    if start_ticks is not None and facts.start_ticks is not None:
+        if boot_id and facts.boot_id and boot_id != facts.boot_id:
+            return "the host rebooted since the run started: the pid was reused"
+        return f"started {facts.start_ticks} clock ticks after boot, not {start_ticks}: the pid was reused"
+    if start_time is not None and facts.create_time is not None:
+        return (f"its start time reads {facts.create_time - start_time:+.1f} s from the recorded one: the pid was "
+                "reused, or the clock was stepped since; the record has no boot-relative start to tell which")
+    return "started later: the pid was reused"
 
 
 def stalled(facts: ProcessFacts, alive: bool, ended: bool, last_output_time: float, now: float,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from tideborn.anomaly import same_process
+from tideborn.anomaly import ProcessFacts, identity_mismatch, same_process
 from tideborn.config import load_settings
 from tideborn.errors import UserError
 from tideborn.humanize import clock
@@ -37,7 +37,14 @@ from tideborn.rundir import (
     run_dir_of,
     write_atomically,
 )
-from tideborn.runfiles import LAUNCH_MARK, PidRecord, process_facts, read_pid_record, this_host
+from tideborn.runfiles import (
+    LAUNCH_MARK,
+    PidRecord,
+    boot_relative_start,
+    process_facts,
+    read_pid_record,
+    this_host,
+)
 from tideborn.trainer.cli import build_parser
 from tideborn.trainer.preflight import preflight
 
@@ -86,7 +93,7 @@ def live_holder(run_dir: Path) -> str | None:
             facts = None
         else:
             facts = process_facts(record.pid)
-        if facts is not None and same_process(facts, record.start_time):
+        if facts is not None and same_process(facts, **record.identity()):
             return f"pid {record.pid} (started {_clock(record.started_at)}, recorded in {run_dir / PID_FILE})"
     lock = run_dir / TRAINER_LOCK_FILE
     try:
@@ -168,7 +175,8 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
         start_time = psutil.Process(process.pid).create_time()
         record = PidRecord(pid=process.pid, start_time=start_time, host=this_host(), argv=argv,
                            started_at=started_at, cwd=str(cwd), log_offset=log_offset,
-                           events_offset=events_offset, events_inode=events_inode)
+                           events_offset=events_offset, events_inode=events_inode,
+                           **boot_relative_start(process.pid))
         write_text_atomically(run_dir / PID_FILE, json.dumps(record.to_dict(), indent=2) + "\n")
         launch = {"v": 1, "config": request.config,
                   "config_path": str((cwd / request.config).resolve()) if request.config else None,
@@ -206,11 +214,26 @@ def recorded_process(run_dir: Path) -> PidRecord:
     facts = process_facts(record.pid)
     if not facts.running:
         raise NotRunning(f"{run_dir}: the run is not running (pid {record.pid} has exited)")
-    if not same_process(facts, record.start_time):
+    if not same_process(facts, **record.identity()):
         raise NotRunning(f"{run_dir}: the run is not running: pid {record.pid} now belongs to another process "
-                         f"({facts.name}, started {_clock(facts.create_time or 0)}, not {_clock(record.start_time)}); "
-                         "nothing was signalled")
+                         f"({facts.name or 'unnamed'}, {not_recorded(facts, record)}); nothing was signalled. "
+                         f"{by_pid(record.pid)}")
     return record
+
+
+def not_recorded(facts: ProcessFacts, record: PidRecord) -> str:
+    """How a live pid differs from train.pid's record: both starts, wall clock and since boot."""
+    why = identity_mismatch(facts, record.start_time, record.start_ticks, record.boot_id)
+    ticks = (f"; since boot: {facts.start_ticks} ticks, recorded {record.start_ticks}"
+             if facts.start_ticks is not None and record.start_ticks is not None else "")
+    return (f"{why}; started {_clock(facts.create_time or 0)}, recorded {_clock(record.start_time)}{ticks}")
+
+
+def by_pid(pid: int) -> str:
+    """How to stop a process by hand, for when it cannot be identified as the run's."""
+    return (f"If you know pid {pid} is the trainer (ps -o pid,lstart,args -p {pid}), stop it by pid: kill -TERM {pid} "
+            f"(it saves a checkpoint and exits; send it once) or, losing the steps since the last checkpoint, "
+            f"kill -KILL {pid}")
 
 
 def signal_run(run_dir: Path, signum: int = signal.SIGTERM) -> PidRecord:
@@ -224,4 +247,4 @@ def signal_run(run_dir: Path, signum: int = signal.SIGTERM) -> PidRecord:
 
 
 def is_alive(record: PidRecord) -> bool:
-    return same_process(process_facts(record.pid), record.start_time)
+    return same_process(process_facts(record.pid), **record.identity())

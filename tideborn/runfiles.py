@@ -6,7 +6,9 @@ with, and whether a pid is (still) the process we mean. `tideborn.runstate` puts
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import socket
 import typing
 from dataclasses import dataclass
@@ -33,7 +35,8 @@ class PidRecord:
 
     pid: int
     start_time: float
-    """The process's start time as psutil reports it (`create_time()`)."""
+    """The process's start time as psutil reports it (`create_time()`): wall clock, so it moves when the
+    clock is stepped; it identifies the process only where `start_ticks` is missing (an older train.pid)."""
     host: str
     argv: list[str]
     started_at: float
@@ -45,11 +48,21 @@ class PidRecord:
     """Size of events.jsonl before this launch: its `run_started` is the first one after this offset..."""
     events_inode: int | None = None
     """...if events.jsonl is still this file (`--fresh` moves it to the archive and starts a new one)."""
+    start_ticks: int | None = None
+    """The process's start in clock ticks since boot (`process_start_ticks`): what identifies it, since
+    no clock step moves it. None in a train.pid written before this field existed."""
+    boot_id: str | None = None
+    """The boot the ticks count from (`boot_id()`); None where the OS does not say."""
 
     def to_dict(self) -> dict:
         return {"v": 1, "pid": self.pid, "start_time": self.start_time, "host": self.host, "argv": self.argv,
                 "started_at": self.started_at, "cwd": self.cwd, "log_offset": self.log_offset,
-                "events_offset": self.events_offset, "events_inode": self.events_inode}
+                "events_offset": self.events_offset, "events_inode": self.events_inode,
+                "start_ticks": self.start_ticks, "boot_id": self.boot_id}
+
+    def identity(self) -> dict:
+        """Keyword arguments of `tideborn.anomaly.same_process` (and `vanished`) for this process."""
+        return {"start_time": self.start_time, "start_ticks": self.start_ticks, "boot_id": self.boot_id}
 
 
 def read_pid_record(run_dir: Path) -> PidRecord | None:
@@ -60,11 +73,52 @@ def read_pid_record(run_dir: Path) -> PidRecord | None:
                          argv=[str(a) for a in data.get("argv", [])], started_at=float(data["started_at"]),
                          cwd=str(data.get("cwd", "")), log_offset=int(data.get("log_offset", 0)),
                          events_offset=int(data.get("events_offset", 0)),
-                         events_inode=None if data.get("events_inode") is None else int(data["events_inode"]))
+                         events_inode=None if data.get("events_inode") is None else int(data["events_inode"]),
+                         start_ticks=None if data.get("start_ticks") is None else _whole(data["start_ticks"]),
+                         boot_id=None if data.get("boot_id") is None else str(data["boot_id"]))
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: not a train.pid written by train_run start ({type(exc).__name__}: {exc})") from None
+
+
+def _whole(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"start_ticks must be a whole number >= 0, not {value!r}")
+    return value
+
+
+@functools.cache
+def _ticks_per_second() -> int:
+    return os.sysconf("SC_CLK_TCK")
+
+
+@functools.cache
+def boot_id() -> str | None:
+    """This boot of the host (Linux); None elsewhere. Start ticks are only comparable within one boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot: field 22 of /proc/PID/stat, a constant of the process
+    that no change of the wall clock moves (unlike psutil's `create_time()`, which adds the boot time the
+    kernel derives from the current clock). None without /proc (not Linux) or for a pid that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # Field 2, the command name, is in parentheses and may itself hold spaces and parentheses: count the
+    # fields from the last ")"; the first after it is field 3, so field 22 is the 20th.
+    fields = stat[stat.rfind(b")") + 1:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
 
 
 def process_facts(pid: int) -> ProcessFacts:
@@ -72,12 +126,26 @@ def process_facts(pid: int) -> ProcessFacts:
         process = psutil.Process(pid)
         with process.oneshot():
             create_time, status, name = process.create_time(), process.status(), process.name()
+            # Without /proc, the start relative to boot from psutil's two wall-clock times read together: a
+            # clock step moves both alike; the boot time is in whole seconds, hence a second's slack.
+            ticks, slack, boot = process_start_ticks(pid), 0, boot_id()
+            if ticks is None:
+                ticks = round((create_time - psutil.boot_time()) * _ticks_per_second())
+                slack, boot = _ticks_per_second(), None
     except psutil.NoSuchProcess:
         return ProcessFacts(pid, running=False)
     except psutil.AccessDenied:
         return ProcessFacts(pid, running=psutil.pid_exists(pid))
     # An exited child its parent has not reaped yet is a zombie: gone, as far as a run is concerned.
-    return ProcessFacts(pid, running=status != psutil.STATUS_ZOMBIE, create_time=create_time, name=name)
+    return ProcessFacts(pid, running=status != psutil.STATUS_ZOMBIE, create_time=create_time, name=name,
+                        start_ticks=ticks, boot_id=boot, start_ticks_slack=slack, status=status)
+
+
+def boot_relative_start(pid: int) -> dict:
+    """`start_ticks` and `boot_id` of `pid`, as train.pid and `run_started` record them to recognise the
+    process later whatever the wall clock does (None each where the OS does not say)."""
+    facts = process_facts(pid)
+    return {"start_ticks": facts.start_ticks, "boot_id": facts.boot_id}
 
 
 def this_host() -> str:

@@ -68,6 +68,9 @@ class Launch:
     started_by: float | None
     """Without train.pid: its run_started time, which the process must have started before."""
     launched_at: float
+    start_ticks: int | None = None
+    """Its start in clock ticks since boot (train.pid's, or its run_started's): no clock step moves it."""
+    boot_id: str | None = None
 
 
 @dataclass
@@ -105,6 +108,8 @@ class RunTracker:
         self.last_step: dict | None = None
         self.last_eval: dict | None = None
         self.last_checkpoint_event: dict | None = None
+        self.stop_requested: dict | None = None
+        """The session's `stop_requested`: the trainer got its first stop signal and is stopping."""
         self.warnings = 0
         self.last_warning: dict | None = None
         self.events_read = 0
@@ -155,7 +160,7 @@ class RunTracker:
         self.last_event = event
         found: list[Anomaly] = []
         if kind == "run_started":
-            self.run_started, self.terminal = event, None
+            self.run_started, self.terminal, self.stop_requested = event, None, None
             self.recent_steps.clear()
             self.loss.new_session()
         elif kind == "step":
@@ -166,6 +171,8 @@ class RunTracker:
                 self.recent_steps.append((when, step))
         elif kind == "eval":
             self.last_eval = event
+        elif kind == "stop_requested":
+            self.stop_requested = event
         elif kind == "checkpoint_saved":
             self.last_checkpoint_event = event
         elif kind == "warning":
@@ -246,10 +253,14 @@ class RunTracker:
         started, record = self.run_started, self.record
         if record is not None and (started is None or started_by(started, record.pid)
                                    or float(started.get("time") or 0) <= record.started_at + 1):
-            return Launch(record.pid, record.host, record.start_time, None, record.started_at)
+            return Launch(record.pid, record.host, record.start_time, None, record.started_at, record.start_ticks,
+                          record.boot_id)
         if started is not None and isinstance(started.get("pid"), int):
             when = float(started.get("time") or 0)
-            return Launch(started["pid"], str(started.get("host") or ""), None, when, when)
+            ticks, boot = started.get("start_ticks"), started.get("boot_id")
+            return Launch(started["pid"], str(started.get("host") or ""), None, when, when,
+                          ticks if isinstance(ticks, int) and not isinstance(ticks, bool) else None,
+                          boot if isinstance(boot, str) else None)
         return None
 
     def session_is_launch(self) -> bool:
@@ -264,6 +275,13 @@ class RunTracker:
         if self.terminal is None:
             return False
         return self._launch() is None or self.session_is_launch()
+
+    def stopping(self) -> dict | None:
+        """The `stop_requested` of the latest launch while it is still going: a stop is in progress, and
+        another signal would add nothing (the trainer ignores a repeated SIGTERM)."""
+        if self.stop_requested is None or self.ended() or not self.session_is_launch():
+            return None
+        return self.stop_requested
 
     def last_output_time(self) -> float:
         times = [t for t in (file_mtime(self.events_path), file_mtime(self.log_path)) if t is not None]
@@ -284,7 +302,8 @@ class RunTracker:
         if self.facts is None:
             return "unknown", []  # launched on another host: only the files can be read from here
         last = self.last_event if self.session_is_launch() else None
-        gone = vanished(self.facts, False, now, launch.start_time, launch.started_by, last, self.last_log_line)
+        gone = vanished(self.facts, False, now, launch.start_time, launch.started_by, last, self.last_log_line,
+                        launch.start_ticks, launch.boot_id)
         if gone is not None:
             return "vanished", [gone]
         quiet = stalled(self.facts, True, False, self.last_output_time(), now, self.thresholds)
@@ -349,6 +368,7 @@ class RunTracker:
             "session_started": began, "resumed_from": started.get("resumed_from"),
             "last_checkpoint": checkpoint, "last_eval": _public(self.last_eval),
             "terminal": _public(terminal),
+            "stop_requested": _public(self.stopping()) if self.state in ("running", "stalled") else None,
             "warnings": {"count": self.warnings, "last": (self.last_warning or {}).get("message")},
             "last_event_time": (self.last_event or {}).get("time"),
             "events_read": self.events_read, "events_malformed": self.events.malformed,

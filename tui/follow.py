@@ -144,8 +144,8 @@ class RunFollower:
         pid, host = status.get("pid"), status.get("host")
         local = host == this_host()
         record = self.tracker.record
-        start_time = record.start_time if record is not None and record.pid == pid else None
-        process = self._process.sample(pid, start_time) if local and isinstance(pid, int) else None
+        identity = record.identity() if record is not None and record.pid == pid else None
+        process = self._process.sample(pid, identity) if local and isinstance(pid, int) else None
         gpu_event = self._last_gpu_event or {}
         sample = HardwareSample(now, cpu_run=cpu_run, process=process,
                                 torch_peak_memory_bytes=gpu_event.get("torch_peak_memory_bytes"),

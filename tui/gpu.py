@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import psutil
 
+from tideborn.anomaly import same_process
 from tideborn.events import as_float
+from tideborn.runfiles import process_facts
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,8 @@ class ProcessProbe:
     def __init__(self) -> None:
         self._process: psutil.Process | None = None
 
-    def sample(self, pid: int | None, start_time: float | None = None) -> ProcessSample | None:
+    def sample(self, pid: int | None, identity: dict | None = None) -> ProcessSample | None:
+        """`identity`: train.pid's record of the process (`PidRecord.identity()`), to tell it from a reused pid."""
         if pid is None:
             return None
         try:
@@ -152,7 +155,7 @@ class ProcessProbe:
                 self._process = psutil.Process(pid)
                 self._process.cpu_percent(None)  # the first call only sets the baseline
             process = self._process
-            if start_time is not None and abs(process.create_time() - start_time) > 1.0:
+            if identity is not None and not same_process(process_facts(pid), **identity):
                 return ProcessSample(pid, running=False)  # the pid now belongs to another process
             with process.oneshot():
                 if process.status() == psutil.STATUS_ZOMBIE:

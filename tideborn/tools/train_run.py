@@ -15,18 +15,22 @@ import time
 import typing
 from pathlib import Path
 
+import psutil
+
 from tideborn.anomaly import Anomaly, AnomalyThresholds
 from tideborn.errors import UserError, report_user_error
-from tideborn.events import encode_event
+from tideborn.events import as_float, encode_event
 from tideborn.humanize import clock, duration, number
 from tideborn.runcontrol import LaunchRequest, NotRunning, is_alive, launch_run, recorded_process, signal_run
-from tideborn.rundir import EVENTS_FILE, PID_FILE
-from tideborn.runfiles import PidRecord
+from tideborn.rundir import EVENTS_FILE, PID_FILE, temp_checkpoints
+from tideborn.runfiles import PidRecord, process_facts
 from tideborn.runstate import RunTracker
 
 OK, ANOMALY, USAGE, NO_RUN, INTERRUPTED = 0, 1, 2, 3, 130
 ENDED = ("finished", "stopped", "failed", "vanished")
 KILL_WAIT_SECONDS = 10.0
+SAVE_TIMEOUT_SECONDS = 300.0
+"""`stop --force` waits this long for a checkpoint save in progress before it kills the trainer anyway."""
 WAIT_REPORT_SECONDS = 5.0
 WATCH_CHECK_MILLISECONDS = 1000
 """watch asks about the process (vanished? stalled?) at least this often while the files are quiet."""
@@ -72,7 +76,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     stop = sub.add_parser("stop", help="SIGTERM the recorded trainer and wait for it to checkpoint and exit")
     stop.add_argument("--out-dir", required=True, type=Path, help="the run directory")
     stop.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds to wait (default 120)")
-    stop.add_argument("--force", action="store_true", help="SIGKILL it if it has not exited after the timeout")
+    stop.add_argument("--force", action="store_true",
+                      help="SIGKILL it if it has not exited after the timeout (never inside a checkpoint save)")
+    stop.add_argument("--save-timeout", type=float, default=SAVE_TIMEOUT_SECONDS, metavar="S",
+                      help="with --force: how long a checkpoint save in progress may still take before SIGKILL "
+                           f"(default {SAVE_TIMEOUT_SECONDS:g})")
     watch = sub.add_parser("watch", help="stream the run's events (and anomalies) as they are written")
     watch.add_argument("--out-dir", required=True, type=Path, help="the run directory")
     watch.add_argument("--format", choices=("json", "text"), default="json", help="JSON lines (default) or text")
@@ -213,30 +221,39 @@ def command_stop(args: argparse.Namespace) -> int:
         print(f"stop: {run_dir}: the run is not running: it already ended ({tracker.terminal['kind']} at step "
               f"{tracker.terminal.get('step')}); nothing was signalled", file=sys.stderr)
         return NO_RUN
+    stopping = tracker.stopping()
     try:
-        record = signal_run(run_dir, signal.SIGTERM)
+        # A stop in progress is waited for, never signalled again: the trainer would ignore a repeated
+        # SIGTERM anyway, and an older one would have died of it in the middle of its checkpoint save.
+        record = recorded_process(run_dir) if stopping is not None else signal_run(run_dir, signal.SIGTERM)
     except NotRunning as exc:
         print(f"stop: {exc}; state: {tracker.state}", file=sys.stderr)
         return NO_RUN
     step = (tracker.last_step or {}).get("step")
-    print(f"sent SIGTERM to pid {record.pid} (last logged step {step}); waiting up to {args.timeout:g} s "
-          "for it to finish its step, save a checkpoint and exit", flush=True)
-    started = time.monotonic()
-    exited = _wait_for_exit(tracker, record, started + args.timeout)
-    if not exited:
+    if stopping is not None:
+        asked = as_float(stopping.get("requested_at")) or as_float(stopping.get("time")) or time.time()
+        print(f"a stop is already in progress: pid {record.pid} got {stopping.get('signal') or 'a stop signal'} at "
+              f"{clock(asked)} ({duration(max(0.0, time.time() - asked))} ago); not signalling it again; waiting up "
+              f"to {args.timeout:g} s for it to save a checkpoint and exit", flush=True)
+    else:
+        print(f"sent SIGTERM to pid {record.pid} (last logged step {step}); waiting up to {args.timeout:g} s "
+              "for it to finish its step, save a checkpoint and exit", flush=True)
+    if _suspended(record):
+        then = (f"--force: waiting {args.timeout:g} s for that, then SIGKILL" if args.force
+                else f"then stop --out-dir {run_dir} waits for it; this stop does not wait")
+        print(f"pid {record.pid} is stopped (SIGSTOP, Ctrl-Z or a debugger), so it cannot act on the SIGTERM, which "
+              f"waits until it is continued: kill -CONT {record.pid}; {then}", flush=True)
         if not args.force:
-            print(f"pid {record.pid} is still running after {args.timeout:g} s (state {tracker.state}); "
-                  f"stop --force kills it", flush=True)
             return ANOMALY
-        try:
-            recorded_process(run_dir)
-            os.kill(record.pid, signal.SIGKILL)
-        except (NotRunning, ProcessLookupError):
-            pass  # it exited on its own in the meantime
-        else:
-            print(f"sent SIGKILL to pid {record.pid} after {args.timeout:g} s", flush=True)
-        if not _wait_for_exit(tracker, record, time.monotonic() + KILL_WAIT_SECONDS):
-            print(f"pid {record.pid} survived SIGKILL for {KILL_WAIT_SECONDS:g} s", flush=True)
+    exited = _wait_for_exit(tracker, record, time.monotonic() + args.timeout)
+    if not exited:
+        saving = _saves_in_progress(tracker, record)
+        if not args.force:
+            doing = (f"; a checkpoint save is in progress ({saving[0].name})" if saving else "")
+            print(f"pid {record.pid} is still running after {args.timeout:g} s (state {tracker.state}{doing}); "
+                  f"stop --force kills it (after the save in progress, if any, completes)", flush=True)
+            return ANOMALY
+        if not _force_kill(tracker, record, args):
             return ANOMALY
     update = tracker.refresh()
     _print_stop_progress(update.events)
@@ -249,6 +266,73 @@ def command_stop(args: argparse.Namespace) -> int:
         return OK if t["kind"] in ("run_stopped", "run_finished") else ANOMALY
     print(f"pid {record.pid} exited without writing a terminal event (see {run_dir / 'train.log'}){where}")
     return ANOMALY
+
+
+def _force_kill(tracker: RunTracker, record: PidRecord, args: argparse.Namespace) -> bool:
+    """`--force` after the timeout: SIGKILL, but never in the middle of a checkpoint save. A save in
+    progress is waited for, up to `--save-timeout` seconds; once it completes the trainer gets a few
+    seconds to write its terminal event and exit by itself. Says which it was. False: it survived SIGKILL."""
+    save_deadline = time.monotonic() + args.save_timeout
+    grace_until: float | None = None
+    seen: Path | None = None
+    while True:
+        alive = is_alive(record)
+        _print_stop_progress(tracker.refresh().events)
+        if not alive:
+            return True
+        saving, now = _saves_in_progress(tracker, record), time.monotonic()
+        if saving:
+            if seen is None:
+                print(f"  a checkpoint save is in progress ({saving[0].name}, {_size(saving[0])} so far): "
+                      f"waiting up to {args.save_timeout:g} s (--save-timeout) for it to complete before SIGKILL",
+                      flush=True)
+            seen, grace_until = saving[0], None
+            if now >= save_deadline:
+                why = (f"as its checkpoint save did not complete within --save-timeout {args.save_timeout:g} s "
+                       f"(the partial {seen.name} is left; the next run removes it)")
+                break
+        elif seen is not None:
+            grace_until = grace_until or now + KILL_WAIT_SECONDS
+            if now >= grace_until:
+                why = (f"after its checkpoint save completed ({seen.name[1:].split('.tmp-')[0]}), as it had not "
+                       f"exited {KILL_WAIT_SECONDS:g} s later")
+                break
+        else:
+            why = f"after {args.timeout:g} s (no checkpoint save was in progress)"
+            break
+        time.sleep(0.1)
+    try:
+        recorded_process(tracker.run_dir)
+        os.kill(record.pid, signal.SIGKILL)
+    except (NotRunning, ProcessLookupError):
+        return True  # it exited on its own in the meantime
+    print(f"sent SIGKILL to pid {record.pid} {why}", flush=True)
+    if not _wait_for_exit(tracker, record, time.monotonic() + KILL_WAIT_SECONDS):
+        print(f"pid {record.pid} survived SIGKILL for {KILL_WAIT_SECONDS:g} s", flush=True)
+        return False
+    return True
+
+
+def _saves_in_progress(tracker: RunTracker, record: PidRecord) -> list[Path]:
+    """The launch's checkpoint temp files (`.step-N.pt.tmp-PID`): a save is being written. Only those of
+    its pids count (the recorded one, and under torchrun rank 0's from `run_started`): a stale one that
+    a killed run left is not a save in progress."""
+    pids = {record.pid}
+    if tracker.session_is_launch() and isinstance((tracker.run_started or {}).get("pid"), int):
+        pids.add(tracker.run_started["pid"])
+    return [path for path in temp_checkpoints(tracker.run_dir) if int(path.name.rsplit("-", 1)[1]) in pids]
+
+
+def _size(path: Path) -> str:
+    try:
+        return f"{path.stat().st_size / 1e6:,.0f} MB"
+    except FileNotFoundError:
+        return "complete"
+
+
+def _suspended(record: PidRecord) -> bool:
+    """Stopped by SIGSTOP, Ctrl-Z (SIGTSTP) or a debugger: alive, but acting on no signal until continued."""
+    return process_facts(record.pid).status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
 def _wait_for_exit(tracker: RunTracker, record: PidRecord, deadline: float) -> bool:
@@ -265,8 +349,9 @@ def _wait_for_exit(tracker: RunTracker, record: PidRecord, deadline: float) -> b
             return False
         if now - last_said >= WAIT_REPORT_SECONDS:
             last = tracker.last_event or {}
+            frozen = f"; it is stopped (SIGSTOP): kill -CONT {record.pid} continues it" if _suspended(record) else ""
             print(f"  still waiting for pid {record.pid} to exit ({now - began:.0f} s, {deadline - now:.0f} s left; "
-                  f"last event: {last.get('kind', 'none')} at step {last.get('step')})", flush=True)
+                  f"last event: {last.get('kind', 'none')} at step {last.get('step')}{frozen})", flush=True)
             last_said = now
         time.sleep(0.1)
 
@@ -278,7 +363,11 @@ def _print_stop_progress(events: list[dict]) -> None:
             print(f"  step {event.get('step')} done", flush=True)
         elif kind == "checkpoint_saved":
             print(f"  checkpoint saved: {event.get('path')}", flush=True)
-        elif kind in ("run_stopped", "run_finished", "run_failed", "warning"):
+        elif kind == "stop_requested":
+            print(f"  stop requested ({event.get('signal')}) at step {event.get('step')}", flush=True)
+        elif kind == "warning":
+            print(f"  warning at step {event.get('step')}: {event.get('message')}", flush=True)
+        elif kind in ("run_stopped", "run_finished", "run_failed"):
             print(f"  {kind} at step {event.get('step')}", flush=True)
 
 

@@ -24,6 +24,7 @@ from tideborn.errors import UserError
 from tideborn.events import EventWriter
 from tideborn.humanize import duration
 from tideborn.rundir import EVENTS_FILE, list_checkpoints, make_dirs, temp_checkpoints
+from tideborn.runfiles import boot_relative_start
 from tideborn.trainer.checkpoint import prune_checkpoints, save_checkpoint
 from tideborn.trainer.device import DeviceSetup, resolve_device
 from tideborn.trainer.distributed import (
@@ -169,9 +170,12 @@ class Trainer:
                 archived_to=str(archived) if archived else None, pid=os.getpid(),
                 launcher_pid=os.getppid() if self.env.distributed else None,
                 host=socket.gethostname(), argv=p.argv, max_steps=s.runtime.max_steps,
-                batch_size=s.optim.batch_size, run_dir=str(p.run_dir),
+                batch_size=s.optim.batch_size, run_dir=str(p.run_dir), **boot_relative_start(os.getpid()),
             )
             self.announced = True
+            # Stop signals become events as they arrive (`stop_requested`, a repeat's `warning`), so a second
+            # `stop` or a monitor sees a stop in progress even in the middle of a long step or save.
+            self.stop.listen(lambda kind, fields: self.events.emit(kind, step=self.step, **fields))
             for text in warnings:  # after run_started, so that readers credit them to this attempt
                 self.events.emit("warning", step=self.step, message=text)
                 self.progress.message(f"warning: {text}")
@@ -266,14 +270,16 @@ class Trainer:
                 if not self._finite_window(window, window_steps):
                     stop_vote.drain()
                     return self._fail_nonfinite(mean_over_ranks(window / window_steps, env).tolist())
-                last_saved, saved_step = self._save(), self.step
+                with self.stop.saving():  # a repeated Ctrl-C never cuts a save short (trainer/signals.py)
+                    last_saved, saved_step = self._save(), self.step
         stop_vote.drain()
         if window_steps:
             means = log_window()
             if runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):
                 return self._fail_nonfinite(means)
         if saved_step != self.step:
-            last_saved = self._save()
+            with self.stop.saving():
+                last_saved = self._save()
         if self.step >= runtime.max_steps:
             if runtime.export_onnx and self.env.is_main:
                 self._export(last_saved)
@@ -282,7 +288,8 @@ class Trainer:
             self.progress.message(f"finished at step {self.step} in {elapsed}; checkpoint {last_saved}")
             return 0
         reason = self.stop.reason or ("SIGTERM" if signalled else "stop_at_step")
-        self._terminal("run_stopped", reason=reason, checkpoint=str(last_saved) if last_saved else None)
+        self._terminal("run_stopped", reason=reason, checkpoint=str(last_saved) if last_saved else None,
+                       repeated_signals=self.stop.repeated)
         self.progress.message(f"stopped ({reason}) at step {self.step}; checkpoint {last_saved}")
         return 0
 

@@ -1,18 +1,41 @@
 """Graceful stop on SIGTERM/SIGINT (no torch here, so it can be installed before torch loads).
 
 The first signal only sets `reason`: the loop finishes its step, checkpoints, writes `run_stopped` and
-exits 0. A second signal restores the default action and re-raises it, ending the process at once.
+exits 0. A stop is then in progress, and no later signal may cut its checkpoint short:
+
+- a further SIGTERM (a second `train_run stop`, a second `kill`, the TUI's stop) is ignored: it is noted
+  on stderr and in the events, and the stop goes on. SIGKILL is the way to end the process at once.
+- a further SIGINT (Ctrl-C again, at a terminal) means "end now", but never inside a checkpoint save:
+  during one (`saving()`) it is noted and the process ends as soon as that save is complete, which
+  for the stop's own save is the moment it writes `run_stopped`; at any other moment it ends the
+  process at once, as before (the steps since the newest checkpoint are lost).
+
+A listener (the trainer's event writer, set once `run_started` is written) hears of each: the first
+signal as `stop_requested`, so that a second `stop` or a monitor can see a stop is in progress.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import time
+import typing
+
+Listener = typing.Callable[[str, dict], None]
+"""Called from the signal handler with an event kind (`stop_requested` or `warning`) and its fields."""
 
 
 class StopRequest:
     def __init__(self) -> None:
         self.reason: str | None = None
+        """The first stop signal's name (`SIGTERM`, `SIGINT`), or None while no stop was asked for."""
+        self.requested_at: float | None = None
+        """Unix time the first stop signal arrived."""
+        self.repeated: list[str] = []
+        """Signals that arrived while the stop was in progress (ignored, or deferred past a save)."""
+        self._saving = 0
+        self._listener: Listener | None = None
         self._previous: dict[int, object] = {}
 
     def install(self) -> StopRequest:
@@ -24,10 +47,58 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        self._listener = None
+
+    def listen(self, listener: Listener | None) -> None:
+        """Tell `listener` about stop signals from now on; a stop asked for before is told at once."""
+        self._listener = listener
+        if self.reason is not None:
+            self._tell("stop_requested", {"signal": self.reason, "requested_at": self.requested_at})
+
+    @contextlib.contextmanager
+    def saving(self) -> typing.Iterator[None]:
+        """A checkpoint save: a repeated SIGINT waits for its end instead of ending the process inside it."""
+        self._saving += 1
+        try:
+            yield
+        finally:
+            self._saving -= 1
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.reason is not None:
+        name = signal.Signals(signum).name
+        if self.reason is None:
+            self.reason, self.requested_at = name, time.time()
+            self._tell("stop_requested", {"signal": name, "requested_at": self.requested_at})
+            return
+        self.repeated.append(name)
+        if signum == signal.SIGINT and not self._saving:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        self.reason = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            text = (f"{name} again during a checkpoint save: the process ends as soon as the save is complete "
+                    f"(pid {os.getpid()})")
+        else:
+            text = (f"{name} again while the {self.reason} stop is in progress: ignored, the stop goes on (it "
+                    f"finishes the step, saves a checkpoint and exits); kill -KILL {os.getpid()} ends it at once, "
+                    "losing the steps since the last checkpoint")
+        _stderr(text)
+        self._tell("warning", {"message": text, "signal": name})
+
+    def _tell(self, kind: str, fields: dict) -> None:
+        if self._listener is None:
+            return
+        # An exception must not escape a signal handler: it would be raised wherever the main thread was.
+        try:
+            self._listener(kind, fields)
+        except (OSError, ValueError) as exc:
+            _stderr(f"could not write the {kind} event: {exc}")
+
+
+def _stderr(text: str) -> None:
+    """One line on stderr (train.log) from a signal handler: a plain write(2), never the buffered
+    `sys.stderr`, which the interrupted main thread may be in the middle of using."""
+    try:
+        os.write(2, f"{text}\n".encode())
+    except OSError:
+        pass  # stderr is gone or full: the event (if it could be written) still says it

@@ -11,11 +11,13 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList
 
 from tideborn.errors import UserError
 from tideborn.events import TERMINAL_KINDS
+from tideborn.humanize import duration
 from tideborn.runcontrol import NotRunning, launch_run, signal_run
 from tui.follow import RunFollower, follow
 from tui.history import RunHistory, load_history
@@ -52,6 +54,8 @@ class DashboardScreen(Screen):
     BINDINGS = [
         Binding("s", "start", "Start"),
         Binding("x", "stop", "Stop"),
+        # While a stop is in progress, x only says so: Stop is not offered again (check_action).
+        Binding("x", "stop_in_progress", "Stop", show=False),
         Binding("m", "smooth", "Smooth"),
         Binding("l", "log_scale", "Log"),
         Binding("n", "last_steps", "Last N"),
@@ -185,6 +189,7 @@ class DashboardScreen(Screen):
         if self.state == "not started" and not self.header.note:
             self.header.note = "s starts a run here, e edits its settings first"
         self.header.show_status(message.status)
+        self.refresh_bindings()  # Stop is offered, or not, by whether a stop is in progress
 
     def on_anomalies_found(self, message: AnomaliesFound) -> None:
         pane = self.query_one("#anomalies", AnomalyList)
@@ -262,6 +267,32 @@ class DashboardScreen(Screen):
         """Collect trainers this TUI launched that have exited (they are its children)."""
         self._launched = [p for p in self._launched if p.poll() is None]
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop":
+            return self._stopping() is None
+        if action == "stop_in_progress":
+            return self._stopping() is not None
+        return True
+
+    def _stopping(self) -> tuple[str, float] | None:
+        try:
+            return self.header.stopping()
+        except NoMatches:  # asked before the header is mounted
+            return None
+
+    def stopping_note(self) -> str | None:
+        """Why stop is not offered now (a stop is in progress), or None."""
+        stopping = self._stopping()
+        if stopping is None:
+            return None
+        pid = (self.status or {}).get("pid")
+        return (f"the run is stopping already ({stopping[0]} {duration(self.options.clock() - stopping[1])} ago): it "
+                "finishes its step, saves a checkpoint and writes run_stopped; another stop would add nothing. To end "
+                f"it at once, losing the steps since its last checkpoint: kill -KILL {pid}")
+
+    def action_stop_in_progress(self) -> None:
+        self.notify(self.stopping_note() or "", title="stopping", severity="warning", timeout=10)
+
     def action_stop(self) -> None:
         if self.state not in LIVE_STATES:
             self.notify(f"the run is not running ({self.state}); nothing to stop", severity="warning")
@@ -272,7 +303,9 @@ class DashboardScreen(Screen):
         self.app.push_screen(ConfirmScreen(question), self._stop_confirmed)
 
     def _stop_confirmed(self, yes: bool | None) -> None:
-        if yes:
+        if yes and (note := self.stopping_note()):  # a stop began while the question was open
+            self.notify(note, title="stopping", severity="warning", timeout=10)
+        elif yes:
             self._signal()
 
     @work(thread=True, group="control")
@@ -287,6 +320,7 @@ class DashboardScreen(Screen):
     def on_stop_sent(self, message: StopSent) -> None:
         self.header.stopping_since = self.options.clock()
         self.header.show()
+        self.refresh_bindings()
         self.notify(f"SIGTERM sent to pid {message.pid}; waiting for its checkpoint and run_stopped", title="stop")
 
     def on_stop_failed(self, message: StopFailed) -> None:

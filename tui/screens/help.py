@@ -44,8 +44,9 @@ def help_text(screen: Screen) -> Text:
     bindings = []
     for source in (screen, screen.app):
         for binding in getattr(source, "BINDINGS", []):
-            if isinstance(binding, Binding) and binding.action not in seen:
-                seen.add(binding.action)
+            # One line a key: a key with two actions (x: stop, or say a stop is in progress) is listed once.
+            if isinstance(binding, Binding) and binding.action not in seen and binding.key not in seen:
+                seen.update((binding.action, binding.key))
                 bindings.append(binding)
     for binding in bindings:
         keys = ", ".join(binding.key.split(","))

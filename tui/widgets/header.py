@@ -40,6 +40,20 @@ class RunHeader(Widget):
             self.stopping_since = None
         self.show()
 
+    def stopping(self) -> tuple[str, float] | None:
+        """(signal, since when) while a stop is in progress: sent from here, or seen in the run's events
+        (`stop_requested`: a stop sent from anywhere else)."""
+        s = self.status or {}
+        if s.get("state") not in ("running", "stalled"):
+            return None
+        requested = s.get("stop_requested") or {}
+        when = requested.get("requested_at") or requested.get("time")
+        if self.stopping_since is not None:
+            return str(requested.get("signal") or "SIGTERM"), self.stopping_since
+        if requested and isinstance(when, (int, float)):
+            return str(requested.get("signal") or "a stop signal"), float(when)
+        return None
+
     def show(self) -> None:
         text = self.text()
         if text.plain != self.shown_text:  # ages tick every second; nothing else redraws the header
@@ -61,8 +75,9 @@ class RunHeader(Widget):
         state = str(s.get("state"))
         line = Text(no_wrap=True, overflow="ellipsis")
         label = state.upper()
-        if self.stopping_since is not None and state in ("running", "stalled"):
-            label += f" (stopping, SIGTERM {duration(now - self.stopping_since)} ago)"
+        stopping = self.stopping()
+        if stopping is not None:
+            label += f" (stopping, {stopping[0]} {duration(now - stopping[1])} ago)"
         badge = self._style(STATE_STYLES.get(state, "bold")) + (" reverse" if self.colour else "")
         line.append(f" {label} ", style=badge)
         step, max_steps = s.get("step") or 0, s.get("max_steps")

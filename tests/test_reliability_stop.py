@@ -229,6 +229,10 @@ def test_second_stop_and_stop_force_wait_for_the_save_in_progress(tmp_path, laun
     first = processes([*TOOL, "stop", "--out-dir", str(run_dir), "--timeout", str(WAIT_SECONDS)],
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     wait_for(lambda: saving(run_dir), "the stop's checkpoint save to begin")
+    code, out, _ = call(capsys, "status", "--out-dir", str(run_dir))
+    assert code == 0 and "state       running" in out and "stopping    SIGTERM at " in out, out
+    code, out, _ = call(capsys, "status", "--out-dir", str(run_dir), "--json")
+    assert json.loads(out)["stop_requested"]["signal"] == "SIGTERM"
 
     code, out, err = call(capsys, "stop", "--out-dir", str(run_dir), "--timeout", "0.2")
     assert code == 1, out + err

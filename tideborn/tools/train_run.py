@@ -118,6 +118,11 @@ def status_text(report: dict) -> str:
     lines = [f"run dir     {r['run_dir']}"]
     who = f" (pid {r['pid']} on {r['host']})" if r["pid"] is not None else ""
     lines.append(f"state       {r['state']}{who}")
+    if r.get("stop_requested"):
+        asked = r["stop_requested"]
+        when = as_float(asked.get("requested_at")) or as_float(asked.get("time"))
+        lines.append(f"stopping    {asked.get('signal') or 'a stop signal'} at {clock(when) if when else '?'}: "
+                     "finishing its step, then a checkpoint and run_stopped (stop again waits for it)")
     progress = f" ({r['progress'] * 100:.1f}%)" if r["progress"] is not None else ""
     max_steps = f"{r['max_steps']:,}" if isinstance(r["max_steps"], int) else "?"
     timing = f"  elapsed {duration(r['elapsed_seconds'])}"

@@ -352,6 +352,7 @@ class Trainer:
         """End the attempt in the events. Without its run_started in the file, a terminal event would seem to
         end the attempt before; a write that fails (a full disk) cannot be reported in the events. Either
         way stderr says so and the exit status is non-zero."""
+        self.stop.listen(None)  # nothing may follow the terminal event: a later stop signal is only noted on stderr
         if not self.announced:
             self.events_lost = True
             _tell(f"{kind} not written to {EVENTS_FILE}: this attempt's run_started is not there")

@@ -292,6 +292,52 @@ def test_stop_force_without_a_save_in_progress_kills_after_the_timeout(tmp_path,
     assert deaf.wait(timeout=10) == -signal.SIGKILL
 
 
+def test_stop_force_after_a_save_completed_kills_only_once_the_grace_is_over(tmp_path, processes):
+    """A trainer that finished its save but does not exit (here: a process that ignores SIGTERM, with a
+    checkpoint temp file of its pid that the test removes, as a completed save renames it away)."""
+    deaf = processes([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                      "print('ready', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    assert deaf.stdout is not None and deaf.stdout.readline() == "ready\n"
+    run_dir = tmp_path / "run"
+    write_pid_file(run_dir, deaf.pid)
+    temp = run_dir / f".step-000000005.pt.tmp-{deaf.pid}"
+    temp.write_bytes(b"PK" * 1000)
+    (run_dir / f".step-000000004.pt.tmp-{deaf.pid + 1}").write_bytes(b"stale")  # another pid's: not ours
+    forced = processes([*TOOL, "stop", "--out-dir", str(run_dir), "--timeout", "0.2", "--force"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    assert forced.stdout is not None
+    said = []
+    while line := forced.stdout.readline():
+        said.append(line)
+        if "a checkpoint save is in progress" in line:
+            break
+    assert f"({temp.name}, 0 MB so far)" in said[-1], said
+    assert deaf.poll() is None
+    temp.unlink()  # the save completed
+    out, err = forced.communicate(timeout=WAIT_SECONDS)
+    assert forced.returncode == 1, out + err
+    assert (f"sent SIGKILL to pid {deaf.pid} after its checkpoint save completed (step-000000005.pt), as it had "
+            "not exited 10 s later") in out
+    assert deaf.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_same_process_trusts_start_ticks_over_the_wall_clock():
+    from tideborn.anomaly import ProcessFacts, same_process, vanished
+
+    live = ProcessFacts(pid=10, running=True, create_time=1020.0, name="python", start_ticks=5000, boot_id="b1")
+    assert same_process(live, start_time=1000.0, start_ticks=5000, boot_id="b1")  # the clock moved 20 s
+    assert not same_process(live, start_time=1020.0, start_ticks=4999, boot_id="b1")  # another process
+    assert not same_process(live, start_time=1020.0, start_ticks=5000, boot_id="b0")  # a reboot since
+    assert same_process(live, start_time=1020.0)  # an old train.pid: the wall clock, as before
+    assert not same_process(live, start_time=1000.0)
+    derived = ProcessFacts(pid=10, running=True, create_time=1020.0, start_ticks=5050, start_ticks_slack=100)
+    assert same_process(derived, start_ticks=5000) and not same_process(derived, start_ticks=4800)
+    gone = vanished(live, ended=False, now=5.0, start_time=1000.0, start_ticks=4000, boot_id="b1")
+    assert gone is not None
+    assert (gone.evidence["expected_start_ticks"], gone.evidence["actual_start_ticks"]) == (4000, 5000)
+    assert (gone.evidence["expected_start_time"], gone.evidence["actual_start_time"]) == (1000.0, 1020.0)
+
+
 # -- SIGSTOP ----------------------------------------------------------------------------------------------
 
 def test_stop_of_a_sigstopped_trainer_says_so_and_how_to_continue_it(tmp_path, launched, capsys):

@@ -99,9 +99,10 @@ def check_start_step(settings: Settings, run_dir: Path, resume: Path | None = No
 
 
 def checkpoint_file_state(path: Path) -> str:
-    """"complete" (a whole PyTorch zip archive with a tideborn checkpoint's pickle in it), "broken" (empty,
-    truncated, a bad CRC, no tideborn pickle: `load_checkpoint` refuses such a file too) or "unknown" (no
-    zip archive: only torch can tell). Reads the whole file once, without torch."""
+    """What `load_checkpoint` will make of a checkpoint file, told without torch: "complete" (a whole zip
+    archive, every CRC right, with a tideborn checkpoint's pickle: it loads), "broken" (empty, cut short,
+    no tideborn pickle in it: it is refused) or "unknown" (no zip archive, or a CRC wrong: torch checks
+    none, so a flipped bit in a tensor loads, while one in its pickle is refused). Reads the file once."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(4)
@@ -112,12 +113,17 @@ def checkpoint_file_state(path: Path) -> str:
     if not head.startswith(b"PK\x03\x04"):
         return "unknown"
     try:
-        with zipfile.ZipFile(path) as archive:
+        archive = zipfile.ZipFile(path)  # reads the central directory, which torch needs as well
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return "broken"
+    with archive:
+        pickles = [name for name in archive.namelist() if name.endswith("/data.pkl")]
+        if len(pickles) != 1:
+            return "broken"
+        try:
             if archive.testzip() is not None:
-                return "broken"
-            pickles = [name for name in archive.namelist() if name.endswith("/data.pkl")]
-            if len(pickles) != 1 or CHECKPOINT_FORMAT_MARK not in archive.read(pickles[0]):
-                return "broken"
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError):
-        return "broken"  # how zipfile says an archive is cut short or damaged: the trainer would skip it too
-    return "complete"
+                return "unknown"
+            pickled = archive.read(pickles[0])
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
+            return "unknown"  # damage zipfile trips over where torch, reading differently, might not
+    return "complete" if CHECKPOINT_FORMAT_MARK in pickled else "broken"

@@ -58,12 +58,17 @@ def launched():
 
 @pytest.fixture
 def pids():
-    """Processes the test started some other way (a detached trainer found by its parent); SIGKILLed at the end."""
-    found: list[int] = []
-    yield found
-    for pid in found:
+    """Pids of processes a test started indirectly (a detached trainer, a forked child); SIGKILLed at the
+    end if still the same process (psutil checks the start time, so a reused pid is left alone)."""
+    found: list[psutil.Process] = []
+
+    class Pids:
+        def append(self, pid: int) -> None:
+            found.append(psutil.Process(pid))
+
+    yield Pids()
+    for process in found:
         try:
-            process = psutil.Process(pid)
             process.kill()
             process.wait(timeout=30)
         except psutil.NoSuchProcess:
@@ -265,7 +270,7 @@ async def test_tui_start_key_asks_first_and_launches_only_on_yes(template_run, t
 
 # -- MUST 5: a terminal trainer racing start ---------------------------------------------------------------
 
-def test_start_racing_a_terminal_trainer_reports_the_real_outcome(tmp_path, start_trainer):
+def test_start_racing_a_terminal_trainer_reports_the_real_outcome(tmp_path, start_trainer, pids):
     """start's checks find the directory free; a `tideborn train` in a terminal takes it before start's
     trainer does; start must say its trainer was refused, naming the terminal trainer."""
     run_dir = tmp_path / "run"
@@ -274,6 +279,7 @@ def test_start_racing_a_terminal_trainer_reports_the_real_outcome(tmp_path, star
     try:
         # Its trainer is still importing torch: hold it there while the terminal trainer takes the directory.
         child = child_of(starting)
+        pids.append(child)
         os.kill(child, signal.SIGSTOP)
         terminal = start_trainer("train", *settings_args(run_dir, *ENDLESS))
         wait_for(lambda: held(run_dir) and holder_pid(run_dir), "the terminal trainer to take the directory")

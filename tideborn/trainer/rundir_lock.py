@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +134,10 @@ class RunDirLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         if self.launch is not None:
-            self._claim_launch()
+            try:
+                self._claim_launch()
+            except OSError as exc:  # a full disk, say: the run can go on; only finding it by train.pid suffers
+                print(f"could not record this trainer in {PID_FILE}: {exc}", file=sys.stderr, flush=True)
         return self
 
     def __exit__(self, *exc: object) -> None:

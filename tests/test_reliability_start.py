@@ -35,7 +35,7 @@ from conftest import (
     tree,
 )
 from test_data_support import hcpe_records, random_positions, write_records
-from test_reliability_support import TOOL, launched_runs, process_gone, tool, wait_for
+from test_reliability_support import TOOL, fault_env, launched_runs, process_gone, tool, wait_for
 from textual.notifications import Notify
 
 from tideborn.errors import UserError
@@ -187,6 +187,26 @@ def test_start_reports_a_file_only_the_trainer_can_refuse(tmp_path, launched):
     # Its output stays in train.log; no train.pid names a process that never ran the run.
     assert "weights.pt" in (run_dir / "train.log").read_text()
     assert not (run_dir / "train.pid").exists() and not (run_dir / "launch.json").exists()
+
+
+def test_a_trainer_that_fails_before_training_is_reported_with_its_last_line(tmp_path, launched):
+    """The disk fills up as the trainer writes run_started (injected ENOSPC): it took the directory and
+    exits 1 with no run_started. start says so, exit 1, quoting its last line; train.pid stays, and status
+    reports the attempt vanished."""
+    run_dir = tmp_path / "run"
+    launched.append(run_dir)
+    result = subprocess.run([*TOOL, "start", *settings_args(run_dir, *ENDLESS)], cwd=REPO_ROOT,
+                            env=child_env(fault_env(tmp_path, events="1,sticky")), capture_output=True, text=True,
+                            timeout=180, stdin=subprocess.DEVNULL)
+    assert result.returncode == 1, describe(result)
+    (line,) = result.stderr.strip().splitlines()
+    assert re.fullmatch(r"train_run: the trainer exited with status 1 before it started training: .*No space left "
+                        r"on device.* \(see .*train\.log\)", line), line
+    assert result.stdout == ""
+    record = read_pid_record(run_dir)
+    assert record is not None and process_gone(record.pid)
+    status = tool("status", "--out-dir", str(run_dir))
+    assert status.returncode == 1 and "state       vanished" in status.stdout, describe(status)
 
 
 # -- MUST 4: the TUI's start key --------------------------------------------------------------------------

@@ -181,10 +181,11 @@ def launch_run(request: LaunchRequest, cwd: Path | None = None, env: typing.Mapp
     trainer detached with its output appended to train.log, write train.pid and launch.json, then wait
     up to `wait_seconds` (0: not at all) for the trainer to write run_started.
 
-    A trainer that exits before it takes the run directory (another trainer got there first, nothing to
-    train, bad input only it could see) is reported with what it said, a `UserError` for exit status 2
-    (and for "nothing to train"), else `TrainerExited`, and train.pid and launch.json are put back as they
-    were: only train.log keeps a trace of the attempt."""
+    A trainer that exits before it writes run_started is reported with what it said: a `UserError` for
+    a refusal (exit status 2, or 0 with "nothing to train"), else `TrainerExited`. One that refused
+    before it took the run directory (another trainer got there first, a file only it could judge)
+    changed nothing there, so train.pid and launch.json are put back as they were: only train.log keeps
+    a trace of the attempt."""
     cwd = Path.cwd() if cwd is None else Path(cwd)
     run_dir = check_launch(request, cwd, env).run_dir
     make_dirs(run_dir)
@@ -254,8 +255,9 @@ def _await_start(launched: Launched, before: dict[str, bytes | None], wait_secon
             outcome = "running" if code is None else "ended"
             return replace(launched, outcome=outcome, started_step=step, exit_code=code)
         if code is not None:
-            if not _took_directory(launched):
-                # It never held the run directory, so it changed nothing there: neither may its records.
+            if code in (0, 2) and not _took_directory(launched):
+                # It refused before it held the run directory, so it changed nothing there: neither may
+                # its records (a crash keeps them: status then reports it vanished, quoting train.log).
                 for name, content in before.items():
                     _put_back(run_dir / name, content)
             raise _exit_report(launched, code)

@@ -215,6 +215,7 @@ def test_train_run_start_status_stop_through_torchrun(tmp_path):
                               "--nproc-per-node", "2"], cwd=tmp_path, env=child_env(), capture_output=True,
                              text=True, timeout=RUN_TIMEOUT_SECONDS)
     assert started.returncode == 0, describe(started)
+    assert "training at step 0" in started.stdout  # start saw rank 0's run_started name torchrun as its launcher
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
         while not (run_dir / "events.jsonl").exists() or not step_events(events_of(run_dir)):

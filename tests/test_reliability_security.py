@@ -20,7 +20,16 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import REPO_ROOT, SMOKE_CONFIG, child_env, describe, events_of, out_dir_set, settings_args
+from conftest import (
+    REPO_ROOT,
+    SMOKE_CONFIG,
+    assert_user_error,
+    child_env,
+    describe,
+    events_of,
+    out_dir_set,
+    settings_args,
+)
 from test_reliability_support import (
     CreatesFile,
     launched_runs,
@@ -73,13 +82,17 @@ def test_train_run_start_never_runs_a_pickle_payload(hostile, tmp_path: Path, la
     auto, named, finetune = tmp_path / "auto", tmp_path / "named", tmp_path / "finetune"
     auto.mkdir()
     shutil.copy(path, auto / "step-000000002.pt")  # the newest "checkpoint" of the run directory
-    # Three trainers side by side: auto-resume, --resume, and a fine-tune's initial weights.
-    pids = [start(launched, auto, *SMOKE_SETS, "runtime.max_steps=3"),
-            start(launched, named, *SMOKE_SETS, extra=("--resume", str(path))),
-            start(launched, finetune, *SMOKE_SETS, f"run.init_checkpoint={json.dumps(str(path))}",
-                  extra=("--mode", "finetune"))]
-    for pid in pids:
-        wait_for(lambda: process_gone(pid), f"trainer {pid} to exit")
+    # Auto-resume skips the file (a warning) and trains from step 0.
+    pid = start(launched, auto, *SMOKE_SETS, "runtime.max_steps=3")
+    wait_for(lambda: process_gone(pid), f"trainer {pid} to exit")
+    # --resume and a fine-tune's initial weights: start waits for its trainer, which refuses the file,
+    # and says so itself (exit 2, the trainer's one line).
+    for run_dir, sets, extra in ((named, (), ("--resume", str(path))),
+                                 (finetune, (f"run.init_checkpoint={json.dumps(str(path))}",), ("--mode", "finetune"))):
+        launched.append(run_dir)
+        result = tool("start", *settings_args(run_dir, *SMOKE_SETS, *sets), *extra)
+        assert result.returncode == 2, describe(result)
+        assert_user_error(result.stderr, "refused: loading it would need pickle")
 
     assert not marker.exists()
     events = events_of(auto)
@@ -92,6 +105,7 @@ def test_train_run_start_never_runs_a_pickle_payload(hostile, tmp_path: Path, la
     for run_dir in (named, finetune):
         assert "Traceback" not in log_of(run_dir) and not (run_dir / "events.jsonl").exists()
         assert list_checkpoints(run_dir) == []
+        assert not (run_dir / "train.pid").exists()  # the trainer never held the directory: no run is recorded
 
 
 def test_export_never_runs_a_pickle_payload(hostile, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """End to end, in a real terminal (tmux on a private socket): open tideborn-tui on an empty run directory
-with the smoke config, start a run with the start key, watch steps arrive, stop it with the stop key
-and its confirmation, see run_stopped; quitting leaves nothing running."""
+with the smoke config, start a run with the start key and its confirmation, watch steps arrive, stop it
+with the stop key and its confirmation, see run_stopped; quitting leaves nothing running."""
 
 from __future__ import annotations
 
@@ -103,6 +103,8 @@ def test_start_watch_and_stop_a_smoke_run_from_the_keyboard(terminal, tmp_path):
 
     term.wait_for(r"NOT STARTED", "the TUI to open on the empty run directory")
     term.keys("s")
+    term.wait_for(r"Start a run in", "the start confirmation")
+    term.keys("y")
     term.wait_for(r"RUNNING\s+step [1-9]\d*", "steps to arrive")
     first = int(term.wait_for(r"step (\d+) /", "a step count").group(1))
     term.wait_for(rf"step (?!{first} )\d+ /", "more steps to arrive")

@@ -20,6 +20,7 @@ from tui.app import create_app
 from tui.options import TuiOptions
 from tui.overrides import OverrideModel
 from tui.plan import LaunchPlan
+from tui.screens.confirm import ConfirmScreen
 from tui.screens.dashboard import DashboardScreen
 from tui.screens.override_editor import OverrideEditorScreen, SaveScreen
 
@@ -180,7 +181,7 @@ async def test_editor_drop_key_removes_an_override_and_escape_cancels_an_edit(wo
 
 
 async def test_editor_launch_key_starts_the_run_with_the_edits(workdir, monkeypatch):
-    """Ctrl+R hands the edited plan to runcontrol.launch_run, aimed at the run the TUI shows."""
+    """Ctrl+R hands the edited plan, once confirmed, to runcontrol.launch_run, aimed at the run the TUI shows."""
     import tui.screens.dashboard as dashboard_module
 
     asked = []
@@ -196,6 +197,9 @@ async def test_editor_launch_key_starts_the_run_with_the_edits(workdir, monkeypa
         editor = await open_editor(pilot)
         await edit(pilot, editor, "optim.lr", "0.03")
         await pilot.press("enter", "ctrl+r")
+        await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen), "the start confirmation")
+        assert "optim.lr=0.03" in pilot.app.screen.question
+        await pilot.press("y")
         await until(pilot, lambda: asked, "the launch")
     request, cwd = asked[0]
     assert cwd == workdir and request.config == "smoke.toml"

@@ -17,13 +17,13 @@ import subprocess
 import sys
 import time
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
 
 from tideborn.anomaly import ProcessFacts, identity_mismatch, same_process
-from tideborn.config import load_settings
+from tideborn.config import Settings, load_settings
 from tideborn.errors import UserError
 from tideborn.humanize import clock
 from tideborn.rundir import (
@@ -41,12 +41,18 @@ from tideborn.runfiles import (
     LAUNCH_MARK,
     PidRecord,
     boot_relative_start,
+    find_first_run_started,
     process_facts,
     read_pid_record,
     this_host,
 )
 from tideborn.trainer.cli import build_parser
-from tideborn.trainer.preflight import preflight
+from tideborn.trainer.preflight import check_start_step, preflight
+from tideborn.trainer.rundir_lock import LAUNCH_ENV, held, read_holder
+
+LAUNCH_WAIT_SECONDS = 300.0
+"""How long `start` waits for its trainer to write run_started (importing torch, building the network,
+loading a checkpoint) before it reports the trainer as still starting."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,49 @@ class Launched:
     record: PidRecord
     process: subprocess.Popen
     """The trainer; a long-lived caller (the TUI) should `poll()` it now and then to reap it."""
+    outcome: str = "launched"
+    """"launched" (not waited for), "running" (it wrote run_started), "starting" (no run_started when
+    the wait ran out; it is alive), or "ended" (it wrote run_started and has exited since)."""
+    started_step: int | None = None
+    """The step its run_started names (where it resumed)."""
+    exit_code: int | None = None
+    """Its exit status, for "ended"."""
+
+
+class TrainerExited(Exception):
+    """The launched trainer exited before it began training, not for bad input (a crash): the message
+    quotes its last line in train.log. Bad input it refused is a `UserError` with its own message."""
+
+
+@dataclass(frozen=True)
+class CheckedLaunch:
+    """A request that passed every check `start` makes before launching."""
+
+    settings: Settings
+    run_dir: Path
+    resumes_from: tuple[Path, int] | None
+    """The checkpoint (and its step) the trainer will resume from, where that can be told without torch."""
+    fresh: bool = False
+
+
+def check_launch(request: LaunchRequest, cwd: Path | None = None,
+                 env: typing.Mapping[str, str] | None = None) -> CheckedLaunch:
+    """Every check `start` makes before launching, writing nothing: the settings, the trainer's own
+    torch-free checks (on the trainer's own parsing of its options), whether there is anything left to
+    train, and whether a live run holds the directory. A refusal is a `UserError`."""
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    environ = os.environ if env is None else env
+    resolved = load_settings(request.config, request.overrides, request.flags, cwd=cwd, environ=environ)
+    options = build_parser().parse_args(["train", *request.trainer_args])
+    preflight(resolved.settings, options.resume, options.fresh, options.stop_at_step, environ=environ)
+    run_dir = run_dir_of(resolved.settings)
+    run_dir = run_dir if run_dir.is_absolute() else cwd / run_dir
+    if run_dir.is_dir() and (holder := live_holder(run_dir)):
+        raise UserError(f"{run_dir}: a run is already going there: {holder}; stop it first "
+                        f"(train_run stop --out-dir {run_dir}) or choose another runtime.out_dir")
+    resume = None if options.resume is None else cwd / options.resume
+    resumes_from = check_start_step(resolved.settings, run_dir, resume, options.fresh, options.stop_at_step)
+    return CheckedLaunch(resolved.settings, run_dir, resumes_from, options.fresh)
 
 
 def live_holder(run_dir: Path) -> str | None:
@@ -96,18 +145,16 @@ def live_holder(run_dir: Path) -> str | None:
         if facts is not None and same_process(facts, **record.identity()):
             return f"pid {record.pid} (started {_clock(record.started_at)}, recorded in {run_dir / PID_FILE})"
     lock = run_dir / TRAINER_LOCK_FILE
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except FileNotFoundError:
+    if not held(run_dir):
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released at once: only asks whether a trainer holds it
-    except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-        return f"pid {holder} (a trainer started outside train_run holds {lock.name})"
-    finally:
-        os.close(fd)
-    return None
+    holder = read_holder(lock)
+    if holder is None:
+        return f"unknown (a process holds {lock.name})"
+    if holder.alive() is False:
+        # The trainer is gone; what holds the lock is a child it forked (trainers from before the lock was
+        # closed in children), which exits once it notices: no run to stop, only a moment to wait.
+        raise UserError(f"{run_dir}: {holder.describe(lock)}")
+    return holder.describe(lock)
 
 
 def _clock(when: float) -> str:
@@ -129,27 +176,28 @@ def write_text_atomically(path: Path, text: str) -> None:
     write_atomically(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
-def launch_run(request: LaunchRequest, cwd: Path | None = None,
-               env: typing.Mapping[str, str] | None = None) -> Launched:
-    """Validate the settings (a `UserError` leaves nothing launched or written), then start the trainer
-    detached with its output appended to train.log, and write train.pid and launch.json."""
+def launch_run(request: LaunchRequest, cwd: Path | None = None, env: typing.Mapping[str, str] | None = None,
+               wait_seconds: float = LAUNCH_WAIT_SECONDS) -> Launched:
+    """Check the request (`check_launch`: a `UserError` leaves nothing launched or written), start the
+    trainer detached with its output appended to train.log, write train.pid and launch.json, then wait
+    up to `wait_seconds` (0: not at all) for the trainer to write run_started.
+
+    A trainer that exits before it writes run_started is reported with what it said: a `UserError` for
+    a refusal (exit status 2, or 0 with "nothing to train"), else `TrainerExited`. One that refused
+    before it took the run directory (another trainer got there first, a file only it could judge)
+    changed nothing there, so train.pid and launch.json are put back as they were: only train.log keeps
+    a trace of the attempt."""
     cwd = Path.cwd() if cwd is None else Path(cwd)
-    resolved = load_settings(request.config, request.overrides, request.flags, cwd=cwd,
-                             environ=os.environ if env is None else env)
-    # The trainer's own torch-free checks, on the trainer's own parsing of the options it will get.
-    options = build_parser().parse_args(["train", *request.trainer_args])
-    preflight(resolved.settings, options.resume, options.fresh, options.stop_at_step,
-              environ=os.environ if env is None else env)
-    run_dir = run_dir_of(resolved.settings)
-    run_dir = run_dir if run_dir.is_absolute() else cwd / run_dir
-    if run_dir.is_dir() and (holder := live_holder(run_dir)):
-        raise UserError(f"{run_dir}: a run is already going there: {holder}; stop it first "
-                        f"(train_run stop --out-dir {run_dir}) or choose another runtime.out_dir")
+    run_dir = check_launch(request, cwd, env).run_dir
     make_dirs(run_dir)
     with _directory_lock(run_dir):
         if holder := live_holder(run_dir):
             raise UserError(f"{run_dir}: a run is already going there: {holder}; stop it first")
-        return _launch(request, run_dir, cwd, env)
+        before = {name: _read_or_none(run_dir / name) for name in (PID_FILE, LAUNCH_FILE)}
+        launched = _launch(request, run_dir, cwd, env)
+        if wait_seconds <= 0:
+            return launched
+        return _await_start(launched, before, wait_seconds)
 
 
 def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mapping[str, str] | None) -> Launched:
@@ -163,12 +211,23 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
     except FileNotFoundError:
         events_offset, events_inode = 0, None
     started_at = time.time()
+    launch = {"v": 1, "config": request.config,
+              "config_path": str((cwd / request.config).resolve()) if request.config else None,
+              "overrides": list(request.overrides),
+              "flags": {k: v for k, v in request.flags.items() if v is not None},
+              "trainer_args": list(request.trainer_args), "nproc_per_node": request.nproc_per_node,
+              "cwd": str(cwd), "argv": argv,
+              "started_at": started_at, "run_dir": str(run_dir)}
     with os.fdopen(open_run_file(log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
         if log.tell() and _last_byte(log_path) != b"\n":
             log.write(b"\n")  # an earlier process died mid-line: start this launch on a line of its own
         log_offset = log.tell()
         log.write(f"{LAUNCH_MARK}{_clock(started_at)} train_run start: {shlex.join(argv)} (cwd {cwd}) ===\n".encode())
         log.flush()
+        # All of train.pid but the pid, for the trainer to write itself should this process die before it does.
+        child_env[LAUNCH_ENV] = json.dumps({"pid_record": {
+            "argv": argv, "started_at": started_at, "cwd": str(cwd), "log_offset": log_offset,
+            "events_offset": events_offset, "events_inode": events_inode}, "launch": launch})
         process = subprocess.Popen(argv, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     try:
@@ -178,19 +237,96 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
                            events_offset=events_offset, events_inode=events_inode,
                            **boot_relative_start(process.pid))
         write_text_atomically(run_dir / PID_FILE, json.dumps(record.to_dict(), indent=2) + "\n")
-        launch = {"v": 1, "config": request.config,
-                  "config_path": str((cwd / request.config).resolve()) if request.config else None,
-                  "overrides": list(request.overrides),
-                  "flags": {k: v for k, v in request.flags.items() if v is not None},
-                  "trainer_args": list(request.trainer_args), "nproc_per_node": request.nproc_per_node,
-                  "cwd": str(cwd), "argv": argv,
-                  "started_at": started_at, "run_dir": str(run_dir)}
         write_text_atomically(run_dir / LAUNCH_FILE, json.dumps(launch, indent=2) + "\n")
     except BaseException:
         process.kill()  # a run nobody can find or stop must not be left behind
         process.wait()
         raise
     return Launched(run_dir, record, process)
+
+
+def _await_start(launched: Launched, before: dict[str, bytes | None], wait_seconds: float) -> Launched:
+    """Wait for the trainer to write run_started, to exit, or for `wait_seconds` to pass."""
+    process, run_dir = launched.process, launched.run_dir
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        code = process.poll()  # the run_started check after it: an exit right after writing it still counts
+        started = _run_started_of(launched)
+        if started is not None:
+            step = started.get("step") if isinstance(started.get("step"), int) else None
+            outcome = "running" if code is None else "ended"
+            return replace(launched, outcome=outcome, started_step=step, exit_code=code)
+        if code is not None:
+            if code in (0, 2) and not _took_directory(launched):
+                # It refused before it held the run directory, so it changed nothing there: neither may
+                # its records (a crash keeps them: status then reports it vanished, quoting train.log).
+                for name, content in before.items():
+                    _put_back(run_dir / name, content)
+            raise _exit_report(launched, code)
+        if time.monotonic() >= deadline:
+            return replace(launched, outcome="starting")
+        time.sleep(0.05)
+
+
+def _run_started_of(launched: Launched) -> dict | None:
+    """This launch's run_started (written by the trainer, or by rank 0 under torchrun), or None yet."""
+    path = launched.run_dir / EVENTS_FILE
+    try:
+        inode = path.stat().st_ino
+    except FileNotFoundError:
+        return None
+    offset = launched.record.events_offset if inode == launched.record.events_inode else 0
+    pid = launched.record.pid
+    while (found := find_first_run_started(path, offset)) is not None:
+        at, event = found
+        if pid in (event.get("pid"), event.get("launcher_pid")):
+            return event
+        offset = at + 1  # another trainer's (one started in a terminal that won the directory): look on
+    return None
+
+
+def _took_directory(launched: Launched) -> bool:
+    holder = read_holder(launched.run_dir / TRAINER_LOCK_FILE)
+    return (holder is not None and holder.launched_pid == launched.record.pid
+            and (holder.start_time or 0) >= launched.record.start_time - 1)
+
+
+def _exit_report(launched: Launched, code: int) -> Exception:
+    """What the trainer said before it exited (its last line in this launch's part of train.log)."""
+    log = launched.run_dir / LOG_FILE
+    lines = _log_lines(log, launched.record.log_offset)
+    last = lines[-1] if lines else "(no output)"
+    if code == 0:
+        # `train` exits 0 when there is nothing to train (checked here already, unless only torch could tell)
+        return UserError(next((line for line in reversed(lines) if line.startswith("nothing to train")), last))
+    if code == 2:
+        said = next((line for line in reversed(lines) if ": error: " in line), last)
+        return UserError(f"{said.split(': error: ', 1)[-1]} (the trainer refused to start; see {log})")
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    return TrainerExited(f"the trainer {how} before it started training: {last} (see {log})")
+
+
+def _log_lines(path: Path, offset: int) -> list[str]:
+    """This launch's lines of train.log (after its opening line), at most its last 64 KiB."""
+    with open(path, "rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(max(offset, size - 64 * 1024))
+        text = handle.read().decode(errors="replace")
+    return [line for line in text.splitlines() if line.strip() and not line.startswith(LAUNCH_MARK)]
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _put_back(path: Path, content: bytes | None) -> None:
+    if content is None:
+        path.unlink(missing_ok=True)
+    else:
+        write_atomically(path, lambda handle: handle.write(content))
 
 
 def _last_byte(path: Path) -> bytes:

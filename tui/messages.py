@@ -14,6 +14,7 @@ from textual.message import Message
 from tideborn.anomaly import Anomaly
 from tui.gpu import HardwareSample
 from tui.history import RunHistory
+from tui.plan import LaunchPlan
 
 
 class _Latest(Message):
@@ -85,11 +86,23 @@ class HardwareSampled(_Latest):
         self.sample = sample
 
 
+class StartChecked(Message):
+    """The start key's plan passed every check `start` makes; the question asks to go ahead."""
+
+    def __init__(self, plan: LaunchPlan, question: str) -> None:
+        super().__init__()
+        self.plan = plan
+        self.question = question
+
+
 class RunLaunched(Message):
-    def __init__(self, pid: int, run_dir: Path) -> None:
+    def __init__(self, pid: int, run_dir: Path, outcome: str = "launched", step: int | None = None) -> None:
         super().__init__()
         self.pid = pid
         self.run_dir = run_dir
+        self.outcome = outcome
+        """`tideborn.runcontrol.Launched.outcome`: "running", "starting", "ended" or "launched"."""
+        self.step = step
 
 
 class LaunchFailed(Message):

@@ -21,7 +21,16 @@ from tideborn.anomaly import Anomaly, AnomalyThresholds
 from tideborn.errors import UserError, report_user_error
 from tideborn.events import as_float, encode_event
 from tideborn.humanize import clock, duration, number
-from tideborn.runcontrol import LaunchRequest, NotRunning, is_alive, launch_run, recorded_process, signal_run
+from tideborn.runcontrol import (
+    LAUNCH_WAIT_SECONDS,
+    LaunchRequest,
+    NotRunning,
+    TrainerExited,
+    is_alive,
+    launch_run,
+    recorded_process,
+    signal_run,
+)
 from tideborn.rundir import EVENTS_FILE, PID_FILE, temp_checkpoints
 from tideborn.runfiles import PidRecord, process_facts
 from tideborn.runstate import RunTracker
@@ -69,6 +78,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     start.add_argument("--stop-at-step", type=int, metavar="N", help="passed to train: stop after step N")
     start.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                        help="launch N trainer processes through torchrun (DDP, one per GPU)")
+    start.add_argument("--wait", type=float, default=LAUNCH_WAIT_SECONDS, metavar="S",
+                       help="seconds to wait for the trainer to start training and report how it went "
+                            f"(default {LAUNCH_WAIT_SECONDS:g}; 0: launch and return at once)")
     status = sub.add_parser("status", help="progress and anomalies of a run (never changes the run)")
     status.add_argument("--out-dir", required=True, type=Path, help="the run directory")
     status.add_argument("--json", action="store_true", help="print one JSON object")
@@ -189,14 +201,28 @@ def command_start(args: argparse.Namespace, prog: str) -> int:
     request = LaunchRequest(config=args.config, overrides=tuple(args.overrides),
                             flags={"type": args.type, "network": args.network, "mode": args.mode},
                             trainer_args=tuple(extra), nproc_per_node=args.nproc_per_node)
-    launched = launch_run(request)
+    try:
+        launched = launch_run(request, wait_seconds=args.wait)
+    except TrainerExited as exc:
+        print(f"{'train_run' if prog.endswith('train_run') else prog}: {exc}", file=sys.stderr)
+        return ANOMALY
     run_dir = launched.run_dir
-    print(f"started the trainer: pid {launched.record.pid}")
+    pid = launched.record.pid
+    step = f" at step {launched.started_step:,}" if launched.started_step is not None else ""
+    if launched.outcome == "ended":
+        print(f"the trainer (pid {pid}) started{step} and has exited already, with status {launched.exit_code}")
+    elif launched.outcome == "starting":
+        print(f"started the trainer: pid {pid}; not training yet after {args.wait:g} s (still starting up: "
+              "importing torch, loading the checkpoint); status says when it is")
+    elif launched.outcome == "running":
+        print(f"started the trainer: pid {pid}, training{step}")
+    else:
+        print(f"started the trainer: pid {pid}")
     print(f"  out dir  {run_dir}")
     print(f"  log      {run_dir / 'train.log'}")
     print(f"  status   {prog} status --out-dir {run_dir}")
     print(f"  stop     {prog} stop --out-dir {run_dir}")
-    return OK
+    return ANOMALY if launched.outcome == "ended" and launched.exit_code != 0 else OK
 
 
 def command_status(args: argparse.Namespace) -> int:

@@ -38,7 +38,7 @@ from tideborn.trainer.distributed import (
     report_failure,
 )
 from tideborn.trainer.gpu_stats import gpu_snapshot
-from tideborn.trainer.preflight import preflight
+from tideborn.trainer.preflight import nothing_to_train, preflight, stop_at_step_too_early
 from tideborn.trainer.progress import Progress
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint, choose_start
@@ -74,12 +74,10 @@ def prepare(resolved: Resolved, resume: Path | None = None, fresh: bool = False,
             "with the same number of processes (or start over with --fresh)")
     max_steps = settings.runtime.max_steps
     if stop_at_step is not None and not start.step < stop_at_step <= max_steps:
-        raise UserError(f"--stop-at-step {stop_at_step}: must be after the start step ({start.step}) "
-                        f"and at most runtime.max_steps ({max_steps})")
+        raise UserError(stop_at_step_too_early(stop_at_step, start.step, max_steps))
     if start.step >= max_steps:
         if env.is_main:
-            print(f"nothing to train: {start.checkpoint} is at step {start.step}, and runtime.max_steps "
-                  f"is {max_steps} (raise it with --set runtime.max_steps=N, or start over with --fresh)")
+            print(nothing_to_train(start.checkpoint, start.step, max_steps))
         return None
     return Prepared(settings, run_dir, setup, start, fresh, stop_at_step, list(argv or sys.argv), env)
 
@@ -118,7 +116,8 @@ class Trainer:
         if not self.env.is_main:
             return self._guarded([], None)
         make_dirs(p.run_dir)
-        with RunDirLock(p.run_dir):
+        # Under torchrun, the process `train_run start` launched is torchrun, this rank's parent.
+        with RunDirLock(p.run_dir, launched_pid=os.getppid() if self.env.distributed else None):
             archived = self._archive_for_fresh() if p.fresh else None
             warnings = list(p.start.warnings)
             for temp in temp_checkpoints(p.run_dir):

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import os
 import typing
+import zipfile
 from pathlib import Path
 
 from tideborn.config import Settings
 from tideborn.errors import UserError
-from tideborn.rundir import run_dir_of
+from tideborn.rundir import CHECKPOINT_RE, list_checkpoints, run_dir_of
+
+CHECKPOINT_FORMAT_MARK = b"tideborn-checkpoint"
+"""`checkpoint.FORMAT` as it stands in a checkpoint's pickle (`data.pkl`): the mark of a tideborn checkpoint."""
 
 
 def preflight(settings: Settings, resume: Path | None = None, fresh: bool = False,
@@ -37,3 +41,89 @@ def preflight(settings: Settings, resume: Path | None = None, fresh: bool = Fals
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"runtime.out_dir: {run_dir} exists and is not a directory")
     return run_dir
+
+
+def nothing_to_train(checkpoint: Path, step: int, max_steps: int) -> str:
+    """What `train` says, and `train_run start` refuses with, when the run is already at runtime.max_steps."""
+    return (f"nothing to train: {checkpoint} is at step {step}, and runtime.max_steps is {max_steps} "
+            "(raise it with --set runtime.max_steps=N, or start over with --fresh)")
+
+
+def stop_at_step_too_early(stop_at_step: int, step: int, max_steps: int) -> str:
+    return (f"--stop-at-step {stop_at_step}: must be after the start step ({step}) "
+            f"and at most runtime.max_steps ({max_steps})")
+
+
+def check_start_step(settings: Settings, run_dir: Path, resume: Path | None = None, fresh: bool = False,
+                     stop_at_step: int | None = None) -> tuple[Path, int] | None:
+    """The trainer's start-step checks (nothing to train; `--stop-at-step` not after the start step), made
+    without torch: raise `UserError` with the trainer's own message where the trainer is sure to refuse.
+    Returns the checkpoint the run would resume from and its step, where that can be told, else None.
+
+    The step is read from the checkpoint's name (a save names the file by its step). A checkpoint that
+    would make this refuse counts only once its zip archive reads back whole, every CRC right: the trainer
+    skips a damaged one for the one before, so a damaged newest checkpoint must not make `start` refuse.
+    Where a file cannot be judged without torch (not a zip archive), or `--resume` names a file whose name
+    gives no step, nothing is refused here: the trainer decides, and `train_run start` reports its answer.
+    """
+    if fresh:
+        return None
+    max_steps = settings.runtime.max_steps
+    # At or past this step the trainer refuses; below it, it trains (whichever older checkpoint it uses).
+    threshold = max_steps if stop_at_step is None else min(max_steps, stop_at_step)
+    if resume is not None:
+        match = CHECKPOINT_RE.match(resume.name)
+        if match is None:
+            return None
+        found = (resume, int(match.group(1)))
+        if found[1] >= threshold and checkpoint_file_state(resume) != "complete":
+            return None  # the trainer refuses a damaged --resume file with its own message
+    else:
+        for step, path in reversed(list_checkpoints(run_dir)):
+            if step < threshold:
+                return path, step  # not read: whatever the trainer makes of it, it has steps to train
+            state = checkpoint_file_state(path)
+            if state == "complete":
+                found = (path, step)
+                break
+            if state == "unknown":
+                return None
+        else:
+            return None
+    path, step = found
+    if stop_at_step is not None and not step < stop_at_step <= max_steps:
+        raise UserError(stop_at_step_too_early(stop_at_step, step, max_steps))
+    if step >= max_steps:
+        raise UserError(nothing_to_train(path, step, max_steps))
+    return found
+
+
+def checkpoint_file_state(path: Path) -> str:
+    """What `load_checkpoint` will make of a checkpoint file, told without torch: "complete" (a whole zip
+    archive, every CRC right, with a tideborn checkpoint's pickle: it loads), "broken" (empty, cut short,
+    no tideborn pickle in it: it is refused) or "unknown" (no zip archive, or a CRC wrong: torch checks
+    none, so a flipped bit in a tensor loads, while one in its pickle is refused). Reads the file once."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return "broken"
+    if not head:
+        return "broken"
+    if not head.startswith(b"PK\x03\x04"):
+        return "unknown"
+    try:
+        archive = zipfile.ZipFile(path)  # reads the central directory, which torch needs as well
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return "broken"
+    with archive:
+        pickles = [name for name in archive.namelist() if name.endswith("/data.pkl")]
+        if len(pickles) != 1:
+            return "broken"
+        try:
+            if archive.testzip() is not None:
+                return "unknown"
+            pickled = archive.read(pickles[0])
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
+            return "unknown"  # damage zipfile trips over where torch, reading differently, might not
+    return "complete" if CHECKPOINT_FORMAT_MARK in pickled else "broken"

@@ -1,4 +1,4 @@
-"""A yes/no question (stopping a run): y confirms, n or Escape declines."""
+"""A yes/no question (starting or stopping a run): y confirms, n or Escape declines."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from textual.widgets import Footer, OptionList
 from tideborn.errors import UserError
 from tideborn.events import TERMINAL_KINDS
 from tideborn.humanize import duration
-from tideborn.runcontrol import NotRunning, launch_run, signal_run
+from tideborn.runcontrol import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
 from tui.follow import RunFollower, follow
 from tui.history import RunHistory, load_history
 from tui.messages import (
@@ -32,6 +32,7 @@ from tui.messages import (
     RunAttached,
     RunLaunched,
     RunRefreshed,
+    StartChecked,
     StopFailed,
     StopSent,
 )
@@ -227,6 +228,7 @@ class DashboardScreen(Screen):
         return plan.aimed_at(self.run_dir) if plan is not None else None
 
     def action_start(self) -> None:
+        """Check the plan as `train_run start` would (a refusal is shown, and nothing starts), then ask."""
         if self.state in LIVE_STATES:
             self.notify(f"the run is {self.state} already; stop it first (x)", severity="warning")
             return
@@ -239,24 +241,49 @@ class DashboardScreen(Screen):
             self.notify(f"nothing to start: no launch.json in {self.run_dir} and no --config given",
                         title="cannot start", severity="error", timeout=15)
             return
-        self.header.note = "starting..."
+        self.header.note = "checking the settings..."
         self.header.show()
-        self._launch(plan)
+        self._check(plan)
+
+    @work(thread=True, group="control")
+    def _check(self, plan: LaunchPlan) -> None:
+        try:
+            checked = check_launch(plan.request(), cwd=plan.cwd)
+        except UserError as exc:
+            self.post_message(LaunchFailed(str(exc)))
+            return
+        self.post_message(StartChecked(plan, start_question(plan, checked)))
+
+    def on_start_checked(self, message: StartChecked) -> None:
+        self.header.note = ""
+        self.header.show()
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.header.note = "starting..."
+                self.header.show()
+                self._launch(message.plan)
+
+        self.app.push_screen(ConfirmScreen(message.question), answered)
 
     @work(thread=True, group="control")
     def _launch(self, plan: LaunchPlan) -> None:
         try:
             launched = launch_run(plan.request(), cwd=plan.cwd)
-        except UserError as exc:
+        except (UserError, TrainerExited) as exc:
             self.post_message(LaunchFailed(str(exc)))
             return
         self._launched.append(launched.process)
-        self.post_message(RunLaunched(launched.record.pid, launched.run_dir))
+        self.post_message(RunLaunched(launched.record.pid, launched.run_dir, launched.outcome,
+                                      launched.started_step))
 
     def on_run_launched(self, message: RunLaunched) -> None:
         self.header.note = f"launched pid {message.pid}"
         self.header.show()
-        self.notify(f"trainer started: pid {message.pid}; its output goes to train.log", title="start")
+        step = f" at step {message.step}" if message.step is not None else ""
+        said = {"running": f"training{step}", "ended": f"it started{step} and has exited already",
+                "starting": "still starting up"}.get(message.outcome, "launched")
+        self.notify(f"trainer started: pid {message.pid}, {said}; its output goes to train.log", title="start")
 
     def on_launch_failed(self, message: LaunchFailed) -> None:
         self.header.note = ""
@@ -380,3 +407,20 @@ class DashboardScreen(Screen):
     def action_back(self) -> None:
         if self.from_picker:
             self.app.pop_screen()
+
+
+def start_question(plan: LaunchPlan, checked: CheckedLaunch) -> str:
+    """The start confirmation: where, with what, and from which step."""
+    settings = f"{plan.config or 'the default settings'}"
+    others = [o for o in plan.overrides if not o.startswith("runtime.out_dir=")]
+    if others:
+        settings += f" with {len(others)} override(s): {', '.join(others)}"
+    max_steps = checked.settings.runtime.max_steps
+    if checked.fresh:
+        where = f"starts over at step 0 (--fresh), to step {max_steps:,}"
+    elif checked.resumes_from is not None:
+        path, step = checked.resumes_from
+        where = f"resumes from {path.name} (step {step:,}) to step {max_steps:,}"
+    else:
+        where = f"starts at step 0 (no checkpoint there), to step {max_steps:,}"
+    return f"Start a run in {checked.run_dir}?\n\n{settings}\n{where}\n(from {plan.origin})"

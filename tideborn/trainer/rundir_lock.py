@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import TRAINER_LOCK_FILE, open_run_file
+from tideborn.rundir import TRAINER_LOCK_FILE, open_run_file, os_error_text
 
 
 class RunDirLock:
@@ -20,7 +20,10 @@ class RunDirLock:
         self._fd: int | None = None
 
     def __enter__(self) -> RunDirLock:
-        fd = open_run_file(self.path, os.O_RDWR)
+        try:
+            fd = open_run_file(self.path, os.O_RDWR)  # never through a link (O_NOFOLLOW)
+        except OSError as exc:
+            raise UserError(f"runtime.out_dir: cannot open {self.path}: {os_error_text(exc)}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -28,8 +31,12 @@ class RunDirLock:
             os.close(fd)
             raise UserError(f"{self.path.parent}: another trainer (pid {holder}) is using this run "
                             "directory; stop it first or choose another runtime.out_dir") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            raise UserError(f"runtime.out_dir: cannot write {self.path}: {os_error_text(exc)}") from None
         self._fd = fd
         return self
 

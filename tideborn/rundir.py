@@ -15,6 +15,7 @@ import typing
 from pathlib import Path
 
 from tideborn.errors import UserError
+from tideborn.humanize import clipped
 
 if typing.TYPE_CHECKING:
     from tideborn.config import Settings
@@ -89,6 +90,42 @@ def write_atomically(path: Path, write: typing.Callable[[typing.BinaryIO], objec
         temp.unlink(missing_ok=True)
         raise
     fsync_directory(path.parent)
+
+
+def run_dir_of(settings: Settings) -> Path:
+    """The run directory: `runtime.out_dir`, relative to `paths.runs_root` (itself relative to the cwd)."""
+    out = Path(settings.runtime.out_dir)
+    return out if out.is_absolute() else Path(settings.paths.runs_root) / out
+
+
+def checkpoint_name(step: int) -> str:
+    if not 0 <= step <= 999_999_999:
+        raise ValueError(f"step {step} does not fit the 9-digit checkpoint name")
+    return f"step-{step:09d}.pt"
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """Complete step checkpoints in `run_dir`, oldest first."""
+    if not run_dir.is_dir():
+        return []
+    found = []
+    for path in run_dir.iterdir():
+        match = CHECKPOINT_RE.match(path.name)
+        if match and path.is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    checkpoints = list_checkpoints(run_dir)
+    return checkpoints[-1][1] if checkpoints else None
+
+
+def temp_checkpoints(run_dir: Path) -> list[Path]:
+    """Leftovers of saves that were killed before `os.replace` (never taken for checkpoints)."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(p for p in run_dir.iterdir() if TEMP_CHECKPOINT_RE.match(p.name))
 
 
 # -- a run directory nobody else controls, and one we can write ------------------------------------------
@@ -244,47 +281,3 @@ def check_writable(run_dir: Path) -> None:
                             "runtime.out_dir") from None
         doing = f"cannot write in {run_dir}" if where == run_dir else f"cannot create {run_dir} in {where}"
         raise UserError(f"runtime.out_dir: {doing}: {os_error_text(exc)}; choose another runtime.out_dir") from None
-
-
-def clipped(text: str, limit: int = 200) -> str:
-    """`text` quoted (repr) for a one-line message, cut with an ellipsis and its length when it is long:
-    a 50 MB `--set` value must not come back as a 50 MB error line."""
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text):,} characters)"
-
-
-def run_dir_of(settings: Settings) -> Path:
-    """The run directory: `runtime.out_dir`, relative to `paths.runs_root` (itself relative to the cwd)."""
-    out = Path(settings.runtime.out_dir)
-    return out if out.is_absolute() else Path(settings.paths.runs_root) / out
-
-
-def checkpoint_name(step: int) -> str:
-    if not 0 <= step <= 999_999_999:
-        raise ValueError(f"step {step} does not fit the 9-digit checkpoint name")
-    return f"step-{step:09d}.pt"
-
-
-def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """Complete step checkpoints in `run_dir`, oldest first."""
-    if not run_dir.is_dir():
-        return []
-    found = []
-    for path in run_dir.iterdir():
-        match = CHECKPOINT_RE.match(path.name)
-        if match and path.is_file():
-            found.append((int(match.group(1)), path))
-    return sorted(found)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    checkpoints = list_checkpoints(run_dir)
-    return checkpoints[-1][1] if checkpoints else None
-
-
-def temp_checkpoints(run_dir: Path) -> list[Path]:
-    """Leftovers of saves that were killed before `os.replace` (never taken for checkpoints)."""
-    if not run_dir.is_dir():
-        return []
-    return sorted(p for p in run_dir.iterdir() if TEMP_CHECKPOINT_RE.match(p.name))

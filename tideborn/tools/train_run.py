@@ -50,6 +50,17 @@ def _thresholds(parser: argparse.ArgumentParser) -> None:
                         help=f"weight of the newest loss in the moving average (default {d.smoothing:g})")
 
 
+def wait_seconds(text: str) -> float:
+    """`--timeout`: 0 or more seconds (inf waits for good); a negative or NaN wait is a usage error."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not seconds >= 0:  # also false for NaN, which would otherwise never compare past the deadline
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text!r}")
+    return seconds
+
+
 def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description="Start, check, stop and follow a detached training run.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{start,status,stop,watch}",
@@ -71,7 +82,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     _thresholds(status)
     stop = sub.add_parser("stop", help="SIGTERM the recorded trainer and wait for it to checkpoint and exit")
     stop.add_argument("--out-dir", required=True, type=Path, help="the run directory")
-    stop.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds to wait (default 120)")
+    stop.add_argument("--timeout", type=wait_seconds, default=120.0, metavar="S",
+                      help="seconds to wait (default 120; inf: until it exits)")
     stop.add_argument("--force", action="store_true", help="SIGKILL it if it has not exited after the timeout")
     watch = sub.add_parser("watch", help="stream the run's events (and anomalies) as they are written")
     watch.add_argument("--out-dir", required=True, type=Path, help="the run directory")

@@ -15,7 +15,7 @@ import time
 import typing
 from pathlib import Path
 
-from tideborn.rundir import open_run_file
+from tideborn.rundir import no_such_file, open_run_file
 
 SCHEMA_VERSION = 1
 TERMINAL_KINDS = ("run_finished", "run_stopped", "run_failed")
@@ -126,7 +126,9 @@ class LineFollower:
                 self._inode = stat.st_ino
                 handle.seek(self.offset)
                 chunk = handle.read(max_bytes)
-        except FileNotFoundError:
+        except OSError as exc:
+            if not no_such_file(exc):
+                raise
             return [], False
         end = chunk.rfind(b"\n")
         if end < 0:

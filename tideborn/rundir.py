@@ -106,7 +106,7 @@ def checkpoint_name(step: int) -> str:
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """Complete step checkpoints in `run_dir`, oldest first."""
-    if not run_dir.is_dir():
+    if not is_directory(run_dir):
         return []
     found = []
     for path in run_dir.iterdir():
@@ -123,7 +123,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def temp_checkpoints(run_dir: Path) -> list[Path]:
     """Leftovers of saves that were killed before `os.replace` (never taken for checkpoints)."""
-    if not run_dir.is_dir():
+    if not is_directory(run_dir):
         return []
     return sorted(p for p in run_dir.iterdir() if TEMP_CHECKPOINT_RE.match(p.name))
 
@@ -237,6 +237,22 @@ def os_error_text(exc: OSError) -> str:
         errno.ELOOP: "too many symbolic links (or a link where none is allowed)",
     }
     return f"{hints.get(exc.errno, exc.strerror or str(exc))} [{errno.errorcode.get(exc.errno or 0, exc.errno)}]"
+
+
+def is_directory(path: Path) -> bool:
+    """`path.is_dir()`, and False for a path no directory can have (a name too long): readers never crash on it."""
+    try:
+        return path.is_dir()
+    except OSError as exc:
+        if no_such_file(exc):
+            return False
+        raise
+
+
+def no_such_file(exc: OSError) -> bool:
+    """Whether `exc` means the path holds no file: missing, under something that is not a directory, or
+    with a name longer than the filesystem takes. Readers treat all three as "not written yet"."""
+    return isinstance(exc, (FileNotFoundError, NotADirectoryError)) or exc.errno == errno.ENAMETOOLONG
 
 
 def _existing_ancestor(run_dir: Path) -> Path:

@@ -92,7 +92,10 @@ def find_project_file(environ: typing.Mapping[str, str], cwd: Path) -> Path | No
             raise UserError(f"{PROJECT_FILE_ENV}={named}: no such file")
         return path
     candidate = cwd / PROJECT_FILE_NAME
-    return candidate if candidate.is_file() else None
+    try:
+        return candidate if candidate.is_file() else None
+    except OSError as exc:  # a working directory we may not look into: whether a project file is there is unknown
+        raise UserError(f"{candidate}: cannot tell whether a project file is there: {exc.strerror}") from None
 
 
 def file_layer(path: Path) -> Layer:

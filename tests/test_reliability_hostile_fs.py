@@ -158,6 +158,19 @@ def test_run_files_are_never_opened_through_a_link(tmp_path: Path, victim: Path)
     assert victim.read_text() == "precious\n" and planted.is_symlink() and not (tmp_path / "train.pid").exists()
 
 
+@AS_ROOT
+def test_a_run_directory_writable_by_the_owners_own_group_is_fine(tmp_path: Path) -> None:
+    """umask 002 with user private groups (Debian, Ubuntu) makes directories 0775: the group is the
+    owner alone, so that is not "writable by others"."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_dir.chmod(0o775)  # root's group is root's own here
+    check_run_dir(run_dir)
+    os.chown(run_dir, -1, OTHER_UID)
+    with pytest.raises(UserError, match=r"writable by others \(mode 775\)"):
+        check_run_dir(run_dir)
+
+
 def test_a_link_to_a_run_directory_of_ones_own_is_fine(tmp_path: Path) -> None:
     real = tmp_path / "big-disk" / "run"
     real.mkdir(parents=True)
@@ -205,6 +218,7 @@ def _world_writable_dir(run_dir: Path) -> str:
 
 def _group_writable_file(run_dir: Path) -> str:
     (run_dir / "train.log").write_text("")
+    os.chown(run_dir / "train.log", -1, OTHER_UID)  # a group others are in (not the owner's private group)
     (run_dir / "train.log").chmod(0o664)
     return r"the file .*train.log is writable by others \(mode 664\)"
 
@@ -406,3 +420,10 @@ def test_a_short_value_is_quoted_whole() -> None:
     """The cut is only for long strings: ordinary messages keep their whole value."""
     with pytest.raises(UserError, match=r"--set optim.lr=fast: 'fast' is not a TOML value"):
         load_settings(None, ["optim.lr=fast"], environ={})
+
+
+@pytest.mark.parametrize("command", ["status", "stop", "watch"])
+def test_the_run_tools_read_an_out_dir_with_a_name_too_long_as_no_run(tmp_path: Path, command: str) -> None:
+    result = tool(command, "--out-dir", str(tmp_path / ("n" * 300)))
+    assert result.returncode == 3, describe(result)
+    assert_user_error(result.stderr, r"File name too long")

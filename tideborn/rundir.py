@@ -7,6 +7,7 @@ Names of the files in it, and how step checkpoints are named and listed. Only fi
 from __future__ import annotations
 
 import errno
+import grp
 import os
 import pwd
 import re
@@ -143,6 +144,16 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _private_group(gid: int, uid: int) -> bool:
+    """The owner's own group (a "user private group": same name, their primary group, no other members),
+    whose write bit a umask of 002 sets and nobody else can use."""
+    try:
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return group.gr_name == user.pw_name and user.pw_gid == gid and set(group.gr_mem) <= {user.pw_name}
+
+
 def _link_refused(path: Path) -> str:
     try:
         target = f" (to {os.readlink(path)})"
@@ -170,7 +181,8 @@ def _check_owned(path: Path, info: os.stat_result, what: str, check_mode: bool =
         raise UserError(f"runtime.out_dir: {what} {path} belongs to {_user(info.st_uid)}, and you are "
                         f"{_user(euid)}; tideborn writes only in a run directory that is yours alone: "
                         "choose another runtime.out_dir (or run as its owner)")
-    if check_mode and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    writable_by_group = info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid, info.st_uid)
+    if check_mode and (info.st_mode & stat.S_IWOTH or writable_by_group):
         mode = stat.S_IMODE(info.st_mode)
         raise UserError(f"runtime.out_dir: {what} {path} is writable by others (mode {mode:o}), who could swap "
                         f"its checkpoints or plant links in it: chmod go-w {path}, or choose another runtime.out_dir")

@@ -106,9 +106,13 @@ def thresholds_of(args: argparse.Namespace) -> AnomalyThresholds:
 
 def run_dir_problem(run_dir: Path) -> str | None:
     """Why `run_dir` holds no run to report on, or None."""
-    if not run_dir.exists():
+    try:
+        exists, is_dir = run_dir.exists(), run_dir.is_dir()
+    except OSError as exc:  # a name too long, a directory we may not enter: no run we can read
+        return f"{run_dir}: {exc.strerror}"
+    if not exists:
         return f"{run_dir}: no such directory"
-    if not run_dir.is_dir():
+    if not is_dir:
         return f"{run_dir}: not a directory"
     if not (run_dir / PID_FILE).exists() and not (run_dir / EVENTS_FILE).exists():
         return f"{run_dir}: no run here (neither {PID_FILE} nor {EVENTS_FILE}); start one with train_run start"

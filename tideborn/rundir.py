@@ -79,14 +79,13 @@ def write_atomically(path: Path, write: typing.Callable[[typing.BinaryIO], objec
     with FILE_MODE), which is fsynced and renamed over `path`; then the directory is fsynced. If anything
     fails, the temp file is removed and the old `path`, if any, is untouched."""
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = open_run_file(temp, os.O_WRONLY | os.O_TRUNC)  # a link at the temp name is refused, and left alone
     try:
-        with os.fdopen(open_run_file(temp, os.O_WRONLY | os.O_TRUNC), "wb") as handle:
+        with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)
-    except UserError:
-        raise  # a link at the temp name: it is not ours to remove
     except BaseException:
         temp.unlink(missing_ok=True)
         raise

@@ -58,10 +58,10 @@ def start_in(run_dir: Path | str, cwd: Path) -> subprocess.CompletedProcess:
     return tool("start", *settings_args(Path(run_dir), *QUICK), cwd=cwd)
 
 
-def assert_nothing_launched(result: subprocess.CompletedProcess, *places: Path) -> None:
-    for place in places:
-        if place.is_dir():
-            assert not list(place.rglob("train.pid")), describe(result)
+def assert_nothing_launched(place: Path, result: subprocess.CompletedProcess | None = None) -> None:
+    """No train.pid anywhere under `place`: no trainer was launched."""
+    launched = list(place.rglob("train.pid")) if place.is_dir() else []
+    assert not launched, describe(result) if result is not None else launched
 
 
 @contextlib.contextmanager
@@ -127,7 +127,7 @@ def test_train_run_start_never_writes_through_a_planted_link(tmp_path: Path, vic
     assert result.returncode == 2, describe(result)
     assert_user_error(result.stderr, rf"{name} is a symbolic link")
     assert victim.read_text() == "precious\n"
-    assert_nothing_launched(result, run_dir)
+    assert_nothing_launched(run_dir, result)
 
 
 def test_fresh_never_moves_the_run_through_a_linked_archive(tmp_path: Path, template_run: Path) -> None:
@@ -291,7 +291,7 @@ def test_train_and_start_refuse_an_impossible_out_dir_in_one_line(tmp_path: Path
         for result in (train_in(run_dir, cwd=tmp_path), start_in(run_dir, cwd=tmp_path)):
             assert result.returncode == 2, describe(result)
             assert_user_error(result.stderr, pattern)
-            assert_nothing_launched(result, tmp_path)
+            assert_nothing_launched(tmp_path, result)
         assert not [p.name for p in tmp_path.rglob(".tideborn-write-probe-*")]  # the probe left nothing
 
 
@@ -337,6 +337,7 @@ async def test_the_monitors_start_key_shows_the_error_and_keeps_running(tmp_path
     from tui.app import create_app
     from tui.options import TuiOptions
     from tui.plan import LaunchPlan
+    from tui.screens.confirm import ConfirmScreen
     from tui.screens.dashboard import DashboardScreen
 
     with contextlib.ExitStack() as stack:
@@ -352,6 +353,8 @@ async def test_the_monitors_start_key_shows_the_error_and_keeps_running(tmp_path
                           and m.notification.title == "cannot start"]
                 if errors:
                     break
+                if isinstance(app.screen, ConfirmScreen):  # where start asks first: say yes
+                    await pilot.press("y")
                 await pilot.pause(0.05)
             assert errors, [m.notification.message for m in seen if isinstance(m, Notify)]
             assert re.search(pattern, errors[0].message), errors[0].message
@@ -360,7 +363,7 @@ async def test_the_monitors_start_key_shows_the_error_and_keeps_running(tmp_path
             await pilot.press("question_mark")  # still answering keys
             await pilot.pause()
             assert not isinstance(app.screen, DashboardScreen)
-        assert_nothing_launched(subprocess.CompletedProcess([], 0), tmp_path)
+        assert_nothing_launched(tmp_path)
 
 
 # -- small: BOM, huge strings, stop --timeout -----------------------------------------------------------------

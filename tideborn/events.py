@@ -15,7 +15,7 @@ import time
 import typing
 from pathlib import Path
 
-from tideborn.rundir import FILE_MODE
+from tideborn.rundir import no_such_file, open_run_file
 
 SCHEMA_VERSION = 1
 TERMINAL_KINDS = ("run_finished", "run_stopped", "run_failed")
@@ -61,7 +61,7 @@ class EventWriter:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        self._fd: int | None = open_run_file(self.path, os.O_RDWR | os.O_APPEND)  # never through a symlink
         # A writer that died mid-line (a full disk cut its write short) left a torn last line: start on a
         # line of our own, so the fragment stays one malformed line and our first event is not glued to it.
         self._torn = _ends_mid_line(self._fd)
@@ -126,7 +126,9 @@ class LineFollower:
                 self._inode = stat.st_ino
                 handle.seek(self.offset)
                 chunk = handle.read(max_bytes)
-        except FileNotFoundError:
+        except OSError as exc:
+            if not no_such_file(exc):
+                raise
             return [], False
         end = chunk.rfind(b"\n")
         if end < 0:

@@ -35,3 +35,14 @@ def number(value: object, spec: str = ".4f") -> str:
     if isinstance(value, bool) or value is None:
         return "?"
     return format(value, spec) if isinstance(value, (int, float)) else str(value)
+
+
+def shortened(text: str, limit: int = 200) -> str:
+    """`text` for a one-line message, cut after `limit` characters with an ellipsis and its length: a
+    50 MB `--set` value must not come back as a 50 MB error line."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def clipped(text: str, limit: int = 200) -> str:
+    """`text` quoted (as `repr` quotes it), cut like `shortened`, the length outside the quotes."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"

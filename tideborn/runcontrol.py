@@ -32,8 +32,10 @@ from tideborn.rundir import (
     LOG_FILE,
     PID_FILE,
     TRAINER_LOCK_FILE,
+    check_run_dir,
     make_dirs,
     open_run_file,
+    os_error_text,
     run_dir_of,
     write_atomically,
 )
@@ -123,7 +125,7 @@ def check_launch(request: LaunchRequest, cwd: Path | None = None,
     environ = os.environ if env is None else env
     resolved = load_settings(request.config, request.overrides, request.flags, cwd=cwd, environ=environ)
     options = build_parser().parse_args(["train", *request.trainer_args])
-    preflight(resolved.settings, options.resume, options.fresh, options.stop_at_step, environ=environ)
+    preflight(resolved.settings, options.resume, options.fresh, options.stop_at_step, environ=environ, cwd=cwd)
     run_dir = run_dir_of(resolved.settings)
     run_dir = run_dir if run_dir.is_absolute() else cwd / run_dir
     if run_dir.is_dir() and (holder := live_holder(run_dir)):
@@ -189,7 +191,11 @@ def launch_run(request: LaunchRequest, cwd: Path | None = None, env: typing.Mapp
     a trace of the attempt."""
     cwd = Path.cwd() if cwd is None else Path(cwd)
     run_dir = check_launch(request, cwd, env).run_dir
-    make_dirs(run_dir)
+    try:
+        make_dirs(run_dir)
+    except OSError as exc:  # preflight's probe passed, and then the filesystem changed its mind
+        raise UserError(f"runtime.out_dir: cannot create {run_dir}: {os_error_text(exc)}") from None
+    check_run_dir(run_dir)  # again, now that it exists: ours, and no links planted in it meanwhile
     with _directory_lock(run_dir):
         if holder := live_holder(run_dir):
             raise UserError(f"{run_dir}: a run is already going there: {holder}; stop it first")
@@ -218,7 +224,11 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
               "trainer_args": list(request.trainer_args), "nproc_per_node": request.nproc_per_node,
               "cwd": str(cwd), "argv": argv,
               "started_at": started_at, "run_dir": str(run_dir)}
-    with os.fdopen(open_run_file(log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
+    try:
+        log_fd = open_run_file(log_path, os.O_WRONLY | os.O_APPEND)
+    except OSError as exc:
+        raise UserError(f"runtime.out_dir: cannot write {log_path}: {os_error_text(exc)}") from None
+    with os.fdopen(log_fd, "ab") as log:
         if log.tell() and _last_byte(log_path) != b"\n":
             log.write(b"\n")  # an earlier process died mid-line: start this launch on a line of its own
         log_offset = log.tell()
@@ -238,6 +248,11 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
                            **boot_relative_start(process.pid))
         write_text_atomically(run_dir / PID_FILE, json.dumps(record.to_dict(), indent=2) + "\n")
         write_text_atomically(run_dir / LAUNCH_FILE, json.dumps(launch, indent=2) + "\n")
+    except OSError as exc:  # a disk that filled up since the probe: one line, and no run left behind
+        process.kill()
+        process.wait()
+        raise UserError(f"runtime.out_dir: cannot write {PID_FILE} and {LAUNCH_FILE} in {run_dir}: "
+                        f"{os_error_text(exc)}; the trainer was stopped") from None
     except BaseException:
         process.kill()  # a run nobody can find or stop must not be left behind
         process.wait()

@@ -6,10 +6,17 @@ Names of the files in it, and how step checkpoints are named and listed. Only fi
 
 from __future__ import annotations
 
+import errno
+import grp
 import os
+import pwd
 import re
+import stat
 import typing
 from pathlib import Path
+
+from tideborn.errors import UserError
+from tideborn.humanize import clipped
 
 if typing.TYPE_CHECKING:
     from tideborn.config import Settings
@@ -49,12 +56,18 @@ def make_dirs(path: Path) -> None:
 
 
 def open_run_file(path: Path, flags: int) -> int:
-    """`os.open` of a run-directory file, created with FILE_MODE: the file descriptor."""
-    return os.open(path, flags | os.O_CREAT, FILE_MODE)
+    """`os.open` of a run-directory file, created with FILE_MODE: the file descriptor. Never through a
+    symbolic link (O_NOFOLLOW): a link planted in a run directory would have us write to its target."""
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(_link_refused(path)) from None
+        raise
 
 
 def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
@@ -66,8 +79,9 @@ def write_atomically(path: Path, write: typing.Callable[[typing.BinaryIO], objec
     with FILE_MODE), which is fsynced and renamed over `path`; then the directory is fsynced. If anything
     fails, the temp file is removed and the old `path`, if any, is untouched."""
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = open_run_file(temp, os.O_WRONLY | os.O_TRUNC)  # a link at the temp name is refused, and left alone
     try:
-        with os.fdopen(open_run_file(temp, os.O_WRONLY | os.O_TRUNC), "wb") as handle:
+        with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -92,7 +106,7 @@ def checkpoint_name(step: int) -> str:
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """Complete step checkpoints in `run_dir`, oldest first."""
-    if not run_dir.is_dir():
+    if not is_directory(run_dir):
         return []
     found = []
     for path in run_dir.iterdir():
@@ -109,6 +123,188 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def temp_checkpoints(run_dir: Path) -> list[Path]:
     """Leftovers of saves that were killed before `os.replace` (never taken for checkpoints)."""
-    if not run_dir.is_dir():
+    if not is_directory(run_dir):
         return []
     return sorted(p for p in run_dir.iterdir() if TEMP_CHECKPOINT_RE.match(p.name))
+
+
+# -- a run directory nobody else controls, and one we can write ------------------------------------------
+
+RUN_FILES = (EVENTS_FILE, LOG_FILE, PID_FILE, LAUNCH_FILE, TRAINER_LOCK_FILE)
+"""The files tideborn writes, appends to, replaces or locks in a run directory (checkpoints aside)."""
+_ATOMIC_TEMP_RE = re.compile(r"^\.(train\.pid|launch\.json)\.tmp-\d+$")
+PROBE_PREFIX = ".tideborn-write-probe-"
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """The owner's own group (a "user private group": same name, their primary group, no other members),
+    whose write bit a umask of 002 sets and nobody else can use."""
+    try:
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return group.gr_name == user.pw_name and user.pw_gid == gid and set(group.gr_mem) <= {user.pw_name}
+
+
+def _link_refused(path: Path) -> str:
+    try:
+        target = f" (to {os.readlink(path)})"
+    except OSError:
+        target = ""
+    return (f"runtime.out_dir: {path} is a symbolic link{target}; tideborn never writes, moves or deletes "
+            "through a link in a run directory: remove it, or choose another runtime.out_dir")
+
+
+def refuse_link(path: Path) -> None:
+    """`UserError` if `path` is a symbolic link: run files are never moved, written or deleted through one."""
+    if path.is_symlink():
+        raise UserError(_link_refused(path))
+
+
+def _is_run_entry(name: str) -> bool:
+    return (name in RUN_FILES or name == ARCHIVE_DIR or bool(CHECKPOINT_RE.match(name))
+            or bool(TEMP_CHECKPOINT_RE.match(name)) or bool(_ATOMIC_TEMP_RE.match(name)))
+
+
+def _check_owned(path: Path, info: os.stat_result, what: str, check_mode: bool = True) -> None:
+    """Ours, and writable by nobody else: otherwise someone else can swap checkpoints or plant links."""
+    euid = os.geteuid()
+    if info.st_uid != euid:
+        raise UserError(f"runtime.out_dir: {what} {path} belongs to {_user(info.st_uid)}, and you are "
+                        f"{_user(euid)}; tideborn writes only in a run directory that is yours alone: "
+                        "choose another runtime.out_dir (or run as its owner)")
+    writable_by_group = info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid, info.st_uid)
+    if check_mode and (info.st_mode & stat.S_IWOTH or writable_by_group):
+        mode = stat.S_IMODE(info.st_mode)
+        raise UserError(f"runtime.out_dir: {what} {path} is writable by others (mode {mode:o}), who could swap "
+                        f"its checkpoints or plant links in it: chmod go-w {path}, or choose another runtime.out_dir")
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse (`UserError`, one line) a run directory that someone else controls or that cannot be written.
+
+    Someone else's: owned by another user (root included: a root trainer in a user's directory is the
+    classic target of a planted link), or group- or world-writable, or holding a run file (events, log,
+    pid, launch, lock, checkpoints, archive) that is a symbolic link, belongs to another user or is
+    writable by others. Unwritable: see `check_writable`. A run directory that does not exist yet only
+    has to be creatable (`make_dirs` then creates it ours)."""
+    try:
+        link = os.lstat(run_dir)
+    except OSError:
+        check_writable(run_dir)  # not there, or not reachable: this names why it cannot be created
+        return
+    info = link
+    if stat.S_ISLNK(link.st_mode):
+        # A link to the run directory is a user's own convenience (runs/x -> /big/disk/x); it must be
+        # theirs, and what it points to is checked as the run directory itself.
+        _check_owned(run_dir, link, "the link", check_mode=False)  # a link's own mode is always 777
+        try:
+            info = os.stat(run_dir)
+        except OSError as exc:
+            raise UserError(f"runtime.out_dir: {run_dir}: {os_error_text(exc)}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise UserError(f"runtime.out_dir: {run_dir} exists and is not a directory")
+    _check_owned(run_dir, info, "the run directory")
+    try:
+        entries = [entry for entry in os.scandir(run_dir) if _is_run_entry(entry.name)]
+    except OSError as exc:
+        raise UserError(f"runtime.out_dir: cannot list {run_dir}: {os_error_text(exc)}") from None
+    for entry in entries:
+        path = run_dir / entry.name
+        try:
+            found = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed meanwhile (a temp file of a save that just finished)
+        if stat.S_ISLNK(found.st_mode):
+            raise UserError(_link_refused(path))
+        wanted_dir = entry.name == ARCHIVE_DIR
+        if stat.S_ISDIR(found.st_mode) != wanted_dir or not (wanted_dir or stat.S_ISREG(found.st_mode)):
+            kind = "a directory" if wanted_dir else "a regular file"
+            raise UserError(f"runtime.out_dir: {path} is not {kind}; move it away, or choose another runtime.out_dir")
+        _check_owned(path, found, "the directory" if wanted_dir else "the file")
+        if entry.name in (EVENTS_FILE, LOG_FILE, TRAINER_LOCK_FILE) and not os.access(path, os.W_OK):
+            raise UserError(f"runtime.out_dir: cannot write {path}: permission denied (mode "
+                            f"{stat.S_IMODE(found.st_mode):o}); chmod u+w it, or choose another runtime.out_dir")
+    check_writable(run_dir)
+
+
+def os_error_text(exc: OSError) -> str:
+    """An `OSError` as the end of a one-line message, with what to do about the common ones."""
+    hints = {
+        errno.EROFS: "the filesystem is mounted read-only",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted",
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.ENAMETOOLONG: "a name in the path is too long for the filesystem",
+        errno.ENOTDIR: "a part of the path is a file, not a directory",
+        errno.ELOOP: "too many symbolic links (or a link where none is allowed)",
+    }
+    return f"{hints.get(exc.errno, exc.strerror or str(exc))} [{errno.errorcode.get(exc.errno or 0, exc.errno)}]"
+
+
+def is_directory(path: Path) -> bool:
+    """`path.is_dir()`, and False for a path no directory can have (a name too long): readers never crash on it."""
+    try:
+        return path.is_dir()
+    except OSError as exc:
+        if no_such_file(exc):
+            return False
+        raise
+
+
+def no_such_file(exc: OSError) -> bool:
+    """Whether `exc` means the path holds no file: missing, under something that is not a directory, or
+    with a name longer than the filesystem takes. Readers treat all three as "not written yet"."""
+    return isinstance(exc, (FileNotFoundError, NotADirectoryError)) or exc.errno == errno.ENAMETOOLONG
+
+
+def _existing_ancestor(run_dir: Path) -> Path:
+    """The run directory, or the nearest ancestor that exists (where creating it starts)."""
+    path = run_dir
+    while True:
+        try:
+            os.stat(path)
+            return path
+        except (FileNotFoundError, NotADirectoryError):  # not there, or a file stands where a directory should
+            if path.parent == path:
+                return path
+            path = path.parent
+
+
+def check_writable(run_dir: Path) -> None:
+    """Refuse (`UserError`, one line naming the cause) a run directory that cannot be created or written:
+    a read-only mount, a path under a regular file, a name too long, a full disk, a directory we may not
+    enter. The evidence is a probe: a hidden file created (O_EXCL, O_NOFOLLOW), written, and removed, in
+    the run directory or, when it does not exist yet, in the ancestor it would be created in. Nothing stays."""
+    where = run_dir
+    try:
+        where = _existing_ancestor(run_dir)
+        if not stat.S_ISDIR(os.stat(where).st_mode):
+            raise UserError(f"runtime.out_dir: {run_dir}: {where} is a file, not a directory; "
+                            "choose another runtime.out_dir")
+        probe = where / f"{PROBE_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            try:
+                os.write(fd, b"\0" * 4096)  # a block: on a full disk an empty file can still be created
+            finally:
+                os.close(fd)
+        finally:
+            os.unlink(probe)
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            longest = max(run_dir.parts, key=lambda part: len(os.fsencode(part)))
+            raise UserError(f"runtime.out_dir: the path is too long for the filesystem (its longest name, "
+                            f"{clipped(longest, 40)}, is {len(os.fsencode(longest)):,} bytes; most filesystems "
+                            f"allow 255, and a whole path {os.pathconf('/', 'PC_PATH_MAX'):,}): choose a shorter "
+                            "runtime.out_dir") from None
+        doing = f"cannot write in {run_dir}" if where == run_dir else f"cannot create {run_dir} in {where}"
+        raise UserError(f"runtime.out_dir: {doing}: {os_error_text(exc)}; choose another runtime.out_dir") from None

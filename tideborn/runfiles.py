@@ -19,7 +19,7 @@ import psutil
 from tideborn.anomaly import ProcessFacts
 from tideborn.errors import UserError
 from tideborn.events import LineFollower
-from tideborn.rundir import PID_FILE
+from tideborn.rundir import PID_FILE, no_such_file
 
 RUN_STARTED_SEARCH_BYTES = 64 * 1024 * 1024
 """Without train.pid (a run started in a terminal), how far back a tail read looks for the session's
@@ -76,9 +76,11 @@ def read_pid_record(run_dir: Path) -> PidRecord | None:
                          events_inode=None if data.get("events_inode") is None else int(data["events_inode"]),
                          start_ticks=None if data.get("start_ticks") is None else _whole(data["start_ticks"]),
                          boot_id=None if data.get("boot_id") is None else str(data["boot_id"]))
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except OSError as exc:
+        if no_such_file(exc):
+            return None
+        raise UserError(f"{path}: not a train.pid written by train_run start ({type(exc).__name__}: {exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: not a train.pid written by train_run start ({type(exc).__name__}: {exc})") from None
 
 
@@ -155,14 +157,18 @@ def this_host() -> str:
 def file_size(path: Path) -> int:
     try:
         return path.stat().st_size
-    except FileNotFoundError:
+    except OSError as exc:
+        if not no_such_file(exc):
+            raise
         return 0
 
 
 def file_mtime(path: Path) -> float | None:
     try:
         return path.stat().st_mtime
-    except FileNotFoundError:
+    except OSError as exc:
+        if not no_such_file(exc):
+            raise
         return None
 
 

@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 
 from tideborn.anomaly import AnomalyThresholds, LogScanner, match_log_line
-from tideborn.rundir import EVENTS_FILE, LOG_FILE
+from tideborn.rundir import EVENTS_FILE, LOG_FILE, no_such_file
 from tideborn.runfiles import LogReader, file_size, line_start_at_or_after, this_host
 from tideborn.runstate import RunTracker
 from tui.gpu import HardwareSample, NvmlProbe, ProcessProbe, devices_from_event
@@ -43,7 +43,9 @@ _VOLATILE = ("elapsed_seconds", "last_event_time")
 def _inode(path: Path) -> int | None:
     try:
         return path.stat().st_ino
-    except FileNotFoundError:
+    except OSError as exc:
+        if not no_such_file(exc):
+            raise
         return None
 
 

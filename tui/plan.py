@@ -14,7 +14,7 @@ from pathlib import Path
 from tideborn.config import load_settings
 from tideborn.errors import UserError
 from tideborn.runcontrol import LaunchRequest
-from tideborn.rundir import LAUNCH_FILE, run_dir_of
+from tideborn.rundir import LAUNCH_FILE, no_such_file, run_dir_of
 
 OUT_DIR_KEY = "runtime.out_dir"
 
@@ -38,9 +38,11 @@ class LaunchPlan:
         path = run_dir / LAUNCH_FILE
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except OSError as exc:
+            if no_such_file(exc):
+                return None
+            raise UserError(f"{path}: unreadable ({exc}); start with --config instead") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UserError(f"{path}: unreadable ({exc}); start with --config instead") from None
         if not isinstance(data, dict):
             raise UserError(f"{path}: not a JSON object; start with --config instead")

@@ -13,6 +13,7 @@ import difflib
 import json
 import math
 import os
+import sys
 import tomllib
 import typing
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ from pathlib import Path
 from tideborn.config.presets import NETWORKS
 from tideborn.config.schema import SECTIONS, SettingError, Settings
 from tideborn.errors import UserError
+from tideborn.humanize import clipped, shortened
 
 PROJECT_FILE_ENV = "TIDEBORN_PROJECT_FILE"
 PROJECT_FILE_NAME = "tideborn.toml"
 DEFAULTS_SOURCE = "the defaults"
+TOO_MANY_DIGITS = f"an integer has more than {sys.get_int_max_str_digits():,} digits; no setting takes one that large"
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ def load_settings(
     layers.extend(override_layer(item) for item in overrides)
     for name, value in (flags or {}).items():
         if value is not None:
-            layers.append(Layer({"run": {name: value}}, {f"run.{name}": f"--{name} {value}"}))
+            layers.append(Layer({"run": {name: value}}, {f"run.{name}": f"--{name} {shortened(value)}"}))
 
     network = ""
     for layer in layers:
@@ -73,7 +76,7 @@ def load_settings(
             raise UserError(f"{source}: run.network expects a string, got {_describe(network)}")
         if network not in NETWORKS:
             hint = _suggest(network, NETWORKS)
-            raise UserError(f"run.network: unknown network preset {network!r}{hint}; "
+            raise UserError(f"run.network: unknown network preset {clipped(network)}{hint}; "
                             f"known: {', '.join(NETWORKS)}")
         preset = NETWORKS[network]
         layers.insert(0, Layer(preset, {f"{s}.{k}": f"network preset {network}"
@@ -89,7 +92,10 @@ def find_project_file(environ: typing.Mapping[str, str], cwd: Path) -> Path | No
             raise UserError(f"{PROJECT_FILE_ENV}={named}: no such file")
         return path
     candidate = cwd / PROJECT_FILE_NAME
-    return candidate if candidate.is_file() else None
+    try:
+        return candidate if candidate.is_file() else None
+    except OSError as exc:  # a working directory we may not look into: whether a project file is there is unknown
+        raise UserError(f"{candidate}: cannot tell whether a project file is there: {exc.strerror}") from None
 
 
 def file_layer(path: Path) -> Layer:
@@ -99,7 +105,7 @@ def file_layer(path: Path) -> Layer:
     if not path.is_file():
         raise UserError(f"config file is not a regular file: {path}")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors write one) is not settings
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read: {exc}") from None
     if path.suffix.lower() == ".json":
@@ -109,6 +115,8 @@ def file_layer(path: Path) -> Layer:
             raise UserError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
         except RecursionError:
             raise UserError(f"{path}: malformed JSON: nested too deeply") from None
+        except ValueError:  # Python's limit on the digits of an integer (JSONDecodeError is caught above)
+            raise UserError(f"{path}: {TOO_MANY_DIGITS}") from None
     else:
         try:
             data = tomllib.loads(text)
@@ -116,6 +124,8 @@ def file_layer(path: Path) -> Layer:
             raise UserError(f"{path}: malformed TOML: {exc}") from None
         except RecursionError:
             raise UserError(f"{path}: malformed TOML: nested too deeply") from None
+        except ValueError:  # Python's limit on the digits of an integer (TOMLDecodeError is caught above)
+            raise UserError(f"{path}: {TOO_MANY_DIGITS}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a table of sections at the top level")
     return _checked_layer(data, str(path))
@@ -134,9 +144,10 @@ def _project_layer(path: Path) -> Layer:
 
 def override_layer(item: str) -> Layer:
     """One `--set section.key=value`; the value is TOML, or a bare word for a string setting."""
-    label = f"--set {item}"
     key, sep, raw = item.partition("=")
     key = key.strip()
+    # Messages name the item; a huge one (a 50 MB value) is cut, with its length, not echoed whole.
+    label = f"--set {shortened(item)}"
     if not sep or not key:
         raise UserError(f"{label}: expected section.key=value")
     section, dot, name = key.partition(".")
@@ -155,8 +166,10 @@ def override_layer(item: str) -> Layer:
         if _field_type(section, name) is str:
             value = raw  # a bare word for a string setting: `--set runtime.device=cuda`
         else:
-            raise UserError(f"{label}: {raw!r} is not a TOML value (strings need quotes: "
-                            f"{key}=\"...\"; lists use [1, 2])") from None
+            raise UserError(f"{label}: {clipped(raw)} is not a TOML value (strings need quotes: "
+                            f"{shortened(key, 60)}=\"...\"; lists use [1, 2])") from None
+    except ValueError:  # Python's limit on the digits of an integer; TOMLDecodeError, a ValueError, is above
+        raise UserError(f"{label}: {TOO_MANY_DIGITS}") from None
     return Layer({section: {name: value}}, {key: label})
 
 
@@ -164,9 +177,9 @@ def _checked_layer(data: dict, source: str) -> Layer:
     values: dict[str, dict[str, object]] = {}
     for section, table in data.items():
         if section not in SECTIONS:
-            raise UserError(f"{source}: unknown section [{section}]{_suggest(section, SECTIONS)}")
+            raise UserError(f"{source}: unknown section [{shortened(section)}]{_suggest(section, SECTIONS)}")
         if not isinstance(table, dict):
-            raise UserError(f"{source}: [{section}] must be a table of settings, got {_describe(table)}")
+            raise UserError(f"{source}: [{shortened(section)}] must be a table of settings, got {_describe(table)}")
         for name in table:
             _check_key(section, name, source)
         values[section] = dict(table)
@@ -175,13 +188,16 @@ def _checked_layer(data: dict, source: str) -> Layer:
 
 def _check_key(section: str, name: str, source: str) -> None:
     if section not in SECTIONS:
-        raise UserError(f"{source}: unknown section {section!r}{_suggest(section, SECTIONS)}")
+        raise UserError(f"{source}: unknown section {clipped(section)}{_suggest(section, SECTIONS)}")
     names = [f.name for f in dataclasses.fields(SECTIONS[section])]
     if name not in names:
-        raise UserError(f"{source}: unknown key {section}.{name}{_suggest(name, names, prefix=section + '.')}")
+        hint = _suggest(name, names, prefix=section + ".")
+        raise UserError(f"{source}: unknown key {section}.{shortened(name)}{hint}")
 
 
 def _suggest(word: str, choices: typing.Iterable[str], prefix: str = "") -> str:
+    if len(word) > 100:  # no setting is named anything like it, and difflib would take seconds to say so
+        return ""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
@@ -225,7 +241,7 @@ _TYPE_NAMES = {bool: "a boolean (true/false)", int: "an integer", float: "a numb
 def _describe(value: object) -> str:
     kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
              list: "a list", dict: "a table"}
-    return f"{json.dumps(value, default=str)} ({kinds.get(type(value), type(value).__name__)})"
+    return f"{shortened(json.dumps(value, default=str))} ({kinds.get(type(value), type(value).__name__)})"
 
 
 def _coerce(value: object, hint: object, key: str, source: str) -> object:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from tideborn.humanize import clipped
+
 ACTIVATIONS = ("relu", "silu", "mish")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "step", "constant")
@@ -40,7 +42,7 @@ def _check(condition: bool, key: str, message: str) -> None:
 
 
 def _one_of(value: str, choices: tuple[str, ...], key: str) -> None:
-    _check(value in choices, key, f"must be one of {', '.join(choices)}; got {value!r}")
+    _check(value in choices, key, f"must be one of {', '.join(choices)}; got {clipped(value)}")
 
 
 @dataclass(frozen=True)
@@ -285,7 +287,7 @@ class RuntimeSettings:
         _check(self.seed <= SEED_LIMIT, "runtime.seed", f"must be <= {SEED_LIMIT} (a 64-bit seed); got {self.seed}")
         _check(self.device in ("auto", "cpu", "cuda") or (self.device.startswith("cuda:")
                                                            and self.device[5:].isdigit()),
-               "runtime.device", f"must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+               "runtime.device", f"must be auto, cpu, cuda or cuda:N; got {clipped(self.device)}")
         _one_of(self.precision, PRECISIONS, "runtime.precision")
         _check(self.threads >= 0, "runtime.threads", f"must be >= 0; got {self.threads}")
         _check(bool(self.out_dir), "runtime.out_dir", "must not be empty")

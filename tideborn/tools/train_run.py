@@ -63,6 +63,17 @@ def _thresholds(parser: argparse.ArgumentParser) -> None:
                         help=f"weight of the newest loss in the moving average (default {d.smoothing:g})")
 
 
+def wait_seconds(text: str) -> float:
+    """`--timeout`: 0 or more seconds (inf waits for good); a negative or NaN wait is a usage error."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not seconds >= 0:  # also false for NaN, which would otherwise never compare past the deadline
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text!r}")
+    return seconds
+
+
 def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description="Start, check, stop and follow a detached training run.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{start,status,stop,watch}",
@@ -87,10 +98,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     _thresholds(status)
     stop = sub.add_parser("stop", help="SIGTERM the recorded trainer and wait for it to checkpoint and exit")
     stop.add_argument("--out-dir", required=True, type=Path, help="the run directory")
-    stop.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds to wait (default 120)")
+    stop.add_argument("--timeout", type=wait_seconds, default=120.0, metavar="S",
+                      help="seconds to wait (default 120; inf: until it exits)")
     stop.add_argument("--force", action="store_true",
                       help="SIGKILL it if it has not exited after the timeout (never inside a checkpoint save)")
-    stop.add_argument("--save-timeout", type=float, default=SAVE_TIMEOUT_SECONDS, metavar="S",
+    stop.add_argument("--save-timeout", type=wait_seconds, default=SAVE_TIMEOUT_SECONDS, metavar="S",
                       help="with --force: how long a checkpoint save in progress may still take before SIGKILL "
                            f"(default {SAVE_TIMEOUT_SECONDS:g})")
     watch = sub.add_parser("watch", help="stream the run's events (and anomalies) as they are written")
@@ -114,9 +126,13 @@ def thresholds_of(args: argparse.Namespace) -> AnomalyThresholds:
 
 def run_dir_problem(run_dir: Path) -> str | None:
     """Why `run_dir` holds no run to report on, or None."""
-    if not run_dir.exists():
+    try:
+        exists, is_dir = run_dir.exists(), run_dir.is_dir()
+    except OSError as exc:  # a name too long, a directory we may not enter: no run we can read
+        return f"{run_dir}: {exc.strerror}"
+    if not exists:
         return f"{run_dir}: no such directory"
-    if not run_dir.is_dir():
+    if not is_dir:
         return f"{run_dir}: not a directory"
     if not (run_dir / PID_FILE).exists() and not (run_dir / EVENTS_FILE).exists():
         return f"{run_dir}: no run here (neither {PID_FILE} nor {EVENTS_FILE}); start one with train_run start"

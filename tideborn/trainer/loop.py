@@ -23,7 +23,16 @@ from tideborn.config import Resolved, Settings
 from tideborn.errors import UserError
 from tideborn.events import EventWriter
 from tideborn.humanize import duration
-from tideborn.rundir import EVENTS_FILE, list_checkpoints, make_dirs, temp_checkpoints
+from tideborn.rundir import (
+    ARCHIVE_DIR,
+    EVENTS_FILE,
+    check_run_dir,
+    list_checkpoints,
+    make_dirs,
+    os_error_text,
+    refuse_link,
+    temp_checkpoints,
+)
 from tideborn.runfiles import boot_relative_start
 from tideborn.trainer.checkpoint import prune_checkpoints, save_checkpoint
 from tideborn.trainer.device import DeviceSetup, resolve_device
@@ -115,15 +124,22 @@ class Trainer:
         p = self.p
         if not self.env.is_main:
             return self._guarded([], None)
-        make_dirs(p.run_dir)
+        try:
+            make_dirs(p.run_dir)
+        except OSError as exc:
+            raise UserError(f"runtime.out_dir: cannot create {p.run_dir}: {os_error_text(exc)}") from None
+        check_run_dir(p.run_dir)  # again, now that it exists: ours, writable, no links planted since preflight
         # Under torchrun, the process `train_run start` launched is torchrun, this rank's parent.
         with RunDirLock(p.run_dir, launched_pid=os.getppid() if self.env.distributed else None):
-            archived = self._archive_for_fresh() if p.fresh else None
-            warnings = list(p.start.warnings)
-            for temp in temp_checkpoints(p.run_dir):
-                temp.unlink(missing_ok=True)
-                warnings.append(f"removed {temp.name}, left by a checkpoint save that did not finish")
-            self.events = EventWriter(p.run_dir / EVENTS_FILE)
+            try:
+                archived = self._archive_for_fresh() if p.fresh else None
+                warnings = list(p.start.warnings)
+                for temp in temp_checkpoints(p.run_dir):
+                    temp.unlink(missing_ok=True)
+                    warnings.append(f"removed {temp.name}, left by a checkpoint save that did not finish")
+                self.events = EventWriter(p.run_dir / EVENTS_FILE)
+            except OSError as exc:  # before run_started: bad ground to start on, not a failed run
+                raise UserError(f"runtime.out_dir: cannot prepare {p.run_dir}: {os_error_text(exc)}") from None
             return self._guarded(warnings, archived)
 
     def _guarded(self, warnings: list[str], archived: Path | None) -> int:
@@ -144,12 +160,15 @@ class Trainer:
             doomed.append(run_dir / EVENTS_FILE)
         if not doomed:
             return None
+        # Never through a link: `archive -> /elsewhere` would carry the run's checkpoints out of it.
+        for path in [run_dir / ARCHIVE_DIR, *doomed]:
+            refuse_link(path)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        archive = run_dir / "archive" / f"fresh-{stamp}"
+        archive = run_dir / ARCHIVE_DIR / f"fresh-{stamp}"
         suffix = 1
         while archive.exists():  # two --fresh starts within a second must not mix their archives
             suffix += 1
-            archive = run_dir / "archive" / f"fresh-{stamp}-{suffix}"
+            archive = run_dir / ARCHIVE_DIR / f"fresh-{stamp}-{suffix}"
         make_dirs(archive)
         for path in doomed:
             os.replace(path, archive / path.name)

@@ -13,15 +13,17 @@ from pathlib import Path
 
 from tideborn.config import Settings
 from tideborn.errors import UserError
-from tideborn.rundir import CHECKPOINT_RE, list_checkpoints, run_dir_of
+from tideborn.rundir import CHECKPOINT_RE, check_run_dir, list_checkpoints, run_dir_of
 
 CHECKPOINT_FORMAT_MARK = b"tideborn-checkpoint"
 """`checkpoint.FORMAT` as it stands in a checkpoint's pickle (`data.pkl`): the mark of a tideborn checkpoint."""
 
 
 def preflight(settings: Settings, resume: Path | None = None, fresh: bool = False,
-              stop_at_step: int | None = None, environ: typing.Mapping[str, str] | None = None) -> Path:
-    """Raise `UserError` for what is wrong with the request; return the run directory."""
+              stop_at_step: int | None = None, environ: typing.Mapping[str, str] | None = None,
+              cwd: Path | None = None) -> Path:
+    """Raise `UserError` for what is wrong with the request; return the run directory (relative to `cwd`,
+    the trainer's working directory, when `runtime.out_dir` and `paths.runs_root` are relative)."""
     environ = os.environ if environ is None else environ
     if settings.data.resolved_kind != "synthetic":
         # Every teacher file is opened and size-checked now, so a bad one is named before anything starts.
@@ -38,8 +40,9 @@ def preflight(settings: Settings, resume: Path | None = None, fresh: bool = Fals
         raise UserError(f"--stop-at-step {stop_at_step}: must be between 1 and runtime.max_steps "
                         f"({settings.runtime.max_steps})")
     run_dir = run_dir_of(settings)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"runtime.out_dir: {run_dir} exists and is not a directory")
+    # Before torch loads: a run directory someone else controls (a planted link, another user's files),
+    # or one that cannot be written (read-only, under a file, a name too long, a full disk), is one line.
+    check_run_dir(run_dir if cwd is None or run_dir.is_absolute() else cwd / run_dir)
     return run_dir
 
 

@@ -23,7 +23,7 @@ import psutil
 
 from tideborn.anomaly import same_process
 from tideborn.errors import UserError
-from tideborn.rundir import LAUNCH_FILE, PID_FILE, TRAINER_LOCK_FILE, open_run_file, write_atomically
+from tideborn.rundir import LAUNCH_FILE, PID_FILE, TRAINER_LOCK_FILE, open_run_file, os_error_text, write_atomically
 from tideborn.runfiles import PidRecord, boot_relative_start, process_facts, read_pid_record, this_host
 
 LAUNCH_ENV = "TIDEBORN_LAUNCH"
@@ -122,7 +122,10 @@ class RunDirLock:
         self._fd: int | None = None
 
     def __enter__(self) -> RunDirLock:
-        fd = open_run_file(self.path, os.O_RDWR)
+        try:
+            fd = open_run_file(self.path, os.O_RDWR)  # never through a link (O_NOFOLLOW)
+        except OSError as exc:
+            raise UserError(f"runtime.out_dir: cannot open {self.path}: {os_error_text(exc)}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -136,8 +139,12 @@ class RunDirLock:
         me = psutil.Process()
         record = {"pid": me.pid, "host": this_host(), "start_time": me.create_time(),
                   "launched_pid": self.launched_pid, **boot_relative_start(me.pid)}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        except OSError as exc:
+            self.__exit__()
+            raise UserError(f"runtime.out_dir: cannot write {self.path}: {os_error_text(exc)}") from None
         if self.launch is not None:
             try:
                 self._claim_launch()

@@ -273,6 +273,9 @@ class DashboardScreen(Screen):
         except (UserError, TrainerExited) as exc:
             self.post_message(LaunchFailed(str(exc)))
             return
+        except OSError as exc:  # the filesystem refused something no check foresaw: say so, keep running
+            self.post_message(LaunchFailed(f"cannot start in {self.run_dir}: {exc}"))
+            return
         self._launched.append(launched.process)
         self.post_message(RunLaunched(launched.record.pid, launched.run_dir, launched.outcome,
                                       launched.started_step))

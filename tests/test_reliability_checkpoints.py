@@ -69,6 +69,11 @@ def test_a_run_resumed_past_an_unusable_newest_file_keeps_what_it_writes(templat
     newest.write_bytes(torn)
     sets = (*TEMPLATE_SETS, "runtime.max_steps=10", "runtime.keep_checkpoints=1", "runtime.checkpoint_every=1")
     history = len(events_of(run_dir))
+    # Before any trainer has looked at it, status (which loads no checkpoint) flags it from its size.
+    reported = status_json(run_dir, capsys)["last_checkpoint"]
+    assert reported["step"] == 4 and reported["changed_since_saved"] is True and reported["bytes"] == len(torn)
+    assert train_run.main(["status", "--out-dir", str(run_dir)]) == 0
+    assert "CHANGED since it was saved (100,000 bytes" in capsys.readouterr().out
 
     result = train(run_dir, *sets, cwd=tmp_path, extra=["--stop-at-step", "6"])
 
@@ -83,7 +88,8 @@ def test_a_run_resumed_past_an_unusable_newest_file_keeps_what_it_writes(templat
     assert [e["kind"] for e in stopped] == ["run_stopped"]
     assert stopped[0]["checkpoint"] == str(run_dir / NAME.format(6))
     assert [step for step, _ in list_checkpoints(run_dir)] == [6]  # the one just written survived pruning
-    assert status_json(run_dir, capsys)["last_checkpoint"]["path"] == str(run_dir / NAME.format(6))
+    reported = status_json(run_dir, capsys)["last_checkpoint"]
+    assert reported["path"] == str(run_dir / NAME.format(6)) and reported["changed_since_saved"] is False
 
     history = len(events_of(run_dir))
     train(run_dir, *sets, cwd=tmp_path)

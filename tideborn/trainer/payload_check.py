@@ -10,6 +10,7 @@ which has shapes and no storage, so checking a checkpoint allocates nothing what
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -18,7 +19,7 @@ from tideborn.config.load import settings_from_dict
 from tideborn.config.schema import MAX_STEPS_LIMIT, Settings
 from tideborn.errors import UserError
 from tideborn.trainer.model import build_model
-from tideborn.trainer.optim import build_optimizer
+from tideborn.trainer.optim import build_optimizer, build_scheduler
 
 
 class PayloadError(ValueError):
@@ -56,22 +57,25 @@ def check_payload(payload: dict) -> Settings:
         raise PayloadError(str(exc)) from None
     with torch.device("meta"):  # shapes without storage: nothing is allocated, whatever the settings say
         model = build_model(settings.model)
-    expected = model.state_dict()
+        expected = model.state_dict()
+        # WeightAverage's (AveragedModel's) layout: the network under `module.`, and a scalar step counter.
+        averaged = {**{f"module.{k}": v for k, v in expected.items()}, "n_averaged": torch.zeros((), dtype=torch.long)}
     _check_weights("model", payload["model"], expected, settings)
     if payload.get("ema"):
-        _check_weights("ema", payload["ema"], {f"module.{k}": v for k, v in expected.items()}, settings,
-                       extra={"n_averaged"})
-    _check_optimizer(payload["optimizer"], build_optimizer(model, settings.optim))
-    _check_scheduler(payload["scheduler"])
+        _check_weights("ema", payload["ema"], averaged, settings)
+    optimizer = build_optimizer(model, settings.optim)
+    _check_optimizer(payload["optimizer"], optimizer)
+    _check_scheduler(payload["scheduler"], build_scheduler(optimizer, settings.optim, settings.runtime.max_steps))
+    if payload.get("scaler"):
+        _check_scaler(payload["scaler"])
     _check_rng(payload["rng"])
     _check_cursor(payload["data_cursor"], settings)
     return settings
 
 
-def _check_weights(name: str, state: dict, expected: dict[str, torch.Tensor], settings: Settings,
-                   extra: set[str] = frozenset()) -> None:
+def _check_weights(name: str, state: dict, expected: dict[str, torch.Tensor], settings: Settings) -> None:
     missing = [key for key in expected if key not in state]
-    unexpected = [key for key in state if key not in expected and key not in extra]
+    unexpected = [key for key in state if key not in expected]
     if missing or unexpected:
         parts = []
         if missing:
@@ -119,16 +123,41 @@ def _check_optimizer(state: dict, optimizer: torch.optim.Optimizer) -> None:
         if not isinstance(entry, dict):
             raise PayloadError(f"optimizer state for parameter {saved_id} is {_kind(entry)}, not a dict")
         for key, value in entry.items():
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise PayloadError(f"optimizer {key} of parameter {saved_id} is {_kind(value)}, not a tensor")
             # Per-parameter buffers (momentum, Adam's moments) have their parameter's shape; counters are scalars.
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != shapes[saved_id]:
                 raise PayloadError(f"optimizer {key} of parameter {saved_id} is {_shape(value)}, but the "
                                    f"parameter is [{', '.join(map(str, shapes[saved_id]))}]")
 
 
-def _check_scheduler(state: dict) -> None:
+def _check_scheduler(state: dict, scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    # LambdaLR.load_state_dict copies every key onto the scheduler object, so a key naming anything else
+    # of it (its optimizer, a method) would replace that. Other unknown keys are plain data another torch
+    # version wrote (older ones saved `verbose`) and are harmless.
+    known = scheduler.state_dict().keys()
+    foreign = [key for key in state if key not in known
+               and (not isinstance(key, str) or key.startswith("__") or hasattr(scheduler, key))]
+    if foreign:
+        raise PayloadError(f"scheduler state has foreign key(s) {', '.join(map(repr, foreign[:3]))}")
     last = state.get("last_epoch")
     if isinstance(last, bool) or not isinstance(last, int) or last < 0:
         raise PayloadError(f"scheduler last_epoch is {last!r}, not a whole number >= 0")
+    lambdas = state.get("lr_lambdas", [])
+    if (not isinstance(lambdas, list) or len(lambdas) != len(scheduler.lr_lambdas)
+            or not all(item is None or isinstance(item, dict) for item in lambdas)):
+        raise PayloadError(f"scheduler lr_lambdas is {lambdas!r}, not one None or dict per parameter group")
+
+
+_SCALER_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+
+
+def _check_scaler(state: dict) -> None:
+    for key, value in state.items():
+        if key not in _SCALER_KEYS:
+            raise PayloadError(f"scaler state has an unknown key {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise PayloadError(f"scaler {key} is {value!r}, not a finite number")
 
 
 def _check_rng(state: dict) -> None:

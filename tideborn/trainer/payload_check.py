@@ -30,6 +30,12 @@ def _kind(value: object) -> str:
     return type(value).__name__
 
 
+def _show(value: object, limit: int = 60) -> str:
+    """`repr(value)`, cut short: a crafted value may be megabytes of text, and the message is one line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
 def _shape(tensor: torch.Tensor) -> str:
     return f"[{', '.join(map(str, tensor.shape))}]"
 
@@ -39,7 +45,7 @@ def check_payload(payload: dict) -> Settings:
     returns its settings. The format markers and required keys are checked by the caller."""
     step = payload["step"]
     if isinstance(step, bool) or not isinstance(step, int):
-        raise PayloadError(f"step is {_kind(step)} {step!r}, not a whole number")
+        raise PayloadError(f"step is {_kind(step)} {_show(step)}, not a whole number")
     if not 0 <= step <= MAX_STEPS_LIMIT:
         raise PayloadError(f"step {step} is out of range (0 to {MAX_STEPS_LIMIT:,})")
     for key in ("settings", "model", "optimizer", "scheduler", "rng", "data_cursor"):
@@ -50,7 +56,7 @@ def check_payload(payload: dict) -> Settings:
             raise PayloadError(f"{key} is {_kind(payload[key])}, not a dict or None")
     world_size = payload.get("world_size", 1)
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise PayloadError(f"world_size is {world_size!r}, not a whole number >= 1")
+        raise PayloadError(f"world_size is {_show(world_size)}, not a whole number >= 1")
     try:
         settings = settings_from_dict(payload["settings"], "its settings")
     except UserError as exc:
@@ -79,9 +85,9 @@ def _check_weights(name: str, state: dict, expected: dict[str, torch.Tensor], se
     if missing or unexpected:
         parts = []
         if missing:
-            parts.append(f"missing {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}")
+            parts.append(f"missing {', '.join(map(str, missing[:3]))}{', ...' if len(missing) > 3 else ''}")
         if unexpected:
-            parts.append(f"unexpected {', '.join(map(str, unexpected[:3]))}{', ...' if len(unexpected) > 3 else ''}")
+            parts.append(f"unexpected {', '.join(map(_show, unexpected[:3]))}{', ...' if len(unexpected) > 3 else ''}")
         raise PayloadError(f"{name} weights do not match the network its settings describe ({_network(settings)}): "
                            f"{'; '.join(parts)}")
     for key, want in expected.items():
@@ -115,11 +121,11 @@ def _check_optimizer(state: dict, optimizer: torch.optim.Optimizer) -> None:
                                f"{len(ours['params'])} parameters")
         for saved_id, param in zip(params, ours["params"], strict=True):
             if isinstance(saved_id, bool) or not isinstance(saved_id, int):
-                raise PayloadError(f"optimizer parameter group {index} lists {saved_id!r}, not a parameter number")
+                raise PayloadError(f"optimizer parameter group {index} lists {_show(saved_id)}, not a parameter number")
             shapes[saved_id] = param.shape
     for saved_id, entry in per_param.items():
         if saved_id not in shapes:
-            raise PayloadError(f"optimizer state for parameter {saved_id!r}, which no group lists")
+            raise PayloadError(f"optimizer state for parameter {_show(saved_id)}, which no group lists")
         if not isinstance(entry, dict):
             raise PayloadError(f"optimizer state for parameter {saved_id} is {_kind(entry)}, not a dict")
         for key, value in entry.items():
@@ -139,14 +145,14 @@ def _check_scheduler(state: dict, scheduler: torch.optim.lr_scheduler.LambdaLR) 
     foreign = [key for key in state if key not in known
                and (not isinstance(key, str) or key.startswith("__") or hasattr(scheduler, key))]
     if foreign:
-        raise PayloadError(f"scheduler state has foreign key(s) {', '.join(map(repr, foreign[:3]))}")
+        raise PayloadError(f"scheduler state has foreign key(s) {', '.join(map(_show, foreign[:3]))}")
     last = state.get("last_epoch")
     if isinstance(last, bool) or not isinstance(last, int) or last < 0:
-        raise PayloadError(f"scheduler last_epoch is {last!r}, not a whole number >= 0")
+        raise PayloadError(f"scheduler last_epoch is {_show(last)}, not a whole number >= 0")
     lambdas = state.get("lr_lambdas", [])
     if (not isinstance(lambdas, list) or len(lambdas) != len(scheduler.lr_lambdas)
             or not all(item is None or isinstance(item, dict) for item in lambdas)):
-        raise PayloadError(f"scheduler lr_lambdas is {lambdas!r}, not one None or dict per parameter group")
+        raise PayloadError(f"scheduler lr_lambdas is {_show(lambdas)}, not one None or dict per parameter group")
 
 
 _SCALER_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
@@ -155,9 +161,9 @@ _SCALER_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "
 def _check_scaler(state: dict) -> None:
     for key, value in state.items():
         if key not in _SCALER_KEYS:
-            raise PayloadError(f"scaler state has an unknown key {key!r}")
+            raise PayloadError(f"scaler state has an unknown key {_show(key)}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise PayloadError(f"scaler {key} is {value!r}, not a finite number")
+            raise PayloadError(f"scaler {key} is {_show(value)}, not a finite number")
 
 
 def _check_rng(state: dict) -> None:
@@ -181,9 +187,9 @@ def _check_rng(state: dict) -> None:
 def _check_cursor(cursor: dict, settings: Settings) -> None:
     kind = settings.data.resolved_kind
     if cursor.get("kind") != kind:
-        raise PayloadError(f"data_cursor is for {cursor.get('kind')!r} data; its settings train on {kind!r}")
+        raise PayloadError(f"data_cursor is for {_show(cursor.get('kind'))} data; its settings train on {_show(kind)}")
     counters = ("position",) if kind == "synthetic" else ("epoch", "batch_in_epoch")
     for key in counters:
         value = cursor.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise PayloadError(f"data_cursor {key} is {value!r}, not a whole number >= 0")
+            raise PayloadError(f"data_cursor {key} is {_show(value)}, not a whole number >= 0")

@@ -241,3 +241,11 @@ def test_automatic_resume_skips_every_crafted_checkpoint_for_the_newest_good_one
     assert [e["kind"] for e in terminal_events(run)] == ["run_finished"]
     assert [step for step, _ in list_checkpoints(run_dir)] == [2, 4, 6]
     assert status_json(run_dir, capsys)["last_checkpoint"]["step"] == 6
+
+
+def test_a_network_too_large_to_build_is_refused_in_the_settings(workdir: Path, capsys) -> None:
+    # The same limits that refuse a crafted checkpoint's settings refuse a typo before anything is built.
+    assert trainer_main(["config", "--set", "model.channels=100000"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert_user_error(err, r"model\.channels must be <= 8,192; got 100000 \(from --set model\.channels=100000\)$")

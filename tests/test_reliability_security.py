@@ -99,7 +99,8 @@ def test_train_run_start_never_runs_a_pickle_payload(hostile, tmp_path: Path, la
     warning = next(e["message"] for e in events if e["kind"] == "warning")
     assert "step-000000002.pt" in warning and "refused: loading it would need pickle" in warning
     assert events[0]["resumed_from"] is None and events[-1]["kind"] == "run_finished", log_of(auto)
-    assert [step for step, _ in list_checkpoints(auto)] == [2, 3]  # the hostile file was replaced by a real one
+    assert [step for step, _ in list_checkpoints(auto)] == [3]  # the hostile file left the listing:
+    assert [p.name for p in (auto / "archive").glob("quarantine-*/*")] == ["step-000000002.pt"]  # kept aside
     assert "--resume" in log_of(named) and "refused: loading it would need pickle" in log_of(named)
     assert "run.init_checkpoint" in log_of(finetune) and "refused: loading it" in log_of(finetune)
     for run_dir in (named, finetune):

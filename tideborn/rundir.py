@@ -12,6 +12,7 @@ import os
 import pwd
 import re
 import stat
+import time
 import typing
 from pathlib import Path
 
@@ -26,6 +27,12 @@ LOG_FILE = "train.log"
 PID_FILE = "train.pid"
 LAUNCH_FILE = "launch.json"
 ARCHIVE_DIR = "archive"
+BRANCH_ARCHIVE = "branch"
+"""`archive/branch-STAMP/`: checkpoints newer than the one a run resumed from (an abandoned branch), moved
+there at start-up so that they are never resumed from, pruned or shown as the run's checkpoint."""
+QUARANTINE_ARCHIVE = "quarantine"
+"""`archive/quarantine-STAMP/`: step files that did not load (truncated, corrupt, foreign, crafted), moved there
+at start-up by the run that skipped them, kept for inspection."""
 TRAINER_LOCK_FILE = ".trainer.lock"
 """The flock a trainer holds on its run directory for its lifetime."""
 
@@ -114,6 +121,38 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
         if match and path.is_file():
             found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+def parse_step(path: Path) -> int:
+    """The step in a checkpoint's file name (`step-000000020.pt` -> 20)."""
+    match = CHECKPOINT_RE.match(path.name)
+    if match is None:
+        raise ValueError(f"{path.name} is not a checkpoint name (step-XXXXXXXXX.pt)")
+    return int(match.group(1))
+
+
+def new_archive_folder(run_dir: Path, kind: str) -> Path:
+    """Create and return `run_dir/archive/KIND-YYYYmmdd-HHMMSS` (UTC), with a suffix if that exists already."""
+    refuse_link(run_dir / ARCHIVE_DIR)  # a planted `archive -> /elsewhere` would carry the files out
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    folder = run_dir / ARCHIVE_DIR / f"{kind}-{stamp}"
+    suffix = 1
+    while folder.exists():  # two starts within a second must not mix their archives
+        suffix += 1
+        folder = run_dir / ARCHIVE_DIR / f"{kind}-{stamp}-{suffix}"
+    make_dirs(folder)
+    return folder
+
+
+def move_to_archive(run_dir: Path, paths: typing.Sequence[Path], kind: str) -> Path:
+    """Move `paths` (files in `run_dir`) into a new `archive/KIND-STAMP/` folder; returns the folder. Renames
+    within the run directory's file system: a file is in one place or the other, never copied half."""
+    folder = new_archive_folder(run_dir, kind)
+    for path in paths:
+        os.replace(path, folder / path.name)
+    fsync_directory(folder)
+    fsync_directory(run_dir)
+    return folder
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

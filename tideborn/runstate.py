@@ -110,6 +110,9 @@ class RunTracker:
         self.last_checkpoint_event: dict | None = None
         self.stop_requested: dict | None = None
         """The session's `stop_requested`: the trainer got its first stop signal and is stopping."""
+        self.saved_bytes: dict[str, int] = {}
+        """Checkpoint file name -> its size in its latest `checkpoint_saved` event (status cannot load a
+        checkpoint, but it can tell one whose size has changed since it was written)."""
         self.warnings = 0
         self.last_warning: dict | None = None
         self.events_read = 0
@@ -175,6 +178,9 @@ class RunTracker:
             self.stop_requested = event
         elif kind == "checkpoint_saved":
             self.last_checkpoint_event = event
+            path, size = event.get("path"), event.get("bytes")
+            if isinstance(path, str) and isinstance(size, int) and not isinstance(size, bool):
+                self.saved_bytes[Path(path).name] = size
         elif kind == "warning":
             self.warnings += 1
             self.last_warning = event
@@ -350,8 +356,12 @@ class RunTracker:
         if checkpoints:
             ck_step, ck_path = checkpoints[-1]
             stat = ck_path.stat()
+            saved = self.saved_bytes.get(ck_path.name)
+            # Unusable and abandoned files are moved to archive/ by the next trainer; until then a file cut
+            # short (or replaced) after it was saved shows here as changed. None: no event seen for it.
             checkpoint = {"step": ck_step, "path": str(ck_path), "bytes": stat.st_size,
-                          "age_seconds": now - stat.st_mtime}
+                          "age_seconds": now - stat.st_mtime, "saved_bytes": saved,
+                          "changed_since_saved": None if saved is None else saved != stat.st_size}
         log_counts = {rule: n for rule, n in self.log_counts.items() if n}
         return jsonable({
             "run_dir": str(self.run_dir), "state": self.state,

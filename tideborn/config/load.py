@@ -84,6 +84,16 @@ def load_settings(
     return _build(layers, project_file)
 
 
+def settings_from_dict(data: object, source: str) -> Settings:
+    """Settings from plain data as `Settings.to_dict` writes it (a checkpoint's), checked as a config file is:
+    an unknown section or key, a wrong type or an out-of-range value is a `UserError` naming `source` and the key.
+    Keys it leaves out take their defaults (settings added since it was written)."""
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: expected a table of sections, got {_describe(data)}")
+    layer = _checked_layer(data, source)
+    return _build([layer], None).settings
+
+
 def find_project_file(environ: typing.Mapping[str, str], cwd: Path) -> Path | None:
     named = environ.get(PROJECT_FILE_ENV)
     if named:
@@ -195,8 +205,10 @@ def _check_key(section: str, name: str, source: str) -> None:
         raise UserError(f"{source}: unknown key {section}.{shortened(name)}{hint}")
 
 
-def _suggest(word: str, choices: typing.Iterable[str], prefix: str = "") -> str:
-    if len(word) > 100:  # no setting is named anything like it, and difflib would take seconds to say so
+def _suggest(word: object, choices: typing.Iterable[str], prefix: str = "") -> str:
+    # A key from a checkpoint may be anything; for a very long word no setting is anything like it, and
+    # difflib would take seconds to say so.
+    if not isinstance(word, str) or len(word) > 100:
         return ""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""

@@ -25,6 +25,12 @@ MAX_STEPS_LIMIT = 999_999_999
 """Checkpoints are named with a 9-digit step (`step-XXXXXXXXX.pt`)."""
 SEED_LIMIT = 2**63 - 1
 """torch seeds its generators from a signed 64-bit integer."""
+BLOCKS_LIMIT = 1_000
+"""`model.blocks` at most: far past any shogi network, and a bound on the work of building one."""
+WIDTH_LIMIT = 8_192
+"""`model.channels` and `model.value_channels` at most (a 3x3 convolution of 8,192 channels is 2.4 GB)."""
+VALUE_HIDDEN_LIMIT = 65_536
+"""`model.value_hidden` at most."""
 
 
 class SettingError(ValueError):
@@ -81,22 +87,26 @@ class PathSettings:
 @dataclass(frozen=True)
 class ModelSettings:
     blocks: int = 10
-    """Number of residual blocks in the tower."""
+    """Number of residual blocks in the tower (at most 1,000)."""
     channels: int = 192
-    """Channels of every convolution in the tower."""
+    """Channels of every convolution in the tower (at most 8,192)."""
     activation: str = "relu"
     """Activation function: relu, silu or mish."""
     value_channels: int = 27
-    """Channels of the value head's 1x1 convolution."""
+    """Channels of the value head's 1x1 convolution (at most 8,192)."""
     value_hidden: int = 256
-    """Width of the value head's hidden fully connected layer."""
+    """Width of the value head's hidden fully connected layer (at most 65,536)."""
 
     def __post_init__(self) -> None:
-        _check(self.blocks >= 1, "model.blocks", f"must be >= 1; got {self.blocks}")
-        _check(self.channels >= 1, "model.channels", f"must be >= 1; got {self.channels}")
+        # Upper bounds too: a size from a typo or a crafted checkpoint must be refused here, not by the
+        # allocator (model.channels=1000000 would ask for terabytes).
+        for key, value, limit in (("model.blocks", self.blocks, BLOCKS_LIMIT),
+                                  ("model.channels", self.channels, WIDTH_LIMIT),
+                                  ("model.value_channels", self.value_channels, WIDTH_LIMIT),
+                                  ("model.value_hidden", self.value_hidden, VALUE_HIDDEN_LIMIT)):
+            _check(value >= 1, key, f"must be >= 1; got {value}")
+            _check(value <= limit, key, f"must be <= {limit:,}; got {value}")
         _one_of(self.activation, ACTIVATIONS, "model.activation")
-        _check(self.value_channels >= 1, "model.value_channels", f"must be >= 1; got {self.value_channels}")
-        _check(self.value_hidden >= 1, "model.value_hidden", f"must be >= 1; got {self.value_hidden}")
 
 
 @dataclass(frozen=True)

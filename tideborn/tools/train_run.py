@@ -169,6 +169,9 @@ def status_text(report: dict) -> str:
     ck = r["last_checkpoint"]
     lines.append(f"checkpoint  {Path(ck['path']).name} (step {ck['step']}), {duration(ck['age_seconds'])} ago"
                  if ck else "checkpoint  none yet")
+    if ck and ck.get("changed_since_saved"):
+        lines[-1] += (f"; CHANGED since it was saved ({ck['bytes']:,} bytes, saved as {ck['saved_bytes']:,}): "
+                      "the next train skips it if it does not load")
     if r["last_eval"]:
         shown = {k: v for k, v in r["last_eval"].items() if k not in ("time", "kind")}
         lines.append("eval        " + " ".join(f"{k} {number(v, '.4g')}" for k, v in shown.items()))

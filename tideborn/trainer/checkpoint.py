@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from tideborn.rundir import checkpoint_name, list_checkpoints, write_atomically
+from tideborn.rundir import checkpoint_name, list_checkpoints, parse_step, write_atomically
+from tideborn.trainer.payload_check import PayloadError, check_payload
 
 FORMAT = "tideborn-checkpoint"
 FORMAT_VERSION = 1
@@ -109,24 +110,40 @@ def load_checkpoint(path: Path) -> dict:
     missing = [key for key in REQUIRED_KEYS if key not in payload]
     if missing:
         raise CheckpointError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
+    try:
+        check_payload(payload)
+    except PayloadError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
     return payload
 
 
-def newest_loadable(run_dir: Path) -> tuple[Path | None, dict | None, list[str]]:
-    """The newest checkpoint in `run_dir` that loads, and a warning for each newer one skipped."""
-    skipped: list[str] = []
-    for _, path in reversed(list_checkpoints(run_dir)):
+def newest_loadable(run_dir: Path) -> tuple[Path | None, dict | None, list[tuple[Path, str]]]:
+    """The newest checkpoint in `run_dir` that loads, and each newer one skipped with the reason (one line)."""
+    skipped: list[tuple[Path, str]] = []
+    for step, path in reversed(list_checkpoints(run_dir)):
         try:
-            return path, load_checkpoint(path), skipped
+            payload = load_checkpoint(path)
         except CheckpointError as exc:
-            skipped.append(f"skipped unusable checkpoint: {exc}")
+            skipped.append((path, str(exc)))
+            continue
+        if payload["step"] != step:  # a file copied or renamed over another name: resume would take the wrong step
+            skipped.append((path, f"{path}: holds step {payload['step']}, not the step its name says"))
+            continue
+        return path, payload, skipped
     return None, None, skipped
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` step checkpoints; returns what was deleted."""
-    checkpoints = list_checkpoints(run_dir)
-    doomed = [path for _, path in checkpoints[:-keep]] if keep > 0 else []
+def prune_checkpoints(run_dir: Path, keep: int, saved: Path) -> list[Path]:
+    """Delete the oldest checkpoints up to `saved` (the one just written) so that `keep` of them remain;
+    returns what was deleted.
+
+    Only checkpoints older than `saved` are candidates. A file with a later step is not this run's
+    lineage (start-up moves such files to archive/, see `tideborn.trainer.lineage`), so it is neither
+    deleted nor counted, and however many there are, `saved` is never deleted.
+    """
+    saved_step = parse_step(saved)
+    lineage = [path for step, path in list_checkpoints(run_dir) if step <= saved_step]
+    doomed = [path for path in lineage[:-keep] if path != saved] if keep > 0 else []
     for path in doomed:
         path.unlink(missing_ok=True)
     return doomed

@@ -47,6 +47,7 @@ from tideborn.trainer.distributed import (
     report_failure,
 )
 from tideborn.trainer.gpu_stats import gpu_snapshot
+from tideborn.trainer.lineage import set_aside_other_lineages
 from tideborn.trainer.preflight import nothing_to_train, preflight, stop_at_step_too_early
 from tideborn.trainer.progress import Progress
 from tideborn.trainer.rank import DistEnv
@@ -134,6 +135,7 @@ class Trainer:
             try:
                 archived = self._archive_for_fresh() if p.fresh else None
                 warnings = list(p.start.warnings)
+                warnings += set_aside_other_lineages(p.run_dir, p.start)
                 for temp in temp_checkpoints(p.run_dir):
                     temp.unlink(missing_ok=True)
                     warnings.append(f"removed {temp.name}, left by a checkpoint save that did not finish")
@@ -388,7 +390,7 @@ class Trainer:
         if not self.env.is_main:
             return None
         saved = save_checkpoint(self.p.run_dir, self.step, self.state.payload(self.step))
-        pruned = prune_checkpoints(self.p.run_dir, self.settings.runtime.keep_checkpoints)
+        pruned = prune_checkpoints(self.p.run_dir, self.settings.runtime.keep_checkpoints, saved.path)
         self.events.emit("checkpoint_saved", step=self.step, path=str(saved.path), bytes=saved.bytes,
                          seconds=saved.seconds, pruned=[str(path) for path in pruned])
         return saved.path

@@ -24,6 +24,9 @@ class StartPoint:
     warnings: list[str] = field(default_factory=list)
     changed_settings: dict[str, list] = field(default_factory=dict)
     """Dotted key -> [value in the checkpoint, value now], for the safe changes a resume allows."""
+    unusable: list[tuple[Path, str]] = field(default_factory=list)
+    """Step files in the run directory that automatic resume skipped, each with why (one line); the run
+    moves them to archive/quarantine-STAMP/ (`tideborn.trainer.lineage`)."""
 
     @property
     def step(self) -> int:
@@ -58,6 +61,7 @@ def choose_start(settings: Settings, run_dir: Path, resume: Path | None, fresh: 
     if fresh and resume is not None:
         raise UserError("--fresh and --resume exclude each other")
     warnings: list[str] = []
+    unusable: list[tuple[Path, str]] = []
     path, payload = None, None
     if resume is not None:
         try:
@@ -65,11 +69,11 @@ def choose_start(settings: Settings, run_dir: Path, resume: Path | None, fresh: 
         except CheckpointError as exc:
             raise UserError(f"--resume {exc}") from None
     elif not fresh:
-        path, payload, warnings = newest_loadable(run_dir)
+        path, payload, unusable = newest_loadable(run_dir)
     if payload is not None:
         changes = settings_changes(payload["settings"], settings.to_dict())
         refuse_incompatible(path, changes, RESUME_FIXED_KEYS, "resume from")
-        return StartPoint(path, payload, None, warnings, changes)
+        return StartPoint(path, payload, None, warnings, changes, unusable)
     if settings.run.mode == "finetune":
         init_path = Path(settings.run.init_checkpoint)
         try:
@@ -79,5 +83,5 @@ def choose_start(settings: Settings, run_dir: Path, resume: Path | None, fresh: 
         changes = settings_changes(init["settings"], settings.to_dict())
         shape_keys = tuple(k for k in RESUME_FIXED_KEYS if k.startswith("model."))
         refuse_incompatible(init_path, changes, shape_keys, "fine-tune from")
-        return StartPoint(None, None, init["model"], warnings, {})
-    return StartPoint(None, None, None, warnings, {})
+        return StartPoint(None, None, init["model"], warnings, {}, unusable)
+    return StartPoint(None, None, None, warnings, {}, unusable)

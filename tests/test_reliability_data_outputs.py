@@ -8,8 +8,6 @@ Ctrl-C or SIGKILL; a split interrupted between its two files; paths that name th
 from __future__ import annotations
 
 import os
-import signal
-from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT, events_of, settings_args, terminal_events, wait_until

@@ -19,6 +19,7 @@ import cshogi
 import numpy as np
 
 from tideborn.errors import UserError
+from tideborn.outputs import file_type_name
 
 if typing.TYPE_CHECKING:
     from tideborn.config.schema import Settings
@@ -78,16 +79,6 @@ def expand_paths(patterns: typing.Sequence[str], data_root: str | os.PathLike = 
 
 COALESCE_BYTES = 4096
 """Records closer than this in a file are fetched by one `pread` with what lies between them (a page)."""
-
-
-def file_type_name(mode: int) -> str:
-    """What a non-regular file is, in words, for error messages."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def readable_size(path: Path, kind: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -260,3 +261,187 @@ def test_export_writes_0o644_under_umask_000_and_removes_a_killed_exports_temp_f
     assert stat.S_IMODE((tmp_path / "model.onnx").stat().st_mode) == 0o644
     assert not killed.exists(), "the killed export's temp file was left behind"
     assert running.exists(), "a running export's temp file was removed"
+
+
+# -- split publishes its pair as a pair; a mixed pair is refused ----------------------------------------------
+
+def teacher_sets(directory: Path, run_dir: Path) -> list[str]:
+    return settings_args(run_dir, f"paths.data_root={str(directory)!r}", 'data.train=["train.hcpe"]',
+                         'data.test=["test.hcpe"]', "runtime.max_steps=2", "optim.batch_size=16",
+                         'runtime.progress="plain"', config=TEACHER_CONFIG)
+
+
+def test_a_train_and_test_file_from_two_splits_are_refused_by_train_and_verify(games_hcpe, tmp_path):
+    first_train, _ = split_into(games_hcpe, tmp_path / "first", seed=1)
+    _, second_test = split_into(games_hcpe, tmp_path / "second", seed=2)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for path in (first_train, first_train.with_suffix(".games.csv"), second_test,
+                 second_test.with_suffix(".games.csv")):
+        shutil.copy2(path, mixed / path.name)
+
+    trained = run_tool([sys.executable, "-m", "tideborn.trainer", "train", *teacher_sets(mixed, tmp_path / "run")],
+                       tmp_path)
+    assert trained.returncode == 2, describe(trained)
+    one_line(trained, rf"{mixed / 'train.hcpe'} and {mixed / 'test.hcpe'} come from different `data split` runs")
+    assert not (tmp_path / "run").exists()
+
+    verified = run_data("verify", "mixed/train.hcpe", "--quiet", cwd=tmp_path)
+    assert verified.returncode == 1, describe(verified)
+    assert "come from different `data split` runs" in verified.stdout
+
+    # the same files from one split train
+    ok = run_tool([sys.executable, "-m", "tideborn.trainer", "train",
+                   *teacher_sets(tmp_path / "first", tmp_path / "run")], tmp_path)
+    assert ok.returncode == 0, describe(ok)
+    assert run_data("verify", "first/train.hcpe", "first/test.hcpe", "--quiet", cwd=tmp_path).returncode == 0
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL between two renames (the temp files it leaves are removed by the next writer)."""
+
+
+@pytest.mark.parametrize("renames_done", [1, 2, 3])
+def test_a_split_killed_between_its_renames_leaves_a_pair_that_is_refused(games_hcpe, tmp_path, monkeypatch,
+                                                                          renames_done):
+    from tideborn.data.cli import main as data_main
+    from tideborn.data.game_index import check_pairs
+    from tideborn.errors import UserError
+
+    train, test = split_into(games_hcpe, tmp_path / "pair", seed=1)
+    real_replace, done = os.replace, []
+
+    def replace_then_die(source, target):
+        if len(done) == renames_done:
+            raise _Killed
+        real_replace(source, target)
+        done.append(Path(target).name)
+
+    monkeypatch.setattr(os, "replace", replace_then_die)
+    with pytest.raises(_Killed):
+        split_games(games_hcpe, train, test, test_fraction=0.3, seed=2, progress=False)
+    monkeypatch.undo()
+    assert done == ["train.hcpe", "test.hcpe", "train.games.csv"][:renames_done]
+
+    with pytest.raises(UserError, match="written for another version of|come from different `data split` runs"):
+        check_pairs([train], [test])
+    assert data_main(["verify", str(train), "--quiet"]) == 1
+
+
+def test_ctrl_c_while_split_writes_keeps_the_old_pair_and_leaves_no_temp_file(games_hcpe, tmp_path):
+    split_into(games_hcpe, tmp_path / "pair", seed=1)
+    before = snapshot(tmp_path / "pair")
+    # A real SIGINT once the new test file is complete, before anything is published.
+    done = run_data("split", str(games_hcpe), "--train", "pair/train.hcpe", "--test", "pair/test.hcpe",
+                    "--seed", "2", "--test-fraction", "0.3", cwd=tmp_path, env=fault_env(tmp_path, "test.hcpe:sigint"))
+    assert done.returncode == 130, describe(done)
+    one_line(done, r"^tideborn data split: interrupted \(Ctrl-C\); nothing half-written is left$")
+    assert snapshot(tmp_path / "pair") == before
+    assert temp_files(tmp_path / "pair") == []
+
+
+def test_ctrl_c_while_convert_writes_leaves_no_temp_file(games_hcpe, tmp_path):
+    done = run_data("convert", str(games_hcpe.parent / "games"), "--output", "out/all.hcpe", cwd=tmp_path,
+                    env=fault_env(tmp_path, "all.hcpe:sigint"))
+    assert done.returncode == 130, describe(done)
+    one_line(done, r"^tideborn data convert: interrupted \(Ctrl-C\); nothing half-written is left$")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_ctrl_c_while_export_writes_keeps_the_old_model_and_leaves_no_temp_file(template_run, tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"the previous model")
+    done = run_export(template_run / "step-000000004.pt", tmp_path / "model.onnx", cwd=tmp_path,
+                      env=fault_env(tmp_path, "model.onnx:sigint"))
+    assert done.returncode == 130, describe(done)
+    one_line(done, r"^tideborn export: interrupted \(Ctrl-C\); nothing half-written is left$")
+    assert (tmp_path / "model.onnx").read_bytes() == b"the previous model"
+    assert temp_files(tmp_path) == []
+
+
+# -- a full disk --------------------------------------------------------------------------------------------
+
+def test_a_full_disk_while_split_writes_is_named_and_keeps_the_old_pair(games_hcpe, tmp_path):
+    split_into(games_hcpe, tmp_path / "pair", seed=1)
+    before = snapshot(tmp_path / "pair")
+    # the train file is written; the test file gets 1,000 bytes in, then the disk is full
+    done = run_data("split", str(games_hcpe), "--train", "pair/train.hcpe", "--test", "pair/test.hcpe",
+                    "--seed", "2", "--test-fraction", "0.3", cwd=tmp_path,
+                    env=fault_env(tmp_path, "test.hcpe:enospc:1000"))
+    assert done.returncode == 2, describe(done)
+    one_line(done, r"^tideborn data: error: disk full writing pair/test\.hcpe; nothing was replaced")
+    assert snapshot(tmp_path / "pair") == before
+    assert temp_files(tmp_path / "pair") == []
+
+
+def test_a_full_disk_while_export_writes_is_named_and_keeps_the_old_model(template_run, tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"the previous model")
+    done = run_export(template_run / "step-000000004.pt", tmp_path / "model.onnx", cwd=tmp_path,
+                      env=fault_env(tmp_path, "model.onnx:enospc:4096"))
+    assert done.returncode == 2, describe(done)
+    one_line(done, r"^tideborn export: error: disk full writing \S+/model\.onnx; nothing was replaced")
+    assert (tmp_path / "model.onnx").read_bytes() == b"the previous model"
+    assert temp_files(tmp_path) == []
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path):
+    """A real 1 MiB tmpfs, filled but for 8 KiB (skipped where mounting is not permitted)."""
+    mount_point = tmp_path / "small-fs"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root; the injected-ENOSPC tests cover this case")
+    tried = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+                           capture_output=True, text=True)
+    if tried.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({tried.stderr.strip()}); the injected-ENOSPC tests cover this")
+    try:
+        free = os.statvfs(mount_point).f_bavail * os.statvfs(mount_point).f_frsize
+        (mount_point / "filler").write_bytes(b"\0" * (free - 8192))
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_really_full_disk_is_named_by_convert_and_export(games_hcpe, template_run, tmp_path, small_filesystem):
+    done = run_data("convert", str(games_hcpe.parent / "games"), "--output", str(small_filesystem / "all.hcpe"),
+                    "--quiet", cwd=tmp_path)
+    assert done.returncode == 2, describe(done)
+    one_line(done, r"^tideborn data: error: disk full writing \S+/all\.hcpe; nothing was replaced")
+    done = run_export(template_run / "step-000000004.pt", small_filesystem / "model.onnx", cwd=tmp_path)
+    assert done.returncode == 2, describe(done)
+    one_line(done, r"^tideborn export: error: disk full writing \S+/model\.onnx; nothing was replaced")
+    assert sorted(p.name for p in small_filesystem.iterdir()) == ["filler"]
+
+
+# -- paths that are one file; FIFOs as inputs ------------------------------------------------------------------
+
+@pytest.mark.parametrize("train, test", [("a.hcpe", "a.HCPE"), ("a.hcpe", "sub/../a.hcpe"),
+                                         ("a.hcpe", "link.hcpe")])
+def test_split_refuses_train_and_test_that_are_one_file(games_hcpe, tmp_path, train, test):
+    # a.HCPE: one file on a case-insensitive file system, and one game index (a.games.csv) everywhere
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.hcpe").write_bytes(b"")
+    os.link(tmp_path / "a.hcpe", tmp_path / "link.hcpe")
+    done = run_data("split", str(games_hcpe), "--train", train, "--test", test, cwd=tmp_path)
+    assert done.returncode == 2, describe(done)
+    one_line(done, r"--train a\.hcpe and --test \S+ name the same file")
+    assert (tmp_path / "a.hcpe").read_bytes() == b""
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "convert", "train"])
+def test_a_fifo_given_as_a_data_file_is_refused_not_waited_on(tmp_path, command):
+    os.mkfifo(tmp_path / "pipe.hcpe")
+    if command == "convert":
+        os.mkfifo(tmp_path / "pipe.csa")
+        done = run_data("convert", "pipe.csa", "--output", "out.hcpe", cwd=tmp_path, timeout=60)
+        pattern = r"pipe\.csa: is a FIFO \(named pipe\)"
+    elif command == "train":
+        done = run_tool([sys.executable, "-m", "tideborn.trainer", "train", *settings_args(
+            tmp_path / "run", f"paths.data_root={str(tmp_path)!r}", 'data.train=["pipe.hcpe"]', "data.test=[]",
+            config=TEACHER_CONFIG)], tmp_path, timeout=60)
+        pattern = r"pipe\.hcpe: is a FIFO \(named pipe\), not a hcpe file"
+    else:
+        done = run_data(command, "pipe.hcpe", cwd=tmp_path, timeout=60)
+        pattern = r"pipe\.hcpe: is a FIFO \(named pipe\), not a hcpe file"
+    assert done.returncode == 2, describe(done)
+    one_line(done, pattern)

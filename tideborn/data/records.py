@@ -77,8 +77,9 @@ def expand_paths(patterns: typing.Sequence[str], data_root: str | os.PathLike = 
     return files
 
 
-COALESCE_BYTES = 4096
-"""Records closer than this in a file are fetched by one `pread` with what lies between them (a page)."""
+COALESCE_BYTES = 1024
+"""Records closer than this in a file are fetched by one `pread` with what lies between them (fewer calls
+for dense batches of small files; about the best of 0, 256, 1024 and 4096 measured)."""
 
 
 def readable_size(path: Path, kind: str) -> int:

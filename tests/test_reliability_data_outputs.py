@@ -263,6 +263,15 @@ def test_export_writes_0o644_under_umask_000_and_removes_a_killed_exports_temp_f
     assert running.exists(), "a running export's temp file was removed"
 
 
+
+def test_the_model_a_run_exports_into_its_run_directory_is_0o644_under_umask_000(tmp_path):
+    run_dir = tmp_path / "run"
+    done = run_tool([sys.executable, "-m", "tideborn.trainer", "train", *settings_args(
+        run_dir, "runtime.max_steps=2", "optim.batch_size=16", "runtime.export_onnx=true")], tmp_path, umask=0)
+    assert done.returncode == 0, describe(done)
+    model = run_dir / "step-000000002.onnx"
+    assert model.is_file() and stat.S_IMODE(model.stat().st_mode) == 0o644
+
 # -- split publishes its pair as a pair; a mixed pair is refused ----------------------------------------------
 
 def teacher_sets(directory: Path, run_dir: Path) -> list[str]:

@@ -126,6 +126,10 @@ def split_mismatch(a: Path, b: Path) -> str | None:
              if (partner := partner_of(p, h)) is not None and _same_file(partner, other)]
     if not named or header_a.split_id == header_b.split_id:
         return None
+    return _mixed_pair(a, header_a, b, header_b)
+
+
+def _mixed_pair(a: Path, header_a: IndexHeader, b: Path, header_b: IndexHeader) -> str:
     return (f"{a} and {b} come from different `data split` runs (split ids {header_a.split_id} and "
             f"{header_b.split_id}; an interrupted split, or files copied from two splits): test positions may "
             f"occur in train; run the split again")
@@ -140,14 +144,22 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def check_pairs(train: typing.Sequence[Path], test: typing.Sequence[Path]) -> None:
     """Raise `UserError` if an hcpe file's index belongs to another version of it, or a train and a test
-    file that name each other as partners come from different splits."""
+    file one of which names the other as its partner come from different splits. Each index is read
+    once, whatever the number of files."""
     for path in [*train, *test]:
         if (problem := index_mismatch(path)) is not None:
             raise UserError(problem)
-    for train_path in train:
-        for test_path in test:
-            if (problem := split_mismatch(train_path, test_path)) is not None:
-                raise UserError(problem)
+    headers = {path: read_index_header(index_path(path)) for path in [*train, *test]}
+    by_place = [{p.resolve(): p for p in train}, {p.resolve(): p for p in test}]
+    for side, files in enumerate((train, test)):
+        for path in files:
+            header = headers[path]
+            partner = None if header is None else partner_of(path, header)
+            other = None if partner is None else by_place[1 - side].get(partner.resolve())
+            if other is None or headers[other] is None or headers[other].split_id == header.split_id:
+                continue
+            pair = ((path, header), (other, headers[other]))
+            raise UserError(_mixed_pair(*pair[side], *pair[1 - side]))
 
 
 def read_index(path: Path, records: int) -> list[GameEntry]:

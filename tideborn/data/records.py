@@ -209,8 +209,8 @@ class RecordSet:
         expected = int(self.counts[file_index]) * self.dtype.itemsize
         size = os.fstat(fd).st_size
         return UserError(f"{path}: changed while training read it: {size:,} bytes now, {expected:,} "
-                         f"({int(self.counts[file_index]):,} records) when the run started; was it truncated "
-                         f"or rewritten in place? Put the complete file back and resume")
+                         f"({int(self.counts[file_index]):,} records) when the run started; was it truncated, "
+                         f"appended to or rewritten in place? Put the original file back and resume")
 
     def _read_file(self, file_index: int, local: np.ndarray) -> np.ndarray:
         """Records `local` (indices within file `file_index`), in that order, by `pread`: records whose gap

@@ -45,10 +45,15 @@ def test_records_read_back_the_positions_moves_and_results_written(tmp_path, kin
         assert decoder.move_from_stored(stored) == move
 
 
-def test_files_are_memory_mapped_not_read_whole(tmp_path):
+def test_files_are_read_by_record_without_a_memory_map(tmp_path):
     write_records(tmp_path / "a.hcpe", hcpe_records(random_positions(20)))
+    written = hcpe_records(random_positions(20))
     records = RecordSet([tmp_path / "a.hcpe"], "hcpe")
-    assert isinstance(records.file_map(0), np.memmap)
+    # near records come in one read, far ones one each; either way in the order asked, repeats included
+    indices = np.array([19, 0, 1, 19, 7, 3])
+    assert (records.read(indices) == written[indices]).all()
+    assert str(tmp_path / "a.hcpe") not in Path("/proc/self/maps").read_text()  # not memory-mapped
+    records.close()
 
 
 def test_relative_paths_and_globs_resolve_against_the_data_root(tmp_path):
@@ -118,10 +123,14 @@ def test_an_unreadable_file_is_an_error_even_for_root(tmp_path, monkeypatch):
     # Root reads any file, so the refusal a user would meet is injected at the one place files are opened.
     write_records(tmp_path / "locked.hcpe", hcpe_records(random_positions(3)))
 
-    def refuse(*args, **kwargs):
-        raise PermissionError(13, "Permission denied")
+    real_open = os.open
 
-    monkeypatch.setattr("tideborn.data.records.open", refuse, raising=False)
+    def refuse(path, *args, **kwargs):
+        if str(path).endswith("locked.hcpe"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
     with pytest.raises(UserError, match=r"locked\.hcpe: cannot read: Permission denied"):
         training_records(settings_for(tmp_path, train=["locked.hcpe"]))
 

@@ -15,3 +15,14 @@ def report_user_error(error: UserError, program: str = "tideborn") -> int:
     message = " ".join(str(error).split("\n"))
     print(f"{program}: error: {message}", file=sys.stderr)
     return USER_ERROR_EXIT
+
+
+INTERRUPTED_EXIT = 130
+"""128 + SIGINT, what a shell reports for a command ended by Ctrl-C."""
+
+
+def report_interrupted(program: str) -> int:
+    """One line for Ctrl-C in a tool whose outputs are written whole or not at all (not a traceback)."""
+    clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # over a progress line, if one is showing
+    print(f"{clear}{program}: interrupted (Ctrl-C); nothing half-written is left", file=sys.stderr)
+    return INTERRUPTED_EXIT

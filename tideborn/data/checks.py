@@ -23,7 +23,14 @@ from tideborn.data.features import (
     sane_kings,
     stored_move,
 )
-from tideborn.data.game_index import index_path, read_index
+from tideborn.data.game_index import (
+    index_mismatch,
+    index_path,
+    partner_of,
+    read_index,
+    read_index_header,
+    split_mismatch,
+)
 from tideborn.data.progress import Progress
 from tideborn.data.records import RECORD_DTYPES, readable_size, size_problem
 from tideborn.errors import UserError
@@ -229,6 +236,20 @@ def record_problems(records: np.ndarray, kind: str, decoder: Decoder) -> typing.
             yield i, reason
 
 
+def pair_problems(path: Path) -> list[str]:
+    """What is wrong with `path`'s game index: written for another version of the file, or naming as its
+    partner a file from another split (see `game_index`)."""
+    found = []
+    if (mismatch := index_mismatch(path)) is not None:
+        found.append(mismatch)
+    header = read_index_header(index_path(path))
+    partner = None if header is None else partner_of(path, header)
+    if partner is not None and partner.is_file():
+        if (mixed := split_mismatch(path, partner)) is not None:
+            found.append(mixed)
+    return found
+
+
 def verify_files(paths: list[Path], kind: str, progress: bool = True) -> tuple[int, list[BadRecordReport]]:
     """(records checked, problems found). Missing, directory or unreadable files raise `UserError`."""
     sizes = [readable_size(p, kind) for p in paths]
@@ -243,6 +264,7 @@ def verify_files(paths: list[Path], kind: str, progress: bool = True) -> tuple[i
             problems.append(BadRecordReport(str(path), None, problem))
             if size < itemsize:
                 continue
+        problems.extend(BadRecordReport(str(path), None, text) for text in pair_problems(path))
         records = np.memmap(path, dtype=RECORD_DTYPES[kind], mode="r", shape=(size // itemsize,))
         for start in range(0, len(records), CHUNK):
             chunk = np.asarray(records[start:start + CHUNK])

@@ -1,7 +1,8 @@
 """`python -m tideborn.data inspect|verify|convert|split` (also `tideborn data ...`).
 
 Reports go to stdout, progress and warnings to stderr. Exit status: 0 done, 1 `verify` found bad records,
-2 bad input (a missing or unreadable file, a bad argument), with one line saying what was wrong.
+2 bad input (a missing or unreadable file, a bad argument) or an output that could not be written (a full
+disk), with one line saying what was wrong; 130 interrupted (Ctrl-C), with one line.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from tideborn.errors import UserError, report_user_error
+from tideborn.errors import UserError, report_interrupted, report_user_error
 from tideborn.trainer.cli import OneLineParser
 
 VERIFY_FOUND_BAD = 1
@@ -122,5 +123,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tideborn.data") -
         return handler(args)
     except UserError as exc:
         return report_user_error(exc, "tideborn data")
+    except KeyboardInterrupt:
+        return report_interrupted(f"tideborn data {args.command}")
     except BrokenPipeError:
         return 0

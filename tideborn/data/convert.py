@@ -4,23 +4,27 @@ Each record holds the position, the move played there (`bestMove16`), the game's
 cshogi's BLACK_WIN / WHITE_WIN / DRAW) and the evaluation written with the move where the record has one
 (CSA `'**` comments, taken as black's view as dlshogi's csa_to_hcpe does, turned to the side to move's),
 else 0. Beside the output goes its game index (`game_index`), which `split` needs.
+
+Both are written to hidden temp files and renamed into place at the end (the index last): an error, a
+full disk or Ctrl-C leaves the old output (if any) and no temp file.
 """
 
 from __future__ import annotations
 
 import collections
-import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import cshogi
 import numpy as np
 
-from tideborn.data.game_index import GameEntry, index_path, write_index
+from tideborn.data.game_index import GameEntry, IndexHeader, index_path, write_index
 from tideborn.data.games import RESULT_NAMES, Game, GameReadError, find_game_files, read_games
 from tideborn.data.progress import Progress
-from tideborn.data.records import RECORD_DTYPES
+from tideborn.data.records import RECORD_DTYPES, records_fingerprint
 from tideborn.errors import UserError
+from tideborn.outputs import StagedOutputs, file_type_name
 
 HCPE = RECORD_DTYPES["hcpe"]
 
@@ -103,51 +107,60 @@ def convert_games(inputs: list[Path], output: Path, filters: ConvertFilters = Co
     for item in inputs:
         if not item.exists():
             raise UserError(f"{item}: no such file or directory")
+        mode = item.stat().st_mode
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):  # reading a FIFO would wait for a writer for ever
+            raise UserError(f"{item}: is {file_type_name(mode)}; name game record files or directories")
     files = find_game_files(inputs)
     if not files:
         raise UserError(f"no game records (.csa, .kif, .kifu, .ki2) under {', '.join(map(str, inputs))}")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    report = ConvertReport(files=len(files))
-    entries: list[GameEntry] = []
+    with StagedOutputs() as outputs:
+        outputs.prepare(output, "--output")
+        outputs.prepare(index_path(output), "--output")
+        report = ConvertReport(files=len(files))
+        entries: list[GameEntry] = []
+        bar = Progress("convert", len(files), "files", enabled=progress)
+        temp = outputs.write(output, lambda sink: _convert_into(sink, files, filters, report, entries, bar, warn))
+        bar.finish()
+        if report.positions == 0:
+            raise UserError(f"no game passed the filters ({dict(report.skipped)}); nothing written to {output}")
+        header = IndexHeader(report.positions, records_fingerprint(temp))
+        outputs.write(index_path(output), lambda handle: write_index(handle, entries, header))
+        outputs.publish()
+    return report
+
+
+def _convert_into(sink, files: list[Path], filters: ConvertFilters, report: ConvertReport,
+                  entries: list[GameEntry], bar: Progress, warn) -> None:
+    """Append the records of every game that passes `filters` to `sink`; count in `report` and `entries`."""
     seen: set[int] = set()
     board = cshogi.Board()
-    bar = Progress("convert", len(files), "files", enabled=progress)
-    temp = output.with_name(output.name + ".tmp")
-    with open(temp, "wb") as sink:
-        for done, path in enumerate(files, start=1):
-            try:
-                games = read_games(path)
-            except GameReadError as exc:
-                report.unreadable.append((str(path), str(exc)))
-                if warn is not None:
-                    warn(f"{path}: skipped: {exc}")
+    for done, path in enumerate(files, start=1):
+        try:
+            games = read_games(path)
+        except GameReadError as exc:
+            report.unreadable.append((str(path), str(exc)))
+            if warn is not None:
+                warn(f"{path}: skipped: {exc}")
+            continue
+        for game in games:
+            report.games_read += 1
+            reason = skip_reason(game, filters)
+            key = _game_key(game)
+            if reason is None and filters.dedupe and key in seen:
+                reason = "duplicate"
+            if reason is None:
+                converted = game_records(game, board)
+                if isinstance(converted, str):
+                    reason = converted.split(" at ")[0]
+            if reason is not None:
+                report.skipped[reason] += 1
                 continue
-            for game in games:
-                report.games_read += 1
-                reason = skip_reason(game, filters)
-                key = _game_key(game)
-                if reason is None and filters.dedupe and key in seen:
-                    reason = "duplicate"
-                if reason is None:
-                    converted = game_records(game, board)
-                    if isinstance(converted, str):
-                        reason = converted.split(" at ")[0]
-                if reason is not None:
-                    report.skipped[reason] += 1
-                    continue
-                seen.add(key)
-                assert not isinstance(converted, str) and game.result is not None
-                converted.tofile(sink)
-                ratings = [("" if r is None else f"{r:g}") for r in game.ratings]
-                entries.append(GameEntry(report.positions, len(converted), game.plies, RESULT_NAMES[game.result],
-                                         game.endgame, int(game.handicap), ratings[0], ratings[1], game.source))
-                report.positions += len(converted)
-                report.games_written += 1
-            bar.update(done, f"{report.games_written:,} games, {report.positions:,} positions")
-    bar.finish()
-    if report.positions == 0:
-        temp.unlink(missing_ok=True)
-        raise UserError(f"no game passed the filters ({dict(report.skipped)}); nothing written to {output}")
-    os.replace(temp, output)
-    write_index(index_path(output), entries)
-    return report
+            seen.add(key)
+            assert not isinstance(converted, str) and game.result is not None
+            sink.write(converted.data)  # not `tofile`: a plain write reports a full disk as ENOSPC
+            ratings = [("" if r is None else f"{r:g}") for r in game.ratings]
+            entries.append(GameEntry(report.positions, len(converted), game.plies, RESULT_NAMES[game.result],
+                                     game.endgame, int(game.handicap), ratings[0], ratings[1], game.source))
+            report.positions += len(converted)
+            report.games_written += 1
+        bar.update(done, f"{report.games_written:,} games, {report.positions:,} positions")

@@ -71,6 +71,8 @@ def decode_indices(records: RecordSet, decoder: Decoder, indices: np.ndarray, in
         decoded = decoder.decode(records.read(indices), None if planes is None else planes.numpy())
     except BadRecord as bad:
         return {"error": f"{records.describe(int(indices[bad.position]))}: {bad.reason}"}
+    except UserError as exc:  # a file that changed under the run (truncated, replaced), named by the reader
+        return {"error": str(exc)}
     # The planes go as one shared-memory tensor; the small arrays as numpy, pickled by value through the
     # worker's queue (a tensor each would cost a file-descriptor handshake per batch).
     return {

@@ -1,14 +1,17 @@
-"""Teacher record files: the two fixed-size formats, file and glob expansion, memory-mapped access.
+"""Teacher record files: the two fixed-size formats, file and glob expansion, reading records by index.
 
-Files are opened with `np.memmap`: a record is read from disk (or the page cache) only when a batch uses
-it, so a 100 GB teacher set costs address space, not RAM. Every problem with a file is a `UserError`
-that names it (and the record, where one record is at fault).
+`RecordSet` reads the records a batch uses with `os.pread` (neighbours coalesced into one read): a 100 GB
+teacher set costs neither RAM nor a memory map. Not a memory map, because a file truncated under a map
+kills the reading process with SIGBUS (a silent death, or "DataLoader worker ... killed by signal: Bus
+error"); a short `pread` is an error that names the file. Every problem with a file is a `UserError` that
+names it (and the record, where one record is at fault).
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import stat
 import typing
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import cshogi
 import numpy as np
 
 from tideborn.errors import UserError
+from tideborn.outputs import file_type_name
 
 if typing.TYPE_CHECKING:
     from tideborn.config.schema import Settings
@@ -73,18 +77,40 @@ def expand_paths(patterns: typing.Sequence[str], data_root: str | os.PathLike = 
     return files
 
 
+COALESCE_BYTES = 1024
+"""Records closer than this in a file are fetched by one `pread` with what lies between them (fewer calls
+for dense batches of small files; about the best of 0, 256, 1024 and 4096 measured)."""
+
+
 def readable_size(path: Path, kind: str) -> int:
-    """The size of `path` in bytes, after checking it exists, is a file and can be read."""
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
-    if path.is_dir():
-        raise UserError(f"{path}: is a directory, not a {kind} file (name its files, e.g. {path / ('*.' + kind)})")
+    """The size of `path` in bytes, after checking it exists, is a regular file and can be read.
+
+    The type is checked before the file is opened: opening a FIFO waits for a writer, for ever."""
     try:
-        with open(path, "rb") as handle:
-            handle.read(1)
-            return os.fstat(handle.fileno()).st_size
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise UserError(f"{path}: is a directory, not a {kind} file (name its files, e.g. {path / ('*.' + kind)})")
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{path}: is {file_type_name(mode)}, not a {kind} file; name a regular file")
+    try:
+        # O_NONBLOCK: should the path have become a FIFO since the stat, the open does not wait for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        facts = os.fstat(fd)
+        if not stat.S_ISREG(facts.st_mode):
+            raise UserError(f"{path}: is {file_type_name(facts.st_mode)}, not a {kind} file; name a regular file")
+        os.pread(fd, 1, 0)
+        return facts.st_size
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
 
 
 def size_problem(size: int, kind: str) -> str | None:
@@ -108,6 +134,25 @@ def check_record_file(path: Path, kind: str) -> int:
     return size // RECORD_DTYPES[kind].itemsize
 
 
+def records_fingerprint(path: Path, samples: int = 64) -> str:
+    """A short digest of `path`'s size and of `samples` evenly spaced 64-byte pieces of it (first and last
+    included): which version of a record file a game index was written for, in a few reads of any size."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=12)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        size = os.fstat(fd).st_size
+        digest.update(size.to_bytes(8, "little"))
+        piece = 64
+        last = max(0, size - piece)
+        for i in range(samples):
+            digest.update(os.pread(fd, piece, last * i // max(1, samples - 1)))
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
+
+
 def open_records(path: Path, kind: str) -> np.memmap:
     """A read-only memory map of `path`'s records (checked first with `check_record_file`)."""
     check_record_file(path, kind)
@@ -117,8 +162,9 @@ def open_records(path: Path, kind: str) -> np.memmap:
 class RecordSet:
     """Files of one kind seen as one sequence: record `i` of the set is record `i - offsets[f]` of file `f`.
 
-    Pickles without its memory maps (workers reopen them), so handing it to worker processes copies
-    only the file list.
+    Pickles without its open files (workers reopen them), so handing it to worker processes copies only
+    the file list. A file that changes under it (truncated, rewritten in place, or replaced) is a
+    `UserError` naming the file, at the next read that touches it, never a crash.
     """
 
     def __init__(self, paths: typing.Sequence[Path], kind: str):
@@ -128,33 +174,83 @@ class RecordSet:
         counts = [check_record_file(path, kind) for path in self.paths]
         self.counts = np.asarray(counts, dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
-        self._maps: list[np.memmap | None] = [None] * len(self.paths)
+        self.identities = [_identity(os.stat(path)) for path in self.paths]
+        """(device, inode) of each file when the set was made: a file replaced since then is refused."""
+        self._fds: list[int | None] = [None] * len(self.paths)
+        self._fd_pid = os.getpid()
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_maps"] = [None] * len(self.paths)
+        state["_fds"] = [None] * len(self.paths)
         return state
 
-    def file_map(self, file_index: int) -> np.memmap:
-        mapped = self._maps[file_index]
-        if mapped is None:
-            mapped = np.memmap(self.paths[file_index], dtype=self.dtype, mode="r")
-            self._maps[file_index] = mapped
-        return mapped
+    def _fd(self, file_index: int) -> int:
+        fd = self._fds[file_index]
+        if fd is None:
+            path = self.paths[file_index]
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                raise UserError(f"{path}: cannot read any more ({exc.strerror or exc}); was it removed "
+                                f"while training read it?") from None
+            facts = os.fstat(fd)
+            if not stat.S_ISREG(facts.st_mode) or _identity(facts) != self.identities[file_index]:
+                os.close(fd)
+                raise UserError(f"{path}: was replaced by another file since the run started; training reads "
+                                f"the records it counted then, so put the original back or restart the run")
+            self._fds[file_index] = fd
+        return fd
+
+    def _changed(self, file_index: int, fd: int) -> UserError:
+        path = self.paths[file_index]
+        expected = int(self.counts[file_index]) * self.dtype.itemsize
+        size = os.fstat(fd).st_size
+        return UserError(f"{path}: changed while training read it: {size:,} bytes now, {expected:,} "
+                         f"({int(self.counts[file_index]):,} records) when the run started; was it truncated, "
+                         f"appended to or rewritten in place? Put the original file back and resume")
+
+    def _read_file(self, file_index: int, local: np.ndarray) -> np.ndarray:
+        """Records `local` (indices within file `file_index`), in that order, by `pread`: records whose gap
+        is under COALESCE_BYTES come in one read, the rest one read each."""
+        fd = self._fd(file_index)
+        itemsize = self.dtype.itemsize
+        if os.fstat(fd).st_size != int(self.counts[file_index]) * itemsize:
+            raise self._changed(file_index, fd)
+        wanted, inverse = np.unique(local, return_inverse=True)
+        breaks = np.flatnonzero(np.diff(wanted) > max(1, COALESCE_BYTES // itemsize)) + 1
+        starts = np.concatenate([[0], breaks])
+        first = wanted[starts]
+        last = wanted[np.concatenate([breaks - 1, [len(wanted) - 1]])]
+        lengths = (last - first + 1) * itemsize
+        pread = os.pread
+        data = b"".join([pread(fd, length, offset) for length, offset in
+                         zip(lengths.tolist(), (first * itemsize).tolist())])
+        if len(data) != int(lengths.sum()):
+            raise self._changed(file_index, fd)
+        # Where each wanted record lies in `data`: its span's start there, plus its place in the span.
+        span_base = np.concatenate([[0], np.cumsum(last - first + 1)[:-1]])
+        span_of = np.repeat(np.arange(len(starts)), np.diff(np.concatenate([starts, [len(wanted)]])))
+        rows = span_base[span_of] + wanted - first[span_of]
+        return np.frombuffer(data, dtype=self.dtype)[rows][inverse.reshape(-1)]
 
     def read(self, indices: np.ndarray) -> np.ndarray:
-        """The records at global `indices`, in that order (a copy; the maps stay untouched)."""
+        """The records at global `indices`, in that order (a copy)."""
         indices = np.asarray(indices, dtype=np.int64)
+        if self._fd_pid != os.getpid():
+            # A forked worker shares the parent's descriptors; its own keep their offsets and lifetimes apart.
+            self._fds, self._fd_pid = [None] * len(self.paths), os.getpid()
+        if len(indices) == 0:
+            return np.empty(0, dtype=self.dtype)
         if len(self.paths) == 1:
-            return np.asarray(self.file_map(0)[indices])
+            return self._read_file(0, indices)
         file_ids = np.searchsorted(self.offsets, indices, side="right") - 1
         out = np.empty(len(indices), dtype=self.dtype)
         for file_index in np.unique(file_ids):
             chosen = file_ids == file_index
-            out[chosen] = self.file_map(int(file_index))[indices[chosen] - self.offsets[file_index]]
+            out[chosen] = self._read_file(int(file_index), indices[chosen] - self.offsets[file_index])
         return out
 
     def locate(self, index: int) -> tuple[Path, int]:
@@ -167,7 +263,15 @@ class RecordSet:
         return f"{path}: record {local}"
 
     def close(self) -> None:
-        self._maps = [None] * len(self.paths)
+        fds, self._fds = self._fds, [None] * len(self.paths)
+        if self._fd_pid == os.getpid():
+            for fd in fds:
+                if fd is not None:
+                    os.close(fd)
+
+
+def _identity(facts: os.stat_result) -> tuple[int, int]:
+    return facts.st_dev, facts.st_ino
 
 
 def training_records(settings: Settings) -> RecordSet:

@@ -5,23 +5,34 @@ passes through the initial position, many through the same openings), so test po
 hash also occurs in train are dropped from the test file: a held-out score then measures positions the
 network has not been trained on. The check at the end reads both written files back and fails if any
 test position hash is still found in train.
+
+The four outputs (train, test and their game indexes) are written to hidden temp files, checked, and only
+then renamed into place together, Ctrl-C held back during the renames: an error, a full disk or Ctrl-C
+leaves the old pair (if any) as it was and no temp file. Both indexes carry one split id and a
+fingerprint of their file, so even a SIGKILL between two renames leaves a pair the trainer and `verify`
+recognise as mixed and refuse.
 """
 
 from __future__ import annotations
 
 import os
+import typing
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import cshogi
 import numpy as np
 
-from tideborn.data.game_index import GameEntry, index_path, read_index, write_index
+from tideborn.data.game_index import GameEntry, IndexHeader, index_mismatch, index_path, read_index, write_index
 from tideborn.data.progress import Progress
-from tideborn.data.records import open_records
+from tideborn.data.records import open_records, records_fingerprint
 from tideborn.errors import UserError
+from tideborn.outputs import StagedOutputs, same_output
 
 HASH_CHUNK = 65536
+WRITE_CHUNK = 1 << 20
+"""Records per write call: a plain `write` reports a full disk as ENOSPC (numpy's `tofile` does not)."""
 
 
 def position_hashes(records: np.ndarray, kind: str = "hcpe", progress: Progress | None = None,
@@ -59,61 +70,81 @@ class SplitReport:
                 f"leakage check: {self.leaked} of {self.test_positions:,} test positions occur in train")
 
 
-def _write(path: Path, records: np.ndarray) -> None:
-    temp = path.with_name(path.name + ".tmp")
-    records.tofile(temp)
-    os.replace(temp, path)
+def write_records(handle: typing.BinaryIO, records: np.ndarray) -> None:
+    for start in range(0, len(records), WRITE_CHUNK):
+        handle.write(np.ascontiguousarray(records[start:start + WRITE_CHUNK]).data)
+
+
+def check_split_paths(source: Path, train_path: Path, test_path: Path) -> None:
+    """Refuse outputs that are one file (or share a game index), or that would overwrite the input."""
+    if same_output(train_path, test_path) or same_output(index_path(train_path), index_path(test_path)):
+        raise UserError(f"--train {train_path} and --test {test_path} name the same file (or the same game "
+                        f"index, {index_path(test_path).name}); name two different files")
+    for flag, out in (("--train", train_path), ("--test", test_path)):
+        if out.suffix.lower() != ".hcpe":
+            raise UserError(f"{flag} {out}: name the outputs NAME.hcpe")
+        if same_output(out, source) or same_output(index_path(out), index_path(source)):
+            raise UserError(f"{flag} {out}: would overwrite the input {source}")
 
 
 def split_games(source: Path, train_path: Path, test_path: Path, test_fraction: float = 0.1,
                 seed: int = 0, progress: bool = True) -> SplitReport:
     if not 0 < test_fraction < 1:
         raise UserError(f"--test-fraction {test_fraction}: must be between 0 and 1")
-    if train_path.resolve() == test_path.resolve():
-        raise UserError(f"--train and --test name the same file ({train_path})")
-    for out in (train_path, test_path):
-        if out.suffix.lower() != ".hcpe":
-            raise UserError(f"{out}: name the outputs NAME.hcpe")
-        if out.resolve() == source.resolve():
-            raise UserError(f"{out}: would overwrite the input")
-    records = open_records(source, "hcpe")
-    games = read_index(index_path(source), len(records))
-    if len(games) < 2:
-        raise UserError(f"{source}: {len(games)} game(s); a split by game needs at least 2")
-    order = np.random.default_rng(seed).permutation(len(games))
-    test_count = min(len(games) - 1, max(1, round(test_fraction * len(games))))
-    is_test = np.zeros(len(games), dtype=bool)
-    is_test[order[:test_count]] = True
+    check_split_paths(source, train_path, test_path)
+    with StagedOutputs() as outputs:
+        for flag, out in (("--train", train_path), ("--test", test_path)):
+            outputs.prepare(out, flag)
+            outputs.prepare(index_path(out), flag)
+        records = open_records(source, "hcpe")
+        if (problem := index_mismatch(source)) is not None:
+            raise UserError(problem)
+        games = read_index(index_path(source), len(records))
+        if len(games) < 2:
+            raise UserError(f"{source}: {len(games)} game(s); a split by game needs at least 2")
+        order = np.random.default_rng(seed).permutation(len(games))
+        test_count = min(len(games) - 1, max(1, round(test_fraction * len(games))))
+        is_test = np.zeros(len(games), dtype=bool)
+        is_test[order[:test_count]] = True
 
-    bar = Progress("split: hashing positions", 2 * len(records), "positions", enabled=progress)
-    hashes = position_hashes(records, progress=bar)
-    game_of_record = np.repeat(np.arange(len(games)), [g.records for g in games])
-    test_mask = is_test[game_of_record]
-    train_hashes = np.unique(hashes[~test_mask])
-    keep_test = test_mask & ~np.isin(hashes, train_hashes)
-    dropped = int(test_mask.sum() - keep_test.sum())
-    if not keep_test.any():
-        raise UserError(f"every test position also occurs in train; nothing would be left for {test_path} "
-                        f"(use more games or a larger --test-fraction)")
+        bar = Progress("split: hashing positions", 2 * len(records), "positions", enabled=progress)
+        hashes = position_hashes(records, progress=bar)
+        game_of_record = np.repeat(np.arange(len(games)), [g.records for g in games])
+        test_mask = is_test[game_of_record]
+        train_hashes = np.unique(hashes[~test_mask])
+        keep_test = test_mask & ~np.isin(hashes, train_hashes)
+        dropped = int(test_mask.sum() - keep_test.sum())
+        if not keep_test.any():
+            raise UserError(f"every test position also occurs in train; nothing would be left for {test_path} "
+                            f"(use more games or a larger --test-fraction)")
 
-    train_path.parent.mkdir(parents=True, exist_ok=True)
-    test_path.parent.mkdir(parents=True, exist_ok=True)
-    _write(train_path, np.asarray(records[~test_mask]))
-    _write(test_path, np.asarray(records[keep_test]))
-    write_index(index_path(train_path), _reindex(games, ~is_test, np.ones(len(records), dtype=bool)))
-    write_index(index_path(test_path), _reindex(games, is_test, keep_test))
+        train_temp = outputs.write(train_path, lambda handle: write_records(handle, records[~test_mask]))
+        test_temp = outputs.write(test_path, lambda handle: write_records(handle, records[keep_test]))
 
-    # The check reads back what was written rather than trusting the masks above.
-    written_train = open_records(train_path, "hcpe")
-    written_test = open_records(test_path, "hcpe")
-    check_train = position_hashes(np.asarray(written_train), progress=bar, done_before=len(records))
-    check_test = position_hashes(np.asarray(written_test))
-    bar.finish()
-    leaked = int(np.isin(check_test, check_train).sum())
-    report = SplitReport(int((~is_test).sum()), int(is_test.sum()), len(written_train), len(written_test),
-                         dropped, leaked)
-    if leaked:
-        raise UserError(f"leakage check failed: {leaked} positions of {test_path} also occur in {train_path}")
+        # The check reads back what was written rather than trusting the masks above, before publishing.
+        written_train = open_records(train_temp, "hcpe")
+        written_test = open_records(test_temp, "hcpe")
+        check_train = position_hashes(np.asarray(written_train), progress=bar, done_before=len(records))
+        check_test = position_hashes(np.asarray(written_test))
+        bar.finish()
+        leaked = int(np.isin(check_test, check_train).sum())
+        report = SplitReport(int((~is_test).sum()), int(is_test.sum()), len(written_train), len(written_test),
+                             dropped, leaked)
+        del written_train, written_test
+        if leaked:
+            raise UserError(f"leakage check failed: {leaked} positions of {test_path} also occur in {train_path}; "
+                            f"nothing was written")
+
+        split_id = uuid.uuid4().hex
+        for role, path, temp, partner, entries in (
+                ("train", train_path, train_temp, test_path, _reindex(games, ~is_test, np.ones(len(records), bool))),
+                ("test", test_path, test_temp, train_path, _reindex(games, is_test, keep_test))):
+            header = IndexHeader(sum(e.records for e in entries), records_fingerprint(temp), split_id, role,
+                                 os.path.relpath(partner.resolve(), path.resolve().parent))
+            outputs.write(index_path(path), lambda handle, e=entries, h=header: write_index(handle, e, h))
+        # The hcpe files first, the indexes last: until both indexes are in place, an index does not match
+        # its file's fingerprint, so a crash between the renames leaves a pair that is refused, not used.
+        outputs.publish()
     return report
 
 

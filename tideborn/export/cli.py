@@ -2,7 +2,9 @@
 
 Arguments are parsed before torch loads. Bad input (no such file, not a checkpoint, a checkpoint that
 would need pickle, no EMA weights for `--weights ema`) is one line on stderr and exit status 2; a model
-that fails the parity check is one line and exit status 1, and is not left at `--out`.
+that fails the parity check is one line and exit status 1, and is not left at `--out`. `--out` must be a
+regular file or nothing (not a directory, a device node, a FIFO); a full disk is one line naming the file,
+exit status 2; Ctrl-C is one line, exit status 130; none of them leaves a temp file.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-from tideborn.errors import UserError, report_user_error
+from tideborn.errors import UserError, report_interrupted, report_user_error
 from tideborn.export.interface import DEFAULT_VALUE, VALUE_CHOICES, WEIGHT_CHOICES
+from tideborn.outputs import check_output_path
 from tideborn.trainer.cli import OneLineParser
 
 PARITY_FAILED_EXIT = 1
@@ -37,6 +40,7 @@ def build_parser(prog: str = "tideborn export") -> argparse.ArgumentParser:
 def export(args: argparse.Namespace, prog: str) -> int:
     if args.out.resolve() == args.checkpoint.resolve():
         raise UserError(f"--out {args.out} is the checkpoint itself; name a new file, e.g. model.onnx")
+    check_output_path(args.out, "--out")  # before torch loads: a device node or FIFO is refused at once
     from tideborn.export.onnx_export import choose_weights, export_onnx
     from tideborn.export.parity import ParityError
     from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
@@ -76,5 +80,7 @@ def main(argv: list[str] | None = None, prog: str = "tideborn export") -> int:
         return export(args, prog)
     except UserError as exc:
         return report_user_error(exc, prog)
+    except KeyboardInterrupt:
+        return report_interrupted(prog)
     except BrokenPipeError:
         return 0

@@ -33,7 +33,7 @@ from tideborn.export.interface import (
     WEIGHT_CHOICES,
 )
 from tideborn.export.parity import ParityError, check_parity
-from tideborn.rundir import fsync_directory
+from tideborn.outputs import StagedOutputs, check_output_path, remove_stale_temps
 from tideborn.trainer.model import FEATURES1_NUM, FEATURES2_NUM, build_model
 
 OPSET = 18
@@ -154,26 +154,24 @@ def export_onnx(payload: dict, out_path: Path, weights: str = "auto", value: str
         raise ExportInputError(f"--out {out_path}: is a directory; name the model file, e.g. {out_path / 'model.onnx'}")
     if not out_path.parent.is_dir():
         raise ExportInputError(f"--out {out_path}: directory {out_path.parent} does not exist")
+    check_output_path(out_path, "--out")
+    check_output_path(out_path.with_name(out_path.name + FAILED_SUFFIX), "--out (for a model that fails the check)")
+    remove_stale_temps(out_path)  # left by an export that was killed (SIGKILL, a power cut)
     kind = choose_weights(payload, weights)
     reference = reference_module(payload, kind, value)
     model = to_onnx(reference)
     add_metadata(model, payload, kind, value)
-    temp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "wb") as handle:
-            handle.write(model.SerializeToString())
-            handle.flush()
-            os.fsync(handle.fileno())
+    # Written like the data tools' outputs: a 0o644 temp file (whatever the umask), a full disk named as
+    # such, no temp file left by an error or Ctrl-C, and one left by a killed export removed now.
+    with StagedOutputs() as staged:
+        temp = staged.write(out_path, lambda handle: handle.write(model.SerializeToString()))
         try:
             parity = check_parity(temp, reference)
         except ParityError as exc:
             failed = out_path.with_name(out_path.name + FAILED_SUFFIX)
             os.replace(temp, failed)
             raise ParityError(f"{exc}; the model was left at {failed}, not at {out_path}") from None
-        os.replace(temp, out_path)
-    finally:
-        temp.unlink(missing_ok=True)
-    fsync_directory(out_path.parent)
+        staged.publish()
     return ExportReport(out_path, int(payload["step"]), kind, value, OPSET, out_path.stat().st_size,
                         time.perf_counter() - started, parity.policy_max_abs_diff, parity.value_max_abs_diff,
                         parity.positions, parity.batch_sizes)

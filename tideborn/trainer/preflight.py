@@ -26,12 +26,16 @@ def preflight(settings: Settings, resume: Path | None = None, fresh: bool = Fals
     the trainer's working directory, when `runtime.out_dir` and `paths.runs_root` are relative)."""
     environ = os.environ if environ is None else environ
     if settings.data.resolved_kind != "synthetic":
-        # Every teacher file is opened and size-checked now, so a bad one is named before anything starts.
+        # Every teacher file is opened and size-checked now, so a bad one is named before anything starts;
+        # so is a game index written for another version of its file, and a train/test pair from two splits.
+        from tideborn.data.game_index import check_pairs
         from tideborn.data.records import held_out_records, training_records
 
-        for records in (training_records(settings), held_out_records(settings)):
+        train, test = training_records(settings), held_out_records(settings)
+        for records in (train, test):
             if records is not None:
                 records.close()
+        check_pairs(train.paths, test.paths if test is not None else [])
     if fresh and resume is not None:
         raise UserError("--fresh and --resume exclude each other")
     if resume is not None and not resume.is_file():

@@ -1,0 +1,180 @@
+"""Files the tools write where the user says (`export --out`, `data convert --output`, `data split --train
+--test`): regular files only, created like run-directory files (0o644, directories 0o755, whatever the
+umask), published whole by a rename, several of them as a group, and a failed write said in one line.
+
+No torch and no numpy here: the data tools' argument checks use it before anything heavy loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import signal
+import stat
+import threading
+import typing
+from pathlib import Path
+
+from tideborn.errors import UserError
+from tideborn.rundir import FILE_MODE, fsync_directory, make_dirs
+
+
+class OutputError(UserError):
+    """An output could not be written (a full disk, no permission): one line naming the file."""
+
+
+def file_type_name(mode: int) -> str:
+    """What a file that is not a regular one is, in words, for error messages."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_output_path(path: Path, flag: str) -> None:
+    """Refuse an output path that exists and is not a regular file (a directory, a device node such as
+    /dev/null, a FIFO): the tools replace their outputs whole, and replacing those would be a surprise
+    at best (run as root, `--out /dev/null` would replace the device node)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: cannot use it: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{flag} {path}: is {file_type_name(mode)}; name a regular file to write (it is "
+                        f"replaced whole)")
+
+
+def same_output(a: Path, b: Path) -> bool:
+    """Whether two paths would write the same file: the same path once normalised, equal but for case (one
+    file on a case-insensitive file system), or, where both exist, the same inode (a link, a bind mount)."""
+    ra, rb = a.resolve(), b.resolve()
+    if ra == rb or str(ra).casefold() == str(rb).casefold():
+        return True
+    try:
+        return os.path.samefile(ra, rb)
+    except OSError:  # one of them does not exist yet: then they cannot be one file
+        return False
+
+
+def describe_write_error(exc: OSError, path: Path) -> str:
+    if exc.errno == errno.ENOSPC:
+        return f"disk full writing {path}; nothing was replaced (free some space and run it again)"
+    if exc.errno == errno.EDQUOT:
+        return f"disk quota exceeded writing {path}; nothing was replaced"
+    return f"cannot write {path}: {exc.strerror or exc}; nothing was replaced"
+
+
+def temp_path(path: Path) -> Path:
+    """The hidden temp file beside `path` that this process writes before the rename."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Remove the temp files of `path` left by writers that died without cleaning up (SIGKILL, a power
+    cut): `.NAME.tmp-PID` whose PID is not a running process. Returns what was removed."""
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.tmp-(\d+)$")
+    removed = []
+    try:
+        entries = list(path.parent.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if match and int(match.group(1)) != os.getpid() and not _process_alive(int(match.group(1))):
+            try:
+                entry.unlink()
+                removed.append(entry)
+            except FileNotFoundError:  # another writer cleaned it up first
+                pass
+    return removed
+
+
+@contextlib.contextmanager
+def _signals_held() -> typing.Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back while a group of renames runs (they arrive after it), so that an
+    interrupt cannot publish half a group. Only the main thread receives them; elsewhere, nothing to do."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class StagedOutputs:
+    """Outputs written to hidden temp files, then published together by renames (in the order written).
+
+    Use as a context manager: whatever was not published when the block ends (an error, Ctrl-C) is
+    removed, so no temp file is left behind by anything short of SIGKILL, and the next writer of the same
+    output removes those (`remove_stale_temps`). Writes that fail are `OutputError`s naming the output.
+    """
+
+    def __init__(self) -> None:
+        self.staged: list[tuple[Path, Path]] = []
+
+    def __enter__(self) -> StagedOutputs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+    def prepare(self, path: Path, flag: str) -> None:
+        """Check `path` can be written (a regular file or nothing) and create its directory."""
+        check_output_path(path, flag)
+        try:
+            make_dirs(path.parent)
+        except OSError as exc:
+            raise OutputError(describe_write_error(exc, path.parent)) from None
+
+    def write(self, path: Path, fill: typing.Callable[[typing.BinaryIO], object]) -> Path:
+        """Stage `path`: `fill` writes its content into the temp file, which is then fsynced. Returns
+        the temp file's path (to read the content back before publishing)."""
+        remove_stale_temps(path)
+        temp = temp_path(path)
+        self.staged.append((temp, path))
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+            with os.fdopen(fd, "wb") as handle:
+                fill(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            raise OutputError(describe_write_error(exc, path)) from None
+        return temp
+
+    def publish(self) -> None:
+        """Rename every staged file over its output, Ctrl-C held back until all are done, then fsync
+        their directories."""
+        try:
+            with _signals_held():
+                for temp, path in self.staged:
+                    os.replace(temp, path)
+        except OSError as exc:
+            raise OutputError(f"cannot publish {path}: {exc.strerror or exc}") from None
+        for directory in {path.parent for _, path in self.staged}:
+            fsync_directory(directory)
+        self.staged = []
+
+    def discard(self) -> None:
+        for temp, _ in self.staged:
+            temp.unlink(missing_ok=True)
+        self.staged = []

@@ -23,7 +23,9 @@ CUDA_OOM = "cuda_oom"
 CUDA_ERROR = "cuda_error"
 NCCL_ERROR = "nccl_error"
 TRACEBACK = "traceback"
-RULES = (NONFINITE_LOSS, DIVERGENCE, RUN_FAILED, VANISHED, STALLED, CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK)
+RUN_FILE = "run_file"
+RULES = (NONFINITE_LOSS, DIVERGENCE, RUN_FAILED, VANISHED, STALLED, CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK,
+         RUN_FILE)
 LOG_RULES = (CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK)
 
 LOSS_FIELDS = ("loss", "policy_loss", "value_loss")
@@ -338,6 +340,12 @@ def vanished(facts: ProcessFacts, ended: bool, now: float, start_time: float | N
     else:
         why += "; it wrote no event (see train.log)"
     return Anomaly(VANISHED, why, evidence, now)
+
+
+def run_file(name: str, problem: str, now: float) -> Anomaly:
+    """A file of the run directory that cannot be read as one (a directory, a FIFO, a socket, no permission;
+    a train.pid that `train_run start` did not write): it is left unread, and says so instead of hanging."""
+    return Anomaly(RUN_FILE, f"{name} cannot be read: {problem}", {"file": name, "problem": problem}, now)
 
 
 def stalled(facts: ProcessFacts, alive: bool, ended: bool, last_output_time: float, now: float,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tideborn.config import load_settings
 from tideborn.errors import UserError
+from tideborn.events import loads_bounded, open_regular
 from tideborn.runcontrol import LaunchRequest
 from tideborn.rundir import LAUNCH_FILE, run_dir_of
 
@@ -37,10 +38,11 @@ class LaunchPlan:
         resumes from the newest checkpoint, and must never archive the run's progress by surprise."""
         path = run_dir / LAUNCH_FILE
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            with open_regular(path) as handle:  # never blocks on a FIFO
+                data = loads_bounded(handle.read())
         except FileNotFoundError:
             return None
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # ValueError: bad JSON, bad UTF-8, nested too deeply
             raise UserError(f"{path}: unreadable ({exc}); start with --config instead") from None
         if not isinstance(data, dict):
             raise UserError(f"{path}: not a JSON object; start with --config instead")

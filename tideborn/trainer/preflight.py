@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tideborn.config import Settings
 from tideborn.errors import UserError
-from tideborn.rundir import run_dir_of
+from tideborn.rundir import ARCHIVE_DIR, run_dir_of
 
 
 def preflight(settings: Settings, resume: Path | None = None, fresh: bool = False,
@@ -36,4 +36,8 @@ def preflight(settings: Settings, resume: Path | None = None, fresh: bool = Fals
     run_dir = run_dir_of(settings)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"runtime.out_dir: {run_dir} exists and is not a directory")
+    archive = run_dir / ARCHIVE_DIR
+    if fresh and (archive.exists() or archive.is_symlink()) and not archive.is_dir():
+        raise UserError(f"--fresh: {archive} exists and is not a directory (old checkpoints and events move "
+                        "into it); move it out of the way")
     return run_dir

@@ -104,7 +104,7 @@ def file_size(path: Path) -> int:
 def file_mtime(path: Path) -> float | None:
     try:
         return path.stat().st_mtime
-    except FileNotFoundError:
+    except OSError:  # absent, or a symlink loop: no time to go by (the reader reports the loop)
         return None
 
 

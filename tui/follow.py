@@ -130,7 +130,9 @@ class RunFollower:
     def hardware(self, now: float) -> HardwareSample:
         started = self.tracker.run_started or {}
         device = str(started.get("device") or "")
-        runtime = (started.get("settings") or {}).get("runtime") or {}
+        settings = started.get("settings")  # a hand-edited or foreign event may hold anything here
+        runtime = settings.get("runtime") if isinstance(settings, dict) else None
+        runtime = runtime if isinstance(runtime, dict) else {}
         cpu_run: bool | None = None
         if device or runtime.get("device"):
             cpu_run = (device or str(runtime.get("device"))).startswith("cpu")

@@ -408,7 +408,7 @@ def make_run_file(path: Path, form: str, content: bytes, outside: Path, depth: i
         path.symlink_to(form.removeprefix("symlink to "))
 
 
-@pytest.mark.timeout(TIMEOUT)  # a reader that opens a FIFO blocks for good: a hang fails here
+@pytest.mark.timeout(TIMEOUT * SCALE)  # a reader that opens a FIFO blocks for good: a hang fails here
 @fuzz_settings(150)
 @given(contents=run_dir_contents(), depth=st.integers(1, 3), start=st.sampled_from(["beginning", "tail", "end"]))
 def test_status_watch_the_tracker_and_the_tui_follower_survive_any_run_dir_contents(tmp_path_factory, contents,

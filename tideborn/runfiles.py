@@ -176,13 +176,15 @@ def first_event(path: Path, limit: int = 1024 * 1024) -> dict | None:
             data = handle.read(limit)
     except OSError:
         return None
-    for line in data.split(b"\n")[:-1]:  # complete lines only
+    start = 0
+    while (end := data.find(b"\n", start)) >= 0:  # complete lines only, and mostly just the first
         try:
-            event = loads_bounded(line)
+            event = loads_bounded(data[start:end])
         except ValueError:
-            continue
+            event = None
         if well_formed(event):
             return event
+        start = end + 1
     return None
 
 

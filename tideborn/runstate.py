@@ -381,6 +381,9 @@ class RunTracker:
         """The status report (`status --json` prints it)."""
         now = time.time() if now is None else now
         launch, started, step_event = self._launch(), self.run_started or {}, self.last_step or {}
+        lost_start = self.run_started_rotated_away()
+        if lost_start:
+            started = {}  # the session's went with the rotation; one read before is an earlier run's
         step = max(x for x in (step_event.get("step"), started.get("step"), 0) if isinstance(x, int))
         terminal = self.terminal if self.ended() else None
         if terminal is not None and isinstance(terminal.get("step"), int):
@@ -389,8 +392,7 @@ class RunTracker:
         rate = self._steps_per_second()
         eta = ((max_steps - step) / rate if self.state in ("running", "stalled") and rate and isinstance(max_steps, int)
                else None)
-        lost_start = self.run_started_rotated_away()
-        began = as_float(started.get("time")) if not lost_start else None
+        began = as_float(started.get("time"))
         if lost_start and launch is not None:
             began = launch.launched_at  # the session's run_started went with the rotation: its launch is close
         ended_at = as_float(terminal.get("time")) if terminal is not None else None

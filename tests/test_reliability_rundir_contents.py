@@ -396,6 +396,21 @@ async def test_the_tui_shows_odd_run_files_as_anomalies_and_keeps_running(tmp_pa
             assert pilot.app.screen is screen and pilot.app.return_code is None, label
         assert app.return_code in (None, 0), label
 
+    # the picker, over all of them at once
+    from tui.screens.run_picker import RunPickerScreen
+
+    app = create_app(TuiOptions(runs_folder=tmp_path, clock=time.time, use_nvml=False, follow=False))
+    async with app.run_test(size=(100, 30)) as pilot:
+        picker = pilot.app.screen
+        assert isinstance(picker, RunPickerScreen)
+        deadline = time.monotonic() + 30
+        while not picker.ready.is_set():
+            assert time.monotonic() < deadline, "the picker never listed the runs"
+            await pilot.pause(0.05)
+        flagged = {r["name"] for r in picker.runs if any(a["rule"] == "run_file" for a in r["anomalies"])}
+        assert flagged == {label.replace(" ", "-") for label, (_make, odd) in cases.items() if odd}
+        assert pilot.app.return_code is None
+
 
 def test_an_archive_that_is_a_file_is_refused_by_fresh_and_ignored_by_readers(tmp_path: Path) -> None:
     """`--fresh` moves old checkpoints and events into archive/: a file there crashed the trainer (its

@@ -424,3 +424,21 @@ def test_an_archive_that_is_a_file_is_refused_by_fresh_and_ignored_by_readers(tm
     assert not (run_dir / PID_FILE).exists()
     status = tool("status", "--out-dir", str(run_dir))
     assert status.returncode == 0 and "state       finished" in status.stdout, describe(status)
+
+
+@pytest.mark.timeout(WAIT_SECONDS)
+@pytest.mark.parametrize("what", ["fifo", "directory", "nested"])
+def test_the_tui_start_key_reads_launch_json_without_hanging_or_recursing(tmp_path: Path, what: str) -> None:
+    """The start key reads launch.json on the UI thread: a FIFO there froze the TUI, 100,000 `[` raised
+    RecursionError. Both are the one-line error the dashboard shows for an unreadable launch.json."""
+    from tideborn.errors import UserError
+    from tui.plan import LaunchPlan
+
+    run_dir = tmp_path / "run"
+    ended_run(run_dir)
+    if what == "nested":
+        (run_dir / "launch.json").write_bytes(DEEP)
+    else:
+        make_odd(run_dir / "launch.json", what)
+    with pytest.raises(UserError, match=r"launch\.json: unreadable .*; start with --config instead"):
+        LaunchPlan.from_launch_file(run_dir)

@@ -336,6 +336,131 @@ def test_status_watch_and_the_tracker_survive_any_events_file(tmp_path_factory, 
         assert code in RUN_STATUS_CODES and out
 
 
+def nested(depth: int, how: str) -> bytes:
+    """JSON text nested `depth` deep: arrays, objects, or both in turn (possibly cut short)."""
+    if how == "arrays":
+        return b"[" * depth + b"1" + b"]" * depth
+    if how == "objects":
+        return b'{"a":' * depth + b"1" + b"}" * depth
+    return b'[{"a":' * (depth // 2) + b"1" + b"}]" * (depth // 2)
+
+
+DEEP_JSON = st.builds(nested, st.sampled_from([5, 99, 100, 101, 150, 2_000, 100_000]),
+                      st.sampled_from(["arrays", "objects", "mixed"]))
+DEEP_EVENT = st.builds(lambda value, cut: (b'{"kind":"eval","step":1,"x":' + value + b"}")[:cut or None],
+                       DEEP_JSON, st.sampled_from([0, 0, 50]))
+FILE_FORMS = ["absent", "file", "file", "file", "directory", "fifo", "socket", "symlink to a file",
+              "symlink to a directory", "dangling symlink", "symlink loop", "symlink to /dev/zero",
+              "symlink to /dev/null"]
+NOT_READ = {"directory", "fifo", "socket", "symlink to a directory", "symlink loop", "symlink to /dev/zero",
+            "symlink to /dev/null"}
+"""Forms that are not a regular file (or cannot be resolved to one): readers must report them, not read them."""
+
+
+@st.composite
+def run_dir_contents(draw) -> dict[str, tuple[str, bytes]]:
+    """For each run file: its form (FILE_FORMS) and, where it has content, the bytes."""
+    contents: dict[str, tuple[str, bytes]] = {}
+    for name in (EVENTS_FILE, LOG_FILE, PID_FILE, "launch.json", "archive"):
+        form = draw(st.sampled_from(FILE_FORMS))
+        if name == EVENTS_FILE:
+            lines, _good, _bad = draw(event_lines())
+            lines += draw(st.lists(st.one_of(DEEP_JSON, DEEP_EVENT), max_size=3))
+            content = b"".join(line + b"\n" for line in draw(st.permutations(lines)))
+        elif name == LOG_FILE:
+            content = draw(LOGS)
+        elif name == PID_FILE:
+            content = draw(st.one_of(PID_FILES, DEEP_JSON))
+        else:
+            content = draw(st.one_of(st.binary(max_size=40), DEEP_JSON))
+        contents[name] = (form, content)
+    return contents
+
+
+def make_run_file(path: Path, form: str, content: bytes, outside: Path, depth: int) -> None:
+    target = outside / f"target-{path.name}"
+    if form == "file":
+        path.write_bytes(content)
+    elif form == "directory":  # nested directories, a file at the bottom
+        inner = path
+        for level in range(depth):
+            inner = inner / f"level{level}"
+        inner.mkdir(parents=True)
+        (inner / path.name).write_bytes(content)
+    elif form == "fifo":
+        os.mkfifo(path)
+    elif form == "socket":
+        import socket
+
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(path))
+    elif form == "symlink to a file":
+        target.write_bytes(content)
+        path.symlink_to(target)
+    elif form == "symlink to a directory":
+        target.mkdir()
+        path.symlink_to(target)
+    elif form == "dangling symlink":
+        path.symlink_to(outside / "nothing-here")
+    elif form == "symlink loop":
+        path.symlink_to(path.name)
+    elif form.startswith("symlink to /dev/"):
+        path.symlink_to(form.removeprefix("symlink to "))
+
+
+@pytest.mark.timeout(TIMEOUT * SCALE)  # a reader that opens a FIFO blocks for good: a hang fails here
+@fuzz_settings(150)
+@given(contents=run_dir_contents(), depth=st.integers(1, 3), start=st.sampled_from(["beginning", "tail", "end"]))
+def test_status_watch_the_tracker_and_the_tui_follower_survive_any_run_dir_contents(tmp_path_factory, contents,
+                                                                                   depth, start):
+    """File types (regular, directory, FIFO, socket, device), symlinks (to files, directories, devices,
+    nowhere, themselves), nesting (directories, JSON nested up to 100,000 deep) for each run file: readers
+    report what they cannot read as a `run_file` anomaly (or, status on a broken train.pid, exit 2), and
+    never raise, hang or read a device."""
+    from tui.follow import RunFollower
+
+    tried("run-directory contents")
+    base = tmp_path_factory.mktemp("rd")
+    run_dir, outside = base / "run", base / "outside"
+    run_dir.mkdir()
+    outside.mkdir()
+    for name, (form, content) in contents.items():
+        make_run_file(run_dir / name, form, content, outside, depth)
+
+    tracker = RunTracker(run_dir, start=start, strict_pid_file=False)
+    update = tracker.refresh()
+    tracker.finish_log()
+    report = tracker.status()
+    json.dumps(report, allow_nan=False)
+    train_run.status_text(report)
+    for event in update.events:  # what watch prints, in both formats
+        train_run.event_text(event)
+        json.dumps({k: v for k, v in event.items() if not k.startswith("_")})
+    for anomaly in update.anomalies:
+        train_run._anomaly_line(anomaly, text=True)
+        train_run._anomaly_line(anomaly, text=False)
+    reported = {a.evidence.get("file") for a in tracker.anomalies() if a.rule == "run_file"}
+    for name in (EVENTS_FILE, LOG_FILE):
+        assert (contents[name][0] in NOT_READ) == (name in reported), (name, contents[name][0], reported)
+
+    follower = RunFollower(run_dir, use_nvml=False)
+    for _ in range(2):
+        follower.poll()
+    assert {a.evidence.get("file") for a in follower.tracker.anomalies() if a.rule == "run_file"} == reported
+
+    pid_form = contents[PID_FILE][0]
+    try:
+        RunTracker(run_dir, start=start)
+    except UserError as exc:  # strict, as status is: a train.pid that `start` did not write is exit 2
+        assert PID_FILE in str(exc) and pid_form != "absent"
+        assert run_status(run_dir)[0] in (2, 3)  # 3: a train.pid that does not resolve, and no events.jsonl
+        return
+    for extra in ((), ("--json",)):
+        code, out = run_status(run_dir, *extra)
+        assert code in RUN_STATUS_CODES
+        assert out or code == 3  # nothing but "no run here" prints nothing on stdout
+
+
 def test_a_line_longer_than_the_read_limit_is_skipped_not_waited_for(tmp_path: Path) -> None:
     """A line with no newline for more than the reader's whole buffer (64 MiB) would stall a reader for
     good: it is counted malformed and the events after it are read."""

@@ -23,7 +23,9 @@ CUDA_OOM = "cuda_oom"
 CUDA_ERROR = "cuda_error"
 NCCL_ERROR = "nccl_error"
 TRACEBACK = "traceback"
-RULES = (NONFINITE_LOSS, DIVERGENCE, RUN_FAILED, VANISHED, STALLED, CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK)
+RUN_FILE = "run_file"
+RULES = (NONFINITE_LOSS, DIVERGENCE, RUN_FAILED, VANISHED, STALLED, CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK,
+         RUN_FILE)
 LOG_RULES = (CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK)
 
 LOSS_FIELDS = ("loss", "policy_loss", "value_loss")
@@ -374,6 +376,12 @@ def identity_mismatch(facts: ProcessFacts, start_time: float | None, start_ticks
         return (f"its start time reads {facts.create_time - start_time:+.1f} s from the recorded one: the pid was "
                 "reused, or the clock was stepped since; the record has no boot-relative start to tell which")
     return "started later: the pid was reused"
+
+
+def run_file(name: str, problem: str, now: float) -> Anomaly:
+    """A file of the run directory that cannot be read as one (a directory, a FIFO, a socket, no permission;
+    a train.pid that `train_run start` did not write): it is left unread, and says so instead of hanging."""
+    return Anomaly(RUN_FILE, f"{name} cannot be read: {problem}", {"file": name, "problem": problem}, now)
 
 
 def stalled(facts: ProcessFacts, alive: bool, ended: bool, last_output_time: float, now: float,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import stat
 import time
 import typing
 from pathlib import Path
@@ -97,50 +99,179 @@ class EventWriter:
 
 OVERSIZED_LINE = b"[line longer than the read limit: skipped]"
 """What `LineFollower` returns for a line too long to hold (never JSON: an event reader counts it malformed)."""
+FINGERPRINT_BYTES = 4096
+"""How much of a followed file's beginning is kept to recognise the file: an append-only file never changes
+its first bytes, so different ones mean it was truncated or replaced (log rotation), whatever its size now."""
+MAX_JSON_DEPTH = 100
+"""Deepest nesting a reader parses. The trainer writes at most 4 levels; 100,000 `[` would make json's
+recursion raise RecursionError, and anything near the recursion limit would break whatever walks the value
+later (status's report, watch's output, the TUI's copies)."""
+
+
+class NotARegularFile(OSError):
+    """A run file that is a directory, FIFO, socket or device: never read (a FIFO would block the reader)."""
+
+    def __init__(self, path: Path, mode: int):
+        self.what = f"{file_type(mode)}, not a regular file"
+        super().__init__(f"{path}: {self.what}")
+
+
+def file_type(mode: int) -> str:
+    """What `mode` (st_mode) is, for people: "a directory", "a FIFO (named pipe)", ..."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: Path) -> typing.BinaryIO:
+    """`path` opened for reading if it is a regular file (a symlink to one counts); else NotARegularFile.
+    The type is checked before opening (a FIFO is never opened, so its writer is never disturbed) and
+    again on the descriptor, opened non-blocking, in case the name was swapped in between."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotARegularFile(path, mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: no effect on a regular file
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotARegularFile(path, mode)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+_NOT_OPENERS = bytes(b for b in range(256) if b not in b"[{\n")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_OPENER_RUN = re.compile(rb"[\[{]{%d}" % (MAX_JSON_DEPTH + 1))
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def nested_too_deeply(data: bytes) -> bool:
+    """Does this JSON text nest arrays and objects deeper than MAX_JSON_DEPTH (brackets in strings aside)?"""
+    depth = 0
+    for byte in _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS):
+        if byte in b"[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def loads_bounded(data: bytes) -> object:
+    """`json.loads` for a run directory's files: text nested deeper than MAX_JSON_DEPTH is a ValueError, like
+    any other malformed JSON (json.JSONDecodeError and UnicodeDecodeError are ValueErrors too)."""
+    if data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH and nested_too_deeply(data):
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return json.loads(data)
+
+
+def _crowded_lines(block: bytes) -> set[int]:
+    """Indexes of the lines of `block` with more than MAX_JSON_DEPTH opening brackets: the only ones that
+    can nest that deep. One pass over the whole block in C, instead of a count per line on the hot path."""
+    openers = block.translate(None, _NOT_OPENERS)  # only `[`, `{` and newlines are left
+    found: set[int] = set()
+    position = line = counted_to = 0
+    while match := _OPENER_RUN.search(openers, position):
+        line += openers.count(b"\n", counted_to, match.start())
+        counted_to = match.start()
+        found.add(line)
+        position = openers.find(b"\n", match.end()) + 1
+        if position == 0:
+            break
+    return found
 
 
 class LineFollower:
     """Complete lines appended to a file since the last call, followed from a byte offset.
 
-    A torn last line waits for its newline. A file that shrank or was replaced (another inode) is
-    followed again from its start, and `read_lines` says so. Event and log readers both build on it.
+    A torn last line waits for its newline. A file that was replaced (another inode), shrank below the
+    offset, or whose first bytes changed (truncated and written again, even past the old offset: copytruncate
+    log rotation) is followed again from its start; `restarts` counts those. A path that is not a regular
+    file (a directory, a FIFO) or cannot be read is not read: `problem` says why, until it can be read.
+    Event and log readers both build on it.
     """
 
     def __init__(self, path: Path, offset: int = 0):
         self.path = Path(path)
         self.offset = offset
-        self._inode: int | None = None
+        self.restarts = 0
+        self.problem: str | None = None
+        self._identity: tuple[int, int] | None = None
+        self._head = b""
+        """The file's first bytes as last seen (at most FINGERPRINT_BYTES, never past `offset`)."""
         self._oversized = False
 
-    def read_lines(self, max_bytes: int) -> tuple[list[bytes], bool]:
-        """(new complete lines without their newlines, whether the file was read again from its start).
+    def read_block(self, max_bytes: int) -> tuple[bytes | None, bool]:
+        """(the new complete lines as one block, without the last newline, or None when there is no new
+        line; whether the file was read again from its start).
 
         A line longer than `max_bytes` is not waited for (that would stall the reader for good): its bytes
         are skipped as they come, and it is returned as the line OVERSIZED_LINE."""
-        restarted = False
         try:
-            with open(self.path, "rb") as handle:
-                stat = os.fstat(handle.fileno())
-                if self._inode is not None and (stat.st_ino != self._inode or stat.st_size < self.offset):
-                    self.offset, restarted, self._oversized = 0, True, False
-                self._inode = stat.st_ino
-                handle.seek(self.offset)
-                chunk = handle.read(max_bytes)
-        except OSError as exc:
-            if not no_such_file(exc):
-                raise
-            return [], False
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            if chunk and len(chunk) >= max_bytes:
-                self.offset += len(chunk)
-                self._oversized = True
-            return [], restarted  # nothing complete yet: a torn line waits for its newline
-        self.offset += end + 1
-        lines = chunk[:end].split(b"\n")
+            handle = open_regular(self.path)
+        except OSError as exc:  # a directory, FIFO, socket or device; no permission; a symlink loop
+            if not isinstance(exc, NotARegularFile) and no_such_file(exc):  # not written yet
+                self.problem = None
+                return None, False
+            self.problem = exc.what if isinstance(exc, NotARegularFile) else f"unreadable ({exc.strerror or exc})"
+            return None, False
+        self.problem = None
+        with handle:
+            fd = handle.fileno()
+            restarted = self._check_same_file(fd)
+            handle.seek(self.offset)
+            chunk = handle.read(max_bytes)
+            if self._head and os.pread(fd, len(self._head), 0) != self._head:
+                # rewritten between the check and the read: the chunk may straddle old and new bytes
+                self._restart()
+                return None, True
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                if chunk and len(chunk) >= max_bytes:
+                    self.offset += len(chunk)
+                    self._oversized = True
+                self._remember_head(fd)
+                return None, restarted  # nothing complete yet: a torn line waits for its newline
+            self.offset += end + 1
+            self._remember_head(fd)
+        block = chunk[:end]
         if self._oversized:
-            lines[0], self._oversized = OVERSIZED_LINE, False
-        return lines, restarted
+            cut = block.find(b"\n")
+            block, self._oversized = OVERSIZED_LINE + (block[cut:] if cut >= 0 else b""), False
+        return block, restarted
+
+    def read_lines(self, max_bytes: int) -> tuple[list[bytes], bool]:
+        """(new complete lines without their newlines, whether the file was read again from its start)."""
+        block, restarted = self.read_block(max_bytes)
+        return ([] if block is None else block.split(b"\n")), restarted
+
+    def _check_same_file(self, fd: int) -> bool:
+        """Is this still the file read so far? If not, start over at its beginning (True)."""
+        info = os.fstat(fd)
+        identity, known = (info.st_dev, info.st_ino), self._identity
+        self._identity = identity
+        if known is None:
+            return False
+        if identity != known or info.st_size < self.offset or (
+                self._head and os.pread(fd, len(self._head), 0) != self._head):
+            self._restart()
+            return True
+        return False
+
+    def _restart(self) -> None:
+        self.offset, self._oversized, self._head = 0, False, b""
+        self.restarts += 1
+
+    def _remember_head(self, fd: int) -> None:
+        wanted = min(FINGERPRINT_BYTES, self.offset)
+        if len(self._head) < wanted:
+            self._head = os.pread(fd, wanted, 0)
 
 
 def well_formed(event: object) -> bool:
@@ -157,7 +288,8 @@ def well_formed(event: object) -> bool:
 
 class EventReader:
     """Reads new complete events from `path` since the last call, from a byte offset; lines that are not
-    a well-formed event (`well_formed`) are counted in `malformed` and skipped."""
+    a well-formed event (`well_formed`), or nest deeper than MAX_JSON_DEPTH, are counted in `malformed`
+    and skipped. `restarts` and `problem` are the `LineFollower`'s."""
 
     def __init__(self, path: Path, offset: int = 0):
         self.path = Path(path)
@@ -169,18 +301,34 @@ class EventReader:
     def offset(self) -> int:
         return self._lines.offset
 
+    @property
+    def restarts(self) -> int:
+        """How often the file was found replaced, shrunk or rewritten, and read again from its start."""
+        return self._lines.restarts
+
+    @property
+    def problem(self) -> str | None:
+        """Why the file cannot be read now (a directory, a FIFO, no permission), or None."""
+        return self._lines.problem
+
     def read_new(self, max_bytes: int = 64 * 1024 * 1024) -> list[dict]:
-        lines, restarted = self._lines.read_lines(max_bytes)
+        block, restarted = self._lines.read_block(max_bytes)
         if restarted:
             self._line_number = 0
+        if block is None:
+            return []
+        crowded = _crowded_lines(block)
+        first = self._line_number
         events = []
-        for line in lines:
+        for line in block.split(b"\n"):
             self._line_number += 1
             if not line.strip():
                 continue
             try:
+                if crowded and self._line_number - first - 1 in crowded and nested_too_deeply(line):
+                    raise ValueError("nested too deeply")
                 event = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except ValueError:  # json.JSONDecodeError, UnicodeDecodeError, or nested too deeply
                 self.malformed += 1
                 continue
             if not well_formed(event):

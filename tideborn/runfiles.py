@@ -7,9 +7,9 @@ with, and whether a pid is (still) the process we mean. `tideborn.runstate` puts
 from __future__ import annotations
 
 import functools
-import json
 import os
 import socket
+import stat
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +18,7 @@ import psutil
 
 from tideborn.anomaly import ProcessFacts
 from tideborn.errors import UserError
-from tideborn.events import LineFollower
+from tideborn.events import LineFollower, NotARegularFile, loads_bounded, open_regular, well_formed
 from tideborn.rundir import PID_FILE, no_such_file
 
 RUN_STARTED_SEARCH_BYTES = 64 * 1024 * 1024
@@ -27,6 +27,8 @@ RUN_STARTED_SEARCH_BYTES = 64 * 1024 * 1024
 LAUNCH_MARK = "=== "
 """`start` opens each launch's part of train.log with a line that begins so."""
 _RUN_STARTED_NEEDLE = b'"kind":"run_started"'
+PID_FILE_MAX_BYTES = 1024 * 1024
+"""train.pid is a few hundred bytes (its argv aside); anything past this is not one."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,11 @@ class PidRecord:
 def read_pid_record(run_dir: Path) -> PidRecord | None:
     path = run_dir / PID_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path) as handle:  # a FIFO would block the reader for good: never opened
+            raw = handle.read(PID_FILE_MAX_BYTES + 1)
+        if len(raw) > PID_FILE_MAX_BYTES:
+            raise ValueError(f"longer than {PID_FILE_MAX_BYTES:,} bytes")
+        data = loads_bounded(raw)
         return PidRecord(pid=int(data["pid"]), start_time=float(data["start_time"]), host=str(data["host"]),
                          argv=[str(a) for a in data.get("argv", [])], started_at=float(data["started_at"]),
                          cwd=str(data.get("cwd", "")), log_offset=int(data.get("log_offset", 0)),
@@ -76,11 +82,13 @@ def read_pid_record(run_dir: Path) -> PidRecord | None:
                          events_inode=None if data.get("events_inode") is None else int(data["events_inode"]),
                          start_ticks=None if data.get("start_ticks") is None else _whole(data["start_ticks"]),
                          boot_id=None if data.get("boot_id") is None else str(data["boot_id"]))
+    except NotARegularFile as exc:
+        raise UserError(f"{exc} (train.pid is a file written by train_run start)") from None
     except OSError as exc:
         if no_such_file(exc):
             return None
         raise UserError(f"{path}: not a train.pid written by train_run start ({type(exc).__name__}: {exc})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:  # ValueError: bad JSON or UTF-8, nested too deeply
         raise UserError(f"{path}: not a train.pid written by train_run start ({type(exc).__name__}: {exc})") from None
 
 
@@ -155,20 +163,18 @@ def this_host() -> str:
 
 
 def file_size(path: Path) -> int:
+    """The size of a regular file; 0 for anything else (absent, a directory, a FIFO: nothing to read)."""
     try:
-        return path.stat().st_size
-    except OSError as exc:
-        if not no_such_file(exc):
-            raise
+        info = path.stat()
+    except OSError:  # absent, under a file, a symlink loop: nothing to read
         return 0
+    return info.st_size if stat.S_ISREG(info.st_mode) else 0
 
 
 def file_mtime(path: Path) -> float | None:
     try:
         return path.stat().st_mtime
-    except OSError as exc:
-        if not no_such_file(exc):
-            raise
+    except OSError:  # absent, or a symlink loop: no time to go by (the reader reports the loop)
         return None
 
 
@@ -176,7 +182,11 @@ def line_start_at_or_after(path: Path, offset: int) -> int:
     """The offset of the first line that starts at or after `offset` (so a reader never starts mid-line)."""
     if offset <= 0:
         return 0
-    with open(path, "rb") as handle:
+    try:
+        handle = open_regular(path)
+    except OSError:
+        return 0  # not readable as a file: the reader that follows it says why
+    with handle:
         position = offset - 1
         handle.seek(position)
         while chunk := handle.read(1024 * 1024):
@@ -191,7 +201,7 @@ def find_last_run_started(path: Path, before: int, budget: int = RUN_STARTED_SEA
     """The last `run_started` event that starts before byte `before`, searching back `budget` bytes,
     then the file's first few MiB (a single session longer than the budget)."""
     chunk_size = 4 * 1024 * 1024
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:
         end = before
         while end > 0 and before - end < budget:
             start = max(0, end - chunk_size)
@@ -215,7 +225,7 @@ def find_last_run_started(path: Path, before: int, budget: int = RUN_STARTED_SEA
 
 def find_first_run_started(path: Path, after: int, limit: int = 4 * 1024 * 1024) -> tuple[int, dict] | None:
     """The first `run_started` at or after byte `after` (within `limit` bytes), with its offset."""
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:
         handle.seek(after)
         data = handle.read(limit)
         hit = data.find(_RUN_STARTED_NEEDLE)
@@ -227,6 +237,27 @@ def find_first_run_started(path: Path, after: int, limit: int = 4 * 1024 * 1024)
     return None
 
 
+def first_event(path: Path, limit: int = 1024 * 1024) -> dict | None:
+    """The first well-formed event in the file's first `limit` bytes (None if there is none, or the file
+    cannot be read). The trainer begins every events.jsonl with `run_started`; one that begins otherwise
+    lost its head (log rotation: copytruncate)."""
+    try:
+        with open_regular(path) as handle:
+            data = handle.read(limit)
+    except OSError:
+        return None
+    start = 0
+    while (end := data.find(b"\n", start)) >= 0:  # complete lines only, and mostly just the first
+        try:
+            event = loads_bounded(data[start:end])
+        except ValueError:
+            event = None
+        if well_formed(event):
+            return event
+        start = end + 1
+    return None
+
+
 def _event_around(handle: typing.BinaryIO, position: int) -> dict | None:
     back = max(0, position - 1024 * 1024)
     handle.seek(back)
@@ -235,8 +266,8 @@ def _event_around(handle: typing.BinaryIO, position: int) -> dict | None:
     handle.seek(line_start)
     line = handle.readline()
     try:
-        event = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        event = loads_bounded(line)
+    except ValueError:
         return None
     return event if isinstance(event, dict) and event.get("kind") == "run_started" else None
 
@@ -257,6 +288,14 @@ class LogReader:
     def offset(self) -> int:
         return self._lines.offset
 
+    @property
+    def restarts(self) -> int:
+        return self._lines.restarts
+
+    @property
+    def problem(self) -> str | None:
+        return self._lines.problem
+
     def read_new(self, max_bytes: int = 8 * 1024 * 1024) -> list[tuple[int, str]]:
         raw_lines, restarted = self._lines.read_lines(max_bytes)
         if restarted:
@@ -271,7 +310,11 @@ class LogReader:
     def line_base(self) -> int:
         if self._base is None:
             count = 0
-            with open(self.path, "rb") as handle:
+            try:
+                handle = open_regular(self.path)
+            except OSError:
+                return 0  # gone or no longer a file since its lines were read: number them from here
+            with handle:
                 remaining = self._origin
                 while remaining > 0 and (chunk := handle.read(min(remaining, 8 * 1024 * 1024))):
                     count += chunk.count(b"\n")

@@ -24,19 +24,23 @@ from tideborn.anomaly import (
     LossWatch,
     ProcessFacts,
     run_failed,
+    run_file,
     shift_lines,
     stalled,
     vanished,
 )
+from tideborn.errors import UserError
 from tideborn.events import TERMINAL_KINDS, EventReader, as_float, jsonable
-from tideborn.rundir import EVENTS_FILE, LOG_FILE, list_checkpoints
+from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE, list_checkpoints
 from tideborn.runfiles import (
     LAUNCH_MARK,
     LogReader,
+    PidRecord,
     file_mtime,
     file_size,
     find_first_run_started,
     find_last_run_started,
+    first_event,
     line_start_at_or_after,
     process_facts,
     read_pid_record,
@@ -91,15 +95,22 @@ def _public(event: typing.Mapping | None) -> dict | None:
 class RunTracker:
     """Follows one run directory. `start`: "beginning" (every event), "tail" (the last
     EVENTS_TAIL_BYTES, plus the session's run_started), or "end" (only what is written from now on;
-    the tail is still read, to know the run's state, but not returned)."""
+    the tail is still read, to know the run's state, but not returned).
 
-    def __init__(self, run_dir: Path, thresholds: AnomalyThresholds | None = None, start: str = "beginning"):
+    A train.pid that `train_run start` did not write raises `UserError` (status says so and exits 2);
+    with `strict_pid_file=False` (the TUI, which must keep running) it is a `run_file` anomaly instead, as
+    an events.jsonl or train.log that is a directory, a FIFO or unreadable always is."""
+
+    def __init__(self, run_dir: Path, thresholds: AnomalyThresholds | None = None, start: str = "beginning",
+                 strict_pid_file: bool = True):
         if start not in ("beginning", "tail", "end"):
             raise ValueError(f"start must be beginning, tail or end; got {start!r}")
         self.run_dir = Path(run_dir)
         self.thresholds = thresholds or AnomalyThresholds()
         self.events_path, self.log_path = self.run_dir / EVENTS_FILE, self.run_dir / LOG_FILE
-        self.record = read_pid_record(self.run_dir)
+        self.strict_pid_file = strict_pid_file
+        self._pid_problem: str | None = None
+        self.record = self._read_record()
         self.loss = LossWatch(self.thresholds)
         self.scanner = LogScanner()
         self.run_started: dict | None = None
@@ -124,17 +135,27 @@ class RunTracker:
         self.last_log_line: str | None = None
         self.state = "not started"
         self._process_reported: set[str] = set()
+        self._files_reported: set[str] = set()
         self._keep_events = True
         self._quiet_initial = start == "end"
+        self.events_rotated = False
+        """events.jsonl lost its beginning under the run (truncated or replaced by log rotation): what is in
+        it now does not begin with a `run_started`. Cleared by the next `run_started`."""
+        self._first_event_pending = True
+        """The next event read is the file's first: it tells whether the file begins with `run_started`."""
         events_start = 0
         size = file_size(self.events_path)
         if start in ("tail", "end") and size > EVENTS_TAIL_BYTES:
             events_start = line_start_at_or_after(self.events_path, size - EVENTS_TAIL_BYTES)
+            head = first_event(self.events_path)
+            self.events_rotated = head is not None and head.get("kind") != "run_started"
+            self._first_event_pending = False
             found = self._session_start(events_start)
             if found is not None:
                 self._feed_event(found)
         self.tail_read = events_start > 0
         self.events = EventReader(self.events_path, offset=events_start)
+        self._events_restarts = 0
         log_start = self.record.log_offset if self.record else 0
         log_size = file_size(self.log_path)
         log_start = log_start if log_start <= log_size else 0  # a log replaced since the launch
@@ -148,13 +169,28 @@ class RunTracker:
         """The latest session's `run_started` when it lies before the tail (a long session): right after
         the launch's recorded offset, or else searched for backwards."""
         record = self.record
-        if record is not None:
-            stat = self.events_path.stat()
-            same_file = record.events_inode == stat.st_ino and record.events_offset <= stat.st_size
-            found = find_first_run_started(self.events_path, record.events_offset if same_file else 0)
-            if found is not None and started_by(found[1], record.pid):
-                return found[1] if found[0] < tail_start else None
-        return find_last_run_started(self.events_path, tail_start)
+        try:
+            if record is not None:
+                stat = self.events_path.stat()
+                same_file = record.events_inode == stat.st_ino and record.events_offset <= stat.st_size
+                found = find_first_run_started(self.events_path, record.events_offset if same_file else 0)
+                if found is not None and started_by(found[1], record.pid):
+                    return found[1] if found[0] < tail_start else None
+            return find_last_run_started(self.events_path, tail_start)
+        except OSError:
+            return None  # replaced by something unreadable since its size was taken: the reader says what
+
+    def _read_record(self) -> PidRecord | None:
+        """train.pid's record; a broken one raises UserError, or, not strict, is a problem to report."""
+        try:
+            record = read_pid_record(self.run_dir)
+        except UserError as exc:
+            if self.strict_pid_file:
+                raise
+            self._pid_problem = str(exc).removeprefix(f"{self.run_dir / PID_FILE}: ")
+            return None
+        self._pid_problem = None
+        return record
 
     # -- feeding --------------------------------------------------------------------------------
     def _feed_event(self, event: dict) -> list[Anomaly]:
@@ -162,8 +198,12 @@ class RunTracker:
         self.events_read += 1
         self.last_event = event
         found: list[Anomaly] = []
+        if self._first_event_pending:
+            self._first_event_pending = False
+            self.events_rotated = kind != "run_started"
         if kind == "run_started":
             self.run_started, self.terminal, self.stop_requested = event, None, None
+            self.events_rotated = False
             self.recent_steps.clear()
             self.loss.new_session()
         elif kind == "step":
@@ -216,7 +256,7 @@ class RunTracker:
         """Ask about the process, then read what is new (in that order: a process that wrote its terminal
         event and exited between the two reads is seen as ended, never as vanished). `keep_events=False`:
         digest the events without returning them (status)."""
-        self.record = read_pid_record(self.run_dir) or self.record
+        self.record = self._read_record() or self.record
         update = Update()
         self._keep_events = keep_events
         asked = self._ask_process()
@@ -232,6 +272,9 @@ class RunTracker:
             if anomaly.rule not in self._process_reported:
                 update.anomalies.append(anomaly)
         self._process_reported = {a.rule for a in process_anomalies}
+        file_anomalies = self._file_anomalies(now)
+        update.anomalies += [a for a in file_anomalies if a.message not in self._files_reported]
+        self._files_reported = {a.message for a in file_anomalies}
         update.state = self.state
         return update
 
@@ -240,8 +283,15 @@ class RunTracker:
         self.facts = process_facts(launch.pid) if launch and launch.host == this_host() else None
         return launch
 
+    def _read_events(self) -> list[dict]:
+        batch = self.events.read_new()
+        if self.events.restarts != self._events_restarts:  # read again from its start: its first event
+            self._events_restarts = self.events.restarts  # says whether it was rotated or is a new run's
+            self._first_event_pending = True
+        return batch
+
     def _read_into(self, update: Update) -> None:
-        while batch := self.events.read_new():
+        while batch := self._read_events():
             for event in batch:
                 update.anomalies += self._feed_event(event)
             if self._keep_events:
@@ -270,11 +320,27 @@ class RunTracker:
         return None
 
     def session_is_launch(self) -> bool:
-        """Is the last `run_started` read the latest launch's own (not an earlier run's)?"""
+        """Is the session read the latest launch's own (not an earlier run's)? It is when the last
+        `run_started` read is the launch's; or when events.jsonl was rotated under the run, taking that
+        `run_started` with it, and what it holds now was written since the launch (one trainer at a time
+        writes a run directory)."""
         launch, started = self._launch(), self.run_started
-        if launch is None or started is None:
+        if launch is None:
             return False
-        return started_by(started, launch.pid) and float(started.get("time") or 0) >= launch.launched_at - 1
+        if started is not None and started_by(started, launch.pid) and (
+                float(started.get("time") or 0) >= launch.launched_at - 1):
+            return True
+        return self.run_started_rotated_away()
+
+    def run_started_rotated_away(self) -> bool:
+        """events.jsonl was rotated under the latest launch and no `run_started` of it is left to read."""
+        launch, last = self._launch(), self.last_event
+        if not self.events_rotated or launch is None or last is None:
+            return False
+        started = self.run_started
+        if started is not None and started_by(started, launch.pid):
+            return False  # its run_started was read (before the rotation): the usual case
+        return float(last.get("time") or 0) >= launch.launched_at - 1
 
     def ended(self) -> bool:
         """Did the latest launch write its terminal event?"""
@@ -317,9 +383,14 @@ class RunTracker:
             return "stalled", [quiet]
         return "running", []
 
+    def _file_anomalies(self, now: float) -> list[Anomaly]:
+        problems = ((EVENTS_FILE, self.events.problem), (LOG_FILE, self.log.problem), (PID_FILE, self._pid_problem))
+        return [run_file(name, problem, now) for name, problem in problems if problem]
+
     def anomalies(self, now: float | None = None) -> list[Anomaly]:
         """Everything that looks wrong now (as of the last refresh)."""
-        found = list(self.loss.current())
+        found = self._file_anomalies(time.time() if now is None else now)
+        found += self.loss.current()
         if self.state == "failed" and self.terminal is not None:
             failed = run_failed(self.terminal)
             if failed is not None:
@@ -335,6 +406,9 @@ class RunTracker:
         """The status report (`status --json` prints it)."""
         now = time.time() if now is None else now
         launch, started, step_event = self._launch(), self.run_started or {}, self.last_step or {}
+        lost_start = self.run_started_rotated_away()
+        if lost_start:
+            started = {}  # the session's went with the rotation; one read before is an earlier run's
         step = max(x for x in (step_event.get("step"), started.get("step"), 0) if isinstance(x, int))
         terminal = self.terminal if self.ended() else None
         if terminal is not None and isinstance(terminal.get("step"), int):
@@ -344,6 +418,8 @@ class RunTracker:
         eta = ((max_steps - step) / rate if self.state in ("running", "stalled") and rate and isinstance(max_steps, int)
                else None)
         began = as_float(started.get("time"))
+        if lost_start and launch is not None:
+            began = launch.launched_at  # the session's run_started went with the rotation: its launch is close
         ended_at = as_float(terminal.get("time")) if terminal is not None else None
         if terminal is not None and isinstance(as_float(terminal.get("elapsed_seconds")), float):
             elapsed = as_float(terminal.get("elapsed_seconds"))
@@ -383,6 +459,7 @@ class RunTracker:
             "last_event_time": (self.last_event or {}).get("time"),
             "events_read": self.events_read, "events_malformed": self.events.malformed,
             "tail_only": self.tail_read, "log_error_counts": log_counts,
+            "events_rotated": self.events_rotated, "run_started_missing": lost_start,
             "anomalies": [a.to_dict() for a in self.anomalies(now)],
         })
 

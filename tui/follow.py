@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 
 from tideborn.anomaly import AnomalyThresholds, LogScanner, match_log_line
-from tideborn.rundir import EVENTS_FILE, LOG_FILE, no_such_file
+from tideborn.rundir import EVENTS_FILE, LOG_FILE
 from tideborn.runfiles import LogReader, file_size, line_start_at_or_after, this_host
 from tideborn.runstate import RunTracker
 from tui.gpu import HardwareSample, NvmlProbe, ProcessProbe, devices_from_event
@@ -40,30 +40,22 @@ WATCH_DEBOUNCE_MILLISECONDS = 1000
 _VOLATILE = ("elapsed_seconds", "last_event_time")
 
 
-def _inode(path: Path) -> int | None:
-    try:
-        return path.stat().st_ino
-    except OSError as exc:
-        if not no_such_file(exc):
-            raise
-        return None
-
-
 class RunFollower:
     def __init__(self, run_dir: Path, thresholds: AnomalyThresholds | None = None,
                  clock: typing.Callable[[], float] = time.time, use_nvml: bool = True):
         self.run_dir = Path(run_dir)
         self.clock = clock
         self.thresholds = thresholds or AnomalyThresholds()
-        self.tracker = RunTracker(self.run_dir, self.thresholds, start="tail")
+        # A broken train.pid is shown as an anomaly: the dashboard keeps running (status exits 2 instead).
+        self.tracker = RunTracker(self.run_dir, self.thresholds, start="tail", strict_pid_file=False)
         self.tail_start = self.tracker.events.offset
         """events.jsonl before this offset was not read: the history loader reads it."""
         self.events_path, self.log_path = self.run_dir / EVENTS_FILE, self.run_dir / LOG_FILE
-        self._events_inode = _inode(self.events_path)
+        self._events_restarts = 0
         size = file_size(self.log_path)
         start = line_start_at_or_after(self.log_path, size - LOG_TAIL_BYTES) if size > LOG_TAIL_BYTES else 0
         self.log = LogReader(self.log_path, start)
-        self._log_inode = _inode(self.log_path)
+        self._log_restarts = 0
         self._scanner = LogScanner()
         self._use_nvml = use_nvml
         self._nvml: NvmlProbe | None = None
@@ -79,8 +71,10 @@ class RunFollower:
     def poll(self) -> list:
         messages: list = []
         now = self.clock()
-        reset = self._replaced(self.events_path, "_events_inode", self.tracker.events.offset)
         update = self.tracker.refresh(now=now)
+        # replaced, shrunk or rewritten (the reader compares the file's first bytes, not only its size)
+        reset = self.tracker.events.restarts != self._events_restarts
+        self._events_restarts = self.tracker.events.restarts
         if update.events or reset:
             for event in update.events:
                 if event.get("kind") == "gpu":
@@ -104,12 +98,6 @@ class RunFollower:
         self.polls += 1
         return messages
 
-    def _replaced(self, path: Path, attribute: str, offset: int) -> bool:
-        """Was the file replaced (another inode) or truncated below what was read?"""
-        inode, known = _inode(path), getattr(self, attribute)
-        setattr(self, attribute, inode)
-        return known is not None and inode is not None and (inode != known or file_size(path) < offset)
-
     def _changed(self, status: dict) -> bool:
         key = copy.deepcopy(status)
         for name in (*_VOLATILE, "checked_at"):
@@ -122,11 +110,15 @@ class RunFollower:
         return True
 
     def _read_log(self) -> list:
-        reset = self._replaced(self.log_path, "_log_inode", self.log.offset)
-        if reset:
-            self._scanner = LogScanner()
+        reset = False
         lines: list[tuple[int, str, str]] = []
-        while batch := self.log.read_new():
+        while True:
+            batch = self.log.read_new()
+            if self.log.restarts != self._log_restarts:  # read again from its start: drop what came before
+                self._log_restarts, reset, lines = self.log.restarts, True, []
+                self._scanner = LogScanner()
+            if not batch:
+                break
             for number, text in batch:
                 self._scanner.feed(number, text)
                 kind = "error" if match_log_line(text) else ("traceback" if not self._scanner.idle else "")
@@ -138,7 +130,9 @@ class RunFollower:
     def hardware(self, now: float) -> HardwareSample:
         started = self.tracker.run_started or {}
         device = str(started.get("device") or "")
-        runtime = (started.get("settings") or {}).get("runtime") or {}
+        settings = started.get("settings")  # a hand-edited or foreign event may hold anything here
+        runtime = settings.get("runtime") if isinstance(settings, dict) else None
+        runtime = runtime if isinstance(runtime, dict) else {}
         cpu_run: bool | None = None
         if device or runtime.get("device"):
             cpu_run = (device or str(runtime.get("device"))).startswith("cpu")

@@ -57,7 +57,8 @@ class HardwareSample:
 def devices_from_event(event: dict) -> tuple[DeviceSample, ...]:
     """The devices of a `gpu` event; missing or null fields stay None."""
     found = []
-    for number, raw in enumerate(event.get("devices") or []):
+    devices = event.get("devices")
+    for number, raw in enumerate(devices if isinstance(devices, list) else []):
         if not isinstance(raw, dict):
             continue
         index = raw.get("index")

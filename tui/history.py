@@ -7,14 +7,13 @@ steps of checkpoints, resumes and anomalies. A two-million-step run fits in abou
 
 from __future__ import annotations
 
-import json
 import re
 import typing
 from pathlib import Path
 
 import numpy as np
 
-from tideborn.events import as_float
+from tideborn.events import as_float, loads_bounded, open_regular
 from tui.plotting import Marker
 from tui.series import Series
 
@@ -134,9 +133,9 @@ def _parse_lines(data: bytes) -> list[dict]:
         if not line.strip() or (b'"kind":"' in line and not any(needle in line for needle in _WANTED)):
             continue  # compact JSON of a kind the plot does not draw: not worth parsing
         try:
-            event = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue  # a malformed line: EventReader counts those; the plot just skips it
+            event = loads_bounded(line)
+        except ValueError:
+            continue  # a malformed line (or one nested too deeply): EventReader counts those; the plot skips it
         if isinstance(event, dict):
             events.append(event)
     return events
@@ -173,10 +172,14 @@ def load_history(path: Path, end: int, weight: float,
                  cancelled: typing.Callable[[], bool] = lambda: False) -> RunHistory | None:
     """Fold events.jsonl's bytes [0, end) into a RunHistory, chunk by chunk (never the whole file in
     memory, never a dict per event kept). Lines of kinds the plot does not draw are skipped unparsed.
-    None if cancelled."""
+    None if cancelled. A file that is no longer a regular file gives no history (the follower reports it)."""
     history = RunHistory(weight)
     offset = 0
-    with open(path, "rb") as handle:
+    try:
+        handle = open_regular(path)
+    except OSError:
+        return history
+    with handle:
         carry = b""
         while offset < end:
             if cancelled():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tideborn.config import load_settings
 from tideborn.errors import UserError
+from tideborn.events import NotARegularFile, loads_bounded, open_regular
 from tideborn.runcontrol import LaunchRequest
 from tideborn.rundir import LAUNCH_FILE, no_such_file, run_dir_of
 
@@ -37,12 +38,13 @@ class LaunchPlan:
         resumes from the newest checkpoint, and must never archive the run's progress by surprise."""
         path = run_dir / LAUNCH_FILE
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            with open_regular(path) as handle:  # never blocks on a FIFO
+                data = loads_bounded(handle.read())
         except OSError as exc:
-            if no_such_file(exc):
+            if not isinstance(exc, NotARegularFile) and no_such_file(exc):
                 return None
             raise UserError(f"{path}: unreadable ({exc}); start with --config instead") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except ValueError as exc:  # ValueError: bad JSON, bad UTF-8, nested too deeply
             raise UserError(f"{path}: unreadable ({exc}); start with --config instead") from None
         if not isinstance(data, dict):
             raise UserError(f"{path}: not a JSON object; start with --config instead")

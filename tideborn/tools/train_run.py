@@ -185,6 +185,10 @@ def status_text(report: dict) -> str:
         lines.append(f"ended       {t['kind']} at step {t.get('step')}" + (f": {detail}" if detail else ""))
     if r["tail_only"]:
         lines.append("note        events.jsonl is long: losses and anomalies are from its tail")
+    if r.get("events_rotated"):
+        lines.append("note        events.jsonl does not begin with run_started: it was truncated or rotated under "
+                     "the run" + ("; the session's run_started (settings, max_steps) went with the old part"
+                                  if r.get("run_started_missing") else ""))
     anomalies = r["anomalies"]
     lines.append(f"anomalies   {len(anomalies) or 'none'}")
     lines += [f"  ! {a['rule']}: {a['message']}" for a in anomalies]

@@ -29,7 +29,7 @@ def runs_report(folder: Path, trackers: dict[Path, RunTracker], options: TuiOpti
     for run_dir in runs_in(folder):
         tracker = trackers.get(run_dir)
         if tracker is None:
-            tracker = trackers[run_dir] = RunTracker(run_dir, options.thresholds, start="tail")
+            tracker = trackers[run_dir] = RunTracker(run_dir, options.thresholds, start="tail", strict_pid_file=False)
         tracker.refresh(now=now, keep_events=False)
         report = tracker.status(now)
         report["name"] = run_dir.name

@@ -420,7 +420,7 @@ def test_an_archive_that_is_a_file_is_refused_by_fresh_and_ignored_by_readers(tm
     (run_dir / "archive").write_text("not a directory\n")
     started = tool("start", *settings_args(run_dir, *ENDLESS), "--fresh")
     assert started.returncode == 2, describe(started)
-    one_line_error(started.stderr, "archive exists and is not a directory")
+    one_line_error(started.stderr, "archive is not a directory")
     assert not (run_dir / PID_FILE).exists()
     status = tool("status", "--out-dir", str(run_dir))
     assert status.returncode == 0 and "state       finished" in status.stdout, describe(status)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tideborn.config import Settings
 from tideborn.errors import UserError
-from tideborn.rundir import ARCHIVE_DIR, CHECKPOINT_RE, check_run_dir, list_checkpoints, run_dir_of
+from tideborn.rundir import CHECKPOINT_RE, check_run_dir, list_checkpoints, run_dir_of
 
 CHECKPOINT_FORMAT_MARK = b"tideborn-checkpoint"
 """`checkpoint.FORMAT` as it stands in a checkpoint's pickle (`data.pkl`): the mark of a tideborn checkpoint."""
@@ -47,11 +47,8 @@ def preflight(settings: Settings, resume: Path | None = None, fresh: bool = Fals
     # Before torch loads: a run directory someone else controls (a planted link, another user's files),
     # or one that cannot be written (read-only, under a file, a name too long, a full disk), is one line.
     where = run_dir if cwd is None or run_dir.is_absolute() else cwd / run_dir
+    # This also refuses an `archive` that is not a directory (where `--fresh` moves the old run).
     check_run_dir(where)
-    archive = where / ARCHIVE_DIR
-    if fresh and (archive.exists() or archive.is_symlink()) and not archive.is_dir():
-        raise UserError(f"--fresh: {archive} exists and is not a directory (old checkpoints and events move "
-                        "into it); move it out of the way")
     return run_dir
 
 

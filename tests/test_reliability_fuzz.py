@@ -23,6 +23,7 @@ import io
 import json
 import math
 import os
+import stat
 import subprocess
 import sys
 import typing
@@ -674,3 +675,132 @@ def test_event_fields_the_fuzz_broke_are_handled_now(tmp_path: Path) -> None:
     report = tracker.status()
     assert report["state"] == "finished" and report["terminal"]["kind"] == "run_finished"
     assert run_status(tmp_path)[0] == 0
+
+
+# -- the data tools' outputs ---------------------------------------------------------------------------------
+
+OUTPUT_FORMS = ("absent", "regular", "directory", "fifo", "device", "link to a file", "link to a directory",
+                "dangling link", "under a file", "name too long", "missing parent")
+
+
+def make_output(path: Path, form: str, outside: Path) -> Path:
+    """Put `form` at `path` (what a careless colleague or a hostile one leaves where an output goes); the
+    path to give the tool."""
+    if form == "regular":
+        path.write_bytes(b"an older output\n")
+    elif form == "directory":
+        path.mkdir()
+        (path / "keep").write_bytes(b"inside\n")
+    elif form == "fifo":
+        os.mkfifo(path)
+    elif form == "device":
+        os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # what /dev/null is
+    elif form == "link to a file":
+        (outside / "target").write_bytes(b"someone else's file\n")
+        path.symlink_to(outside / "target")
+    elif form == "link to a directory":
+        path.symlink_to(outside)
+    elif form == "dangling link":
+        path.symlink_to(outside / "nothing-here")
+    elif form == "under a file":
+        path.write_bytes(b"a file\n")
+        return path / "out.hcpe"
+    elif form == "name too long":
+        return path.with_name("x" * 300 + ".hcpe")
+    elif form == "missing parent":
+        return path.parent / "new" / "deeper" / path.name
+    return path
+
+
+def tree_state(root: Path) -> dict[str, tuple[str, bytes | None]]:
+    """Every entry under `root` (not following links): its type and, for regular files, its bytes."""
+    state: dict[str, tuple[str, bytes | None]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            info = path.lstat()
+            content = path.read_bytes() if stat.S_ISREG(info.st_mode) else None
+            state[str(path.relative_to(root))] = (stat.filemode(info.st_mode)[0], content)
+    return state
+
+
+def run_data_tool(argv: list[str]) -> tuple[int, str]:
+    """`tideborn data ...` in this process (a subprocess per case would take minutes); its exit status and
+    stderr. A hang (a FIFO opened for writing) fails the test through its timeout."""
+    from tideborn.data.cli import main as data_main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = data_main(argv)
+    return code, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def split_source(tmp_path_factory) -> Path:
+    """Real converted games (random legal ones, in CSA): the input both tools read."""
+    from test_data_tools import random_csa_games
+
+    work = tmp_path_factory.mktemp("outputs-source")
+    random_csa_games(work / "games", 12, seed=5)
+    code, err = run_data_tool(["convert", str(work / "games"), "--output", str(work / "all.hcpe"), "--quiet"])
+    assert code == 0, err
+    return work
+
+
+@pytest.mark.timeout(TIMEOUT * SCALE)
+@fuzz_settings(120)
+@given(tool=st.sampled_from(["convert", "split"]), form=st.sampled_from(OUTPUT_FORMS),
+       other=st.sampled_from(OUTPUT_FORMS + ("the same file", "the same file in other case", "a hard link")),
+       umask=st.sampled_from([0o000, 0o022]))
+def test_data_tool_outputs_are_whole_regular_files_or_one_line_and_nothing_touched(tmp_path_factory, split_source,
+                                                                                   tool, form, other, umask):
+    """`data convert --output` and `data split --train --test` over every kind of thing at the output
+    paths: either the outputs are new regular files, 0o644 whatever the umask, with their game indexes and
+    no temp file beside them, or the tool says one line, exit 2, and every file and link that was there is
+    as it was (nothing replaced, nothing written through a link, no temp file left)."""
+    tried(f"data outputs {tool}")
+    work = tmp_path_factory.mktemp("outputs")
+    out_dir, outside = work / "out", work / "outside"
+    out_dir.mkdir()
+    outside.mkdir()
+    if "device" in (form, other) and os.geteuid() != 0:
+        assume(False)  # only root may make a device node
+    first = make_output(out_dir / "train.hcpe", form, outside)
+    if tool == "convert":
+        argv = ["convert", str(split_source / "games"), "--output", str(first), "--quiet"]
+        outputs = [first]
+    else:
+        if other == "the same file":
+            second = first
+        elif other == "the same file in other case":
+            second = first.with_name(first.name.upper())
+        elif other == "a hard link":
+            try:
+                assume(stat.S_ISREG(first.lstat().st_mode))  # a hard link needs a file to link to
+            except OSError:
+                assume(False)
+            second = out_dir / "test.hcpe"
+            os.link(first, second)
+        else:
+            second = make_output(out_dir / "test.hcpe", other, outside)
+        argv = ["split", str(split_source / "all.hcpe"), "--train", str(first), "--test", str(second), "--quiet"]
+        outputs = [first, second]
+    before = tree_state(work)
+    old_umask = os.umask(umask)
+    try:
+        code, err = run_data_tool(argv)
+    finally:
+        os.umask(old_umask)
+    lines = err.strip().splitlines()
+    leftovers = [p for p in out_dir.rglob("*") if ".tmp" in p.name]
+    assert not leftovers, (argv, leftovers)
+    if code == 0:
+        for path in outputs:
+            info = path.lstat()
+            assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o644, (argv, oct(info.st_mode))
+            assert path.with_name(path.name.removesuffix(".hcpe") + ".games.csv").is_file(), argv
+        assert tree_state(outside) == {k.removeprefix("outside/"): v for k, v in before.items()
+                                       if k.startswith("outside/")}, "written through a link"
+    else:
+        assert code == 2 and len(lines) == 1 and "Traceback" not in err, (argv, code, err)
+        assert tree_state(work) == before, (argv, err)

@@ -138,16 +138,17 @@ class StagedOutputs:
         self.discard()
 
     def prepare(self, path: Path, flag: str) -> None:
-        """Check `path` can be written (a regular file or nothing) and create its directory."""
+        """Check `path` can be written (a regular file or nothing). Its directory is made only when the
+        output is written, so a refusal found later (the next output's path, the input) leaves nothing."""
         check_output_path(path, flag)
-        try:
-            make_dirs(path.parent)
-        except OSError as exc:
-            raise OutputError(describe_write_error(exc, path.parent)) from None
 
     def write(self, path: Path, fill: typing.Callable[[typing.BinaryIO], object]) -> Path:
         """Stage `path`: `fill` writes its content into the temp file, which is then fsynced. Returns
         the temp file's path (to read the content back before publishing)."""
+        try:
+            make_dirs(path.parent)
+        except OSError as exc:
+            raise OutputError(describe_write_error(exc, path.parent)) from None
         remove_stale_temps(path)
         temp = temp_path(path)
         self.staged.append((temp, path))

@@ -7,7 +7,6 @@ records itself, so that `stop` finds it. Real trainers, real processes and signa
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -41,6 +40,7 @@ from textual.notifications import Notify
 from tideborn.errors import UserError
 from tideborn.events import encode_event
 from tideborn.runfiles import read_pid_record
+from tideborn.trainer.rundir_lock import held
 from tui.app import create_app
 from tui.options import TuiOptions
 from tui.screens.confirm import ConfirmScreen
@@ -73,21 +73,6 @@ def pids():
             process.wait(timeout=30)
         except psutil.NoSuchProcess:
             pass  # it ended on its own, as it should have
-
-
-def held(run_dir: Path) -> bool:
-    """Whether a process holds the run directory's trainer lock (asked with flock, as `start` asks)."""
-    try:
-        fd = os.open(run_dir / ".trainer.lock", os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def holder_pid(run_dir: Path) -> int | None:

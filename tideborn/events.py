@@ -286,16 +286,10 @@ def well_formed(event: object) -> bool:
     return isinstance(step, int) and not isinstance(step, bool) and step >= 0
 
 
-class EventReader:
-    """Reads new complete events from `path` since the last call, from a byte offset; lines that are not
-    a well-formed event (`well_formed`), or nest deeper than MAX_JSON_DEPTH, are counted in `malformed`
-    and skipped. `restarts` and `problem` are the `LineFollower`'s."""
+class FollowingReader:
+    """A reader built on a `LineFollower` (`self._lines`): where it is in the file and what it found."""
 
-    def __init__(self, path: Path, offset: int = 0):
-        self.path = Path(path)
-        self._lines = LineFollower(self.path, offset)
-        self.malformed = 0
-        self._line_number = 0
+    _lines: LineFollower
 
     @property
     def offset(self) -> int:
@@ -310,6 +304,18 @@ class EventReader:
     def problem(self) -> str | None:
         """Why the file cannot be read now (a directory, a FIFO, no permission), or None."""
         return self._lines.problem
+
+
+class EventReader(FollowingReader):
+    """Reads new complete events from `path` since the last call, from a byte offset; lines that are not
+    a well-formed event (`well_formed`), or nest deeper than MAX_JSON_DEPTH, are counted in `malformed`
+    and skipped. `restarts` and `problem` are the `LineFollower`'s."""
+
+    def __init__(self, path: Path, offset: int = 0):
+        self.path = Path(path)
+        self._lines = LineFollower(self.path, offset)
+        self.malformed = 0
+        self._line_number = 0
 
     def read_new(self, max_bytes: int = 64 * 1024 * 1024) -> list[dict]:
         block, restarted = self._lines.read_block(max_bytes)

@@ -18,7 +18,7 @@ import psutil
 
 from tideborn.anomaly import ProcessFacts
 from tideborn.errors import UserError
-from tideborn.events import LineFollower, NotARegularFile, loads_bounded, open_regular, well_formed
+from tideborn.events import FollowingReader, LineFollower, NotARegularFile, loads_bounded, open_regular, well_formed
 from tideborn.rundir import PID_FILE, no_such_file
 
 RUN_STARTED_SEARCH_BYTES = 64 * 1024 * 1024
@@ -272,7 +272,7 @@ def _event_around(handle: typing.BinaryIO, position: int) -> dict | None:
     return event if isinstance(event, dict) and event.get("kind") == "run_started" else None
 
 
-class LogReader:
+class LogReader(FollowingReader):
     """New complete lines of train.log since the last call, numbered; a truncated or replaced log is
     read again from its start. A reader that starts mid-file counts the lines before it only when
     asked (`line_base`), which status needs only when it has something to report."""
@@ -283,18 +283,6 @@ class LogReader:
         self._origin = offset
         self._base: int | None = 0 if offset == 0 else None
         self._relative = 0
-
-    @property
-    def offset(self) -> int:
-        return self._lines.offset
-
-    @property
-    def restarts(self) -> int:
-        return self._lines.restarts
-
-    @property
-    def problem(self) -> str | None:
-        return self._lines.problem
 
     def read_new(self, max_bytes: int = 8 * 1024 * 1024) -> list[tuple[int, str]]:
         raw_lines, restarted = self._lines.read_lines(max_bytes)

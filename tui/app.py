@@ -21,7 +21,6 @@ from tideborn.errors import UserError
 from tui.options import TuiOptions, main_error, parse_options
 from tui.plan import LaunchPlan
 
-
 TERMINAL_GONE = 129
 """The exit status when the terminal went away (as for SIGHUP)."""
 EXIT_GRACE_SECONDS = 3.0

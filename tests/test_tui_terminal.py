@@ -1,6 +1,6 @@
 """The TUI and its terminal: it refuses to run without one (stdin at end of file, a pipe), it exits when
 its terminal goes away (window closed with SIGHUP ignored) instead of spinning on end of file, and
-SIGTERM leaves the terminal as it found it (no alternate screen, no mouse reporting, echo on). Real
+SIGTERM and SIGHUP leave the terminal as they found it (no alternate screen, no mouse reporting, echo on). Real
 processes in a real terminal (tmux on a private socket)."""
 
 from __future__ import annotations
@@ -133,7 +133,10 @@ def test_closing_the_terminal_ends_a_tui_that_ignores_sighup(terminal, run_dir):
 
 
 @needs_tmux
-def test_sigterm_restores_the_terminal(terminal, run_dir):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_restores_the_terminal(terminal, run_dir, signum):
+    """SIGTERM, or SIGHUP sent while the terminal is still there (kill -HUP): the TUI exits and the
+    terminal is as it was (main screen, mouse reporting off, echo and line editing on)."""
     term, started = terminal
     command = shell(tui_argv(run_dir), after='; echo "exit status $?"; stty -a; exec sleep 600')
     term.tmux("new-session", "-d", "-s", "tui", "-x", "120", "-y", "40", command)
@@ -143,10 +146,10 @@ def test_sigterm_restores_the_terminal(terminal, run_dir):
     [tui] = [p for p in shell_process.children() if str(SCRIPT) in p.cmdline()]
     started.append(tui)
 
-    tui.send_signal(signal.SIGTERM)
+    tui.send_signal(signum)
     wait_exit(tui)
     screen = term.wait_for(r"exit status (\d+)", "the TUI to exit").string
-    assert "exit status 143" in screen  # 128 + SIGTERM
+    assert f"exit status {128 + signum}" in screen
     settings = screen[screen.index("exit status"):].split()
     assert "echo" in settings and "icanon" in settings, screen  # not -echo / -icanon: raw mode is over
     assert term.pane("alternate_on") == "0"  # back on the shell's screen

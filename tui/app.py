@@ -23,7 +23,7 @@ from tui.plan import LaunchPlan
 
 TERMINAL_GONE = 129
 """The exit status when the terminal went away (as for SIGHUP)."""
-EXIT_GRACE_SECONDS = 3.0
+EXIT_GRACE_SECONDS = 5.0
 
 
 class TidebornApp(App[None]):
@@ -46,7 +46,7 @@ class TidebornApp(App[None]):
         else:
             super().__init__()
         self.options = options
-        self._gone = False
+        self._exiting = False
         self.plan: LaunchPlan | None = options.plan
         """What the start key launches; the override editor replaces it."""
         if options.ascii:
@@ -79,10 +79,11 @@ class TidebornApp(App[None]):
         self.set_interval(1.0, self._check_terminal)
 
     def _signalled(self, signum: int) -> None:
-        if signum == signal.SIGHUP or not terminal_present():
-            self._terminal_gone(128 + signum)
+        if terminal_present():  # Textual's driver restores the terminal on the way out
+            self._start_watchdog(128 + signum)
+            self.exit(return_code=128 + signum)
         else:
-            self.exit(return_code=128 + signum)  # Textual's driver restores the terminal on the way out
+            self._terminal_gone(128 + signum)
 
     def _check_terminal(self) -> None:
         if not terminal_present():
@@ -90,19 +91,25 @@ class TidebornApp(App[None]):
 
     def _terminal_gone(self, status: int) -> None:
         """Exit with no terminal to restore. Textual's writes to a hung-up tty fail (EIO) and can stall
-        its shutdown, so output goes to /dev/null from here on, and a watchdog ends the process if the
-        orderly exit still has not finished after a few seconds (quitting never stops a run)."""
-        if self._gone:
+        its shutdown, so output goes to /dev/null from here on, and the watchdog stands by."""
+        if self._exiting:
             return
-        self._gone = True
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.close(null)
+        self._start_watchdog(status)
+        self.exit(return_code=status)
+
+    def _start_watchdog(self, status: int) -> None:
+        """End the process if the orderly exit has not finished after EXIT_GRACE_SECONDS (a terminal
+        that went away mid-shutdown); quitting never stops a run, so nothing of a run is lost."""
+        if self._exiting:
+            return
+        self._exiting = True
         watchdog = threading.Timer(EXIT_GRACE_SECONDS, os._exit, (status,))
         watchdog.daemon = True
         watchdog.start()
-        self.exit(return_code=status)
 
     def action_help(self) -> None:
         from tui.screens.help import TextScreen, help_text

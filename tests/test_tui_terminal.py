@@ -148,7 +148,8 @@ def test_a_signal_restores_the_terminal(terminal, run_dir, signum):
 
     tui.send_signal(signum)
     wait_exit(tui)
-    screen = term.wait_for(r"exit status (\d+)", "the TUI to exit").string
+    # stty -a's local flags line, whole (echoctl comes after echo and icanon): its output is all there
+    screen = term.wait_for(r"exit status \d+[\s\S]*\s-?echoctl\s", "the TUI to exit and stty -a").string
     assert f"exit status {128 + signum}" in screen
     settings = screen[screen.index("exit status"):].split()
     assert "echo" in settings and "icanon" in settings, screen  # not -echo / -icanon: raw mode is over

@@ -278,7 +278,7 @@ async def test_notifications_never_cover_the_anomalies(fixture_run):
 
 async def test_an_empty_directory_without_config_does_not_offer_start_or_edit(tmp_path):
     (tmp_path / "empty").mkdir()
-    async with app_for(tmp_path / "empty").run_test(size=(100, 30)) as pilot:
+    async with app_for(tmp_path / "empty").run_test(size=(80, 24)) as pilot:
         screen = await attached(pilot)
         await until(pilot, lambda: screen.state == "not started" and screen.header.note, "the header's note")
         await pilot.pause()

@@ -207,7 +207,7 @@ class DashboardScreen(Screen):
         self.state = str(message.status.get("state"))
         if self.state == "not started" and not self.header.note:
             self.header.note = ("s starts a run here, e edits its settings first" if self.can_start() else
-                                "nothing to start here: open it with --config FILE to start a run")
+                                "nothing to start here without --config FILE")
         self.header.show_status(message.status)
         holding = [Anomaly(**a) for a in message.status.get("anomalies") or []]
         pane = self.query_one("#anomalies", AnomalyList)

@@ -15,6 +15,7 @@ import pytest
 from tideborn.anomaly import Anomaly
 from tideborn.events import encode_event
 from tui.app import create_app
+from tui.messages import RunRefreshed
 from tui.options import TuiOptions
 from tui.screens.dashboard import DashboardScreen
 from tui.testing import FIXTURE_NOW, write_fixture_run
@@ -291,3 +292,17 @@ async def test_an_empty_directory_without_config_does_not_offer_start_or_edit(tm
         await pilot.press("s")
         await pilot.pause()
         assert seen and "no --config given" in seen[0]
+
+
+async def test_a_stall_held_across_refreshes_is_listed_once(fixture_run):
+    """status's stalled message counts the seconds: each refresh brings a new text, the pane one entry."""
+    async with app_for(fixture_run).run_test(size=(120, 40)) as pilot:
+        screen = await attached(pilot)
+        pane = screen.query_one("#anomalies", AnomalyList)
+        count = len(pane.anomalies)
+        for quiet in (300, 301, 302):
+            stall = Anomaly("stalled", f"no new output in events.jsonl or train.log for {quiet} s", {}, FIXTURE_NOW)
+            screen.post_message(RunRefreshed(dict(screen.status, state="stalled", anomalies=[stall.to_dict()])))
+            await pilot.pause()
+        assert [a.rule for a in pane.anomalies[count:]] == ["stalled"]
+        assert screen.header.render_line(0).text.startswith(" STALLED  1 anomaly ")

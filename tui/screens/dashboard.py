@@ -15,7 +15,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList
 
-from tideborn.anomaly import Anomaly
+from tideborn.anomaly import STALLED, VANISHED, Anomaly
 from tideborn.errors import UserError
 from tideborn.events import TERMINAL_KINDS
 from tideborn.humanize import duration
@@ -211,7 +211,10 @@ class DashboardScreen(Screen):
         self.header.show_status(message.status)
         holding = [Anomaly(**a) for a in message.status.get("anomalies") or []]
         pane = self.query_one("#anomalies", AnomalyList)
-        if pane.add_anomalies(holding):  # whatever status lists is listed here too
+        # Whatever status lists is listed here too, but once a rule for a process state (its message
+        # counts the seconds of a stall, so it changes at each refresh).
+        listed = {a.rule for a in pane.anomalies}
+        if pane.add_anomalies([a for a in holding if a.rule not in (STALLED, VANISHED) or a.rule not in listed]):
             pane.alert()
         pane.hold(bool(holding))
         self.refresh_bindings()  # Stop is offered, or not, by whether a stop is in progress

@@ -221,3 +221,86 @@ def test_a_distributed_launch_is_started_again_through_torchrun(tmp_path):
     (run_dir / "launch.json").write_text(_json.dumps({"config": "configs/smoke.toml", "overrides": [],
                                                       "flags": {}, "nproc_per_node": 2, "cwd": str(tmp_path)}))
     assert LaunchPlan.from_launch_file(run_dir).request().nproc_per_node == 2
+
+
+# -- the editor's traps ---------------------------------------------------------------------------------
+
+async def test_cursor_moves_resolve_no_settings_and_queued_keys_edit_the_row_they_reached(workdir, monkeypatch):
+    options = TuiOptions(run_dir=workdir / "r", plan=plan_in(workdir), use_nvml=False, follow=False)
+    async with create_app(options).run_test(size=(100, 32)) as pilot:
+        editor = await open_editor(pilot)
+        table = editor.query_one("#settings", DataTable)
+        calls = []
+        real_rows = editor.model.rows
+        monkeypatch.setattr(editor.model, "rows", lambda: calls.append(1) or real_rows())
+        table.move_cursor(row=table.get_row_index("optim.lr"))
+        await pilot.pause()
+        keys = [k.value for k in table.rows]
+        target = keys[keys.index("optim.lr") + 2]
+        calls.clear()
+        await pilot.press("down", "down", "down", "up", "enter")  # queued: Enter edits the row reached
+        assert editor.editing == target
+        assert calls == []  # no row was looked up by resolving every setting again
+
+
+async def test_slash_finds_a_setting_by_its_key(workdir):
+    options = TuiOptions(run_dir=workdir / "r", plan=plan_in(workdir), use_nvml=False, follow=False)
+    async with create_app(options).run_test(size=(100, 32)) as pilot:
+        editor = await open_editor(pilot)
+        await pilot.press("slash")
+        await until(pilot, lambda: pilot.app.screen is not editor, "the search field")
+        await pilot.press(*"max_steps", "enter")
+        await until(pilot, lambda: pilot.app.screen is editor, "the search to end")
+        assert editor._highlighted_key() == "runtime.max_steps"
+        await pilot.press("slash")
+        await until(pilot, lambda: pilot.app.screen is not editor, "the search field")
+        pilot.app.screen.query_one(Input).value = "zzz-no-such"
+        await pilot.press("enter")
+        await until(pilot, lambda: pilot.app.screen is editor, "the search to end")
+        assert editor._highlighted_key() == "runtime.max_steps"  # no match: the cursor stays
+
+
+async def test_the_table_keeps_its_place_after_an_edit(workdir):
+    options = TuiOptions(run_dir=workdir / "r", plan=plan_in(workdir), use_nvml=False, follow=False)
+    async with create_app(options).run_test(size=(100, 24)) as pilot:
+        editor = await open_editor(pilot)
+        table = editor.query_one("#settings", DataTable)
+        keys = [k.value for k in table.rows]
+        key = next(k for k in reversed(keys) if k and not k.startswith("[") and k.endswith("seed"))
+        table.move_cursor(row=table.get_row_index(key))
+        await pilot.pause()
+        await pilot.press("pageup", "up", "up")  # the cursor now sits higher in the view than move_cursor puts it
+        while editor._highlighted_key() is None:  # a section's title row: up to a setting
+            await pilot.press("up")
+        await pilot.pause()
+        row, scroll = table.cursor_row, table.scroll_y
+        edited = editor._highlighted_key()
+        assert scroll > 0
+        await pilot.press("enter")
+        editor.query_one("#value", Input).value = ""
+        await pilot.press(*"7", "enter")
+        await pilot.pause()
+        assert editor.model.plan.override_of(edited) == "7"
+        assert (table.cursor_row, table.scroll_y) == (row, scroll)
+        assert "7" in str(table.get_cell(edited, "value"))
+
+
+async def test_q_in_the_editor_asks_before_losing_edits(workdir):
+    options = TuiOptions(run_dir=workdir / "r", plan=plan_in(workdir), use_nvml=False, follow=False)
+    app = create_app(options)
+    async with app.run_test(size=(100, 32)) as pilot:
+        editor = await open_editor(pilot)
+        await edit(pilot, editor, "runtime.seed", "5")
+        await pilot.press("enter")
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen), "the quit question")
+        assert "runtime.seed" in pilot.app.screen.question
+        await pilot.press("n")
+        await until(pilot, lambda: pilot.app.screen is editor, "back in the editor")
+        assert app.is_running and editor.model.plan.override_of("runtime.seed") == "5"
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(pilot.app.screen, SaveScreen), "the save dialog")
+        await pilot.press("enter")
+        await until(pilot, lambda: pilot.app.screen is editor, "the save to finish")
+        await pilot.press("q")  # saved: nothing to lose
+        await until(pilot, lambda: not app.is_running, "the app to quit")

@@ -6,8 +6,12 @@ work: a run's dashboard, the picker for a folder of runs, the override editor, h
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import sys
+import termios
+import threading
 import typing
 
 from textual.app import App
@@ -16,6 +20,10 @@ from textual.binding import Binding
 from tideborn.errors import UserError
 from tui.options import TuiOptions, main_error, parse_options
 from tui.plan import LaunchPlan
+
+TERMINAL_GONE = 129
+"""The exit status when the terminal went away (as for SIGHUP)."""
+EXIT_GRACE_SECONDS = 5.0
 
 
 class TidebornApp(App[None]):
@@ -38,6 +46,7 @@ class TidebornApp(App[None]):
         else:
             super().__init__()
         self.options = options
+        self._exiting = False
         self.plan: LaunchPlan | None = options.plan
         """What the start key launches; the override editor replaces it."""
         if options.ascii:
@@ -45,6 +54,8 @@ class TidebornApp(App[None]):
 
     def on_mount(self) -> None:
         from tui.screens.dashboard import DashboardScreen
+        if not self.is_headless:
+            self._watch_terminal()
         from tui.screens.run_picker import RunPickerScreen
 
         if self.options.runs_folder is not None:
@@ -52,6 +63,53 @@ class TidebornApp(App[None]):
         else:
             assert self.options.run_dir is not None
             self.push_screen(DashboardScreen(self.options.run_dir, self.options))
+
+    def _watch_terminal(self) -> None:
+        """Exit, restoring the terminal, on SIGTERM or SIGHUP, and when the terminal goes away.
+
+        Textual's input thread reads a hung-up terminal's end of file again and again (a core at 40-50%
+        forever once the window is closed and SIGHUP is ignored), so the terminal is checked every second:
+        a hung-up tty refuses tcgetattr (EIO). A SIGHUP ignored from the start (nohup) stays ignored; the
+        check still ends the app when its terminal is gone.
+        """
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                loop.add_signal_handler(signum, self._signalled, signum)
+        self.set_interval(1.0, self._check_terminal)
+
+    def _signalled(self, signum: int) -> None:
+        if terminal_present():  # Textual's driver restores the terminal on the way out
+            self._start_watchdog(128 + signum)
+            self.exit(return_code=128 + signum)
+        else:
+            self._terminal_gone(128 + signum)
+
+    def _check_terminal(self) -> None:
+        if not terminal_present():
+            self._terminal_gone(TERMINAL_GONE)
+
+    def _terminal_gone(self, status: int) -> None:
+        """Exit with no terminal to restore. Textual's writes to a hung-up tty fail (EIO) and can stall
+        its shutdown, so output goes to /dev/null from here on, and the watchdog stands by."""
+        if self._exiting:
+            return
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+        self._start_watchdog(status)
+        self.exit(return_code=status)
+
+    def _start_watchdog(self, status: int) -> None:
+        """End the process if the orderly exit has not finished after EXIT_GRACE_SECONDS (a terminal
+        that went away mid-shutdown); quitting never stops a run, so nothing of a run is lost."""
+        if self._exiting:
+            return
+        self._exiting = True
+        watchdog = threading.Timer(EXIT_GRACE_SECONDS, os._exit, (status,))
+        watchdog.daemon = True
+        watchdog.start()
 
     def action_help(self) -> None:
         from tui.screens.help import TextScreen, help_text
@@ -70,8 +128,31 @@ def main(argv: typing.Sequence[str] | None = None) -> int:
         options = parse_options(argv)
     except UserError as exc:
         return main_error(exc)
-    create_app(options).run()
-    return 0
+    if not interactive():
+        return main_error(UserError("standard input and standard error must be a terminal: tideborn-tui is "
+                                    "interactive (train_run status or watch report a run without one)"))
+    app = create_app(options)
+    app.run()
+    return app.return_code or 0
+
+
+def terminal_present() -> bool:
+    """Is the terminal the keys come from still there? A hung-up tty (its window closed) refuses tcgetattr
+    with EIO."""
+    try:
+        termios.tcgetattr(sys.__stdin__.fileno())
+    except (termios.error, OSError, ValueError):  # hung up, revoked or closed
+        return False
+    return True
+
+
+def interactive() -> bool:
+    """Keys come from standard input and Textual draws on standard error: both must be a terminal (on a
+    pipe or /dev/null the input thread would read end of file forever)."""
+    try:
+        return os.isatty(sys.__stdin__.fileno()) and os.isatty(sys.__stderr__.fileno())
+    except (AttributeError, ValueError, OSError):  # closed or missing (None) standard streams
+        return False
 
 
 if __name__ == "__main__":

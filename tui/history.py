@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tideborn.anomaly import Anomaly, nonfinite_loss
 from tideborn.events import as_float, loads_bounded, open_regular
 from tui.plotting import Marker
 from tui.series import Series
@@ -116,6 +117,21 @@ class RunHistory:
 
     def points(self) -> int:
         return len(self.series["loss"])
+
+    def nonfinite_anomalies(self, limit: int = 100) -> list[Anomaly]:
+        """A `nonfinite_loss` anomaly for the first step of each streak of non-finite losses (as `status`
+        reports a streak once), the latest `limit` of them: for the history read before the tail."""
+        bad: dict[int, dict[str, str]] = {}
+        for name in STEP_SERIES:
+            series = self.series[name]
+            y = series.y.view
+            mask = ~np.isfinite(y)
+            starts = np.flatnonzero(mask & ~np.concatenate(([False], mask[:-1])))
+            signs = dict(zip(series.bad_x.view.astype(np.int64).tolist(), series.bad_sign.view.tolist()))
+            for step in series.x.view[starts].astype(np.int64).tolist():
+                bad.setdefault(step, {})[name] = {0: "nan", 1: "inf", -1: "-inf"}.get(int(signs.get(step, 0)), "nan")
+        found = [nonfinite_loss({"kind": "step", "step": step, **values}) for step, values in sorted(bad.items())]
+        return [a for a in found if a is not None][-limit:]
 
 
 # The trainer writes step events as compact JSON with these fields first, in this order; lines in that

@@ -15,10 +15,12 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList
 
+from tideborn.anomaly import STALLED, VANISHED, Anomaly
 from tideborn.errors import UserError
 from tideborn.events import TERMINAL_KINDS
 from tideborn.humanize import duration
 from tideborn.runcontrol import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
+from tideborn.rundir import LAUNCH_FILE
 from tui.follow import RunFollower, follow
 from tui.history import RunHistory, load_history
 from tui.messages import (
@@ -50,8 +52,15 @@ from tui.widgets.loss_plot import LossPlot
 LIVE_STATES = ("running", "stalled")
 
 
+LOG_NOTES = """\
+In the panes (Tab moves between them): in the anomalies, Enter jumps to the anomaly's train.log line (or
+shows its details when it has none), d shows its details. In the log, up, PgUp and Home stop following
+new lines (it stays put while they arrive); End or f follows again; left and right scroll long lines
+sideways, w wraps them."""
+
+
 class DashboardScreen(Screen):
-    HELP = PLOT_NOTES
+    HELP = LOG_NOTES + "\n\n" + PLOT_NOTES
     BINDINGS = [
         Binding("s", "start", "Start"),
         Binding("x", "stop", "Stop"),
@@ -63,6 +72,11 @@ class DashboardScreen(Screen):
         Binding("a", "all_steps", "All", show=False),
         Binding("c", "curves", "Curves", show=False),
         Binding("e", "edit", "Overrides"),
+        # Without a plan (no --config, no launch.json) s and e are not offered; pressed, they say why.
+        Binding("s,e", "no_plan", "Start / Overrides (needs --config)", show=False),
+        Binding("f", "follow_log", "Follow log"),
+        Binding("w", "wrap_log", "Wrap log", show=False),
+        Binding("d", "anomaly_details", "Anomaly details", show=False),
         Binding("escape", "back", "Runs", show=False),
     ]
 
@@ -174,7 +188,11 @@ class DashboardScreen(Screen):
         if message.generation != self._generation:
             return  # read from a file that has since been replaced
         continues = self._first_event_kind != "run_started"
+        earlier = message.history.nonfinite_anomalies()
         self.history.prepend(message.history, continues)
+        if earlier:  # NaNs before the tail read first: listed and marked as those in the tail are
+            self.query_one("#anomalies", AnomalyList).add_anomalies(earlier, earlier=True)
+            self.plot.anomaly_markers[:0] = [Marker(float(a.evidence["step"]), "anomaly") for a in earlier]
         self.plot.data_changed()
         self.header.note = ""
         self.header.show()
@@ -188,8 +206,17 @@ class DashboardScreen(Screen):
         self.status = message.status
         self.state = str(message.status.get("state"))
         if self.state == "not started" and not self.header.note:
-            self.header.note = "s starts a run here, e edits its settings first"
+            self.header.note = ("s starts a run here, e edits its settings first" if self.can_start() else
+                                "nothing to start here without --config FILE")
         self.header.show_status(message.status)
+        holding = [Anomaly(**a) for a in message.status.get("anomalies") or []]
+        pane = self.query_one("#anomalies", AnomalyList)
+        # Whatever status lists is listed here too, but once a rule for a process state (its message
+        # counts the seconds of a stall, so it changes at each refresh).
+        listed = {a.rule for a in pane.anomalies}
+        if pane.add_anomalies([a for a in holding if a.rule not in (STALLED, VANISHED) or a.rule not in listed]):
+            pane.alert()
+        pane.hold(bool(holding))
         self.refresh_bindings()  # Stop is offered, or not, by whether a stop is in progress
 
     def on_anomalies_found(self, message: AnomaliesFound) -> None:
@@ -213,9 +240,25 @@ class DashboardScreen(Screen):
         self.query_one("#gpu", GpuPanel).show_sample(message.sample)
 
     def on_option_list_option_selected(self, message: OptionList.OptionSelected) -> None:
-        pane = self.query_one("#anomalies", AnomalyList)
-        anomaly = pane.selected_anomaly()
+        """Enter on an anomaly: to its line in the log pane when it has one, else its details."""
+        anomaly = self.query_one("#anomalies", AnomalyList).selected_anomaly()
         if anomaly is None:
+            return
+        line = anomaly.evidence.get("line")
+        if isinstance(line, int):
+            log = self.query_one("#log", LogPane)
+            if log.jump_to(line):
+                log.focus()
+                self.notify(f"train.log line {line}; f or End follows the log again", timeout=3)
+                return
+            self.notify(f"train.log line {line} is no longer in the log pane (it keeps the last lines)",
+                        severity="warning", timeout=5)
+        self.action_anomaly_details()
+
+    def action_anomaly_details(self) -> None:
+        anomaly = self.query_one("#anomalies", AnomalyList).selected_anomaly()
+        if anomaly is None:
+            self.notify("no anomaly is selected", severity="warning", timeout=3)
             return
         body = (f"rule      {anomaly.rule}\ntime      {clock_text(anomaly.time)}\nstep      "
                 f"{anomaly.evidence.get('step', '-')}\n\n{anomaly.message}\n\nevidence\n  {evidence_text(anomaly)}")
@@ -297,7 +340,15 @@ class DashboardScreen(Screen):
         """Collect trainers this TUI launched that have exited (they are its children)."""
         self._launched = [p for p in self._launched if p.poll() is None]
 
+    def can_start(self) -> bool:
+        """Is there a plan to start (or edit): --config, the editor's, or the run's launch.json?"""
+        return self.app.plan is not None or (self.run_dir / LAUNCH_FILE).exists()
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("start", "edit"):  # not offered where they could only refuse: nothing to start
+            return self.can_start()
+        if action == "no_plan":
+            return not self.can_start()
         if action == "stop":
             return self._stopping() is None
         if action == "stop_in_progress":
@@ -319,6 +370,10 @@ class DashboardScreen(Screen):
         return (f"the run is stopping already ({stopping[0]} {duration(self.options.clock() - stopping[1])} ago): it "
                 "finishes its step, saves a checkpoint and writes run_stopped; another stop would add nothing. To end "
                 f"it at once, losing the steps since its last checkpoint: kill -KILL {pid}")
+
+    def action_no_plan(self) -> None:
+        self.notify(f"nothing to start: no launch.json in {self.run_dir} and no --config given",
+                    title="cannot start", severity="error", timeout=15)
 
     def action_stop_in_progress(self) -> None:
         self.notify(self.stopping_note() or "", title="stopping", severity="warning", timeout=10)
@@ -406,6 +461,14 @@ class DashboardScreen(Screen):
         self.app.plan = plan
         if what == "launch":
             self.action_start()
+
+    def action_follow_log(self) -> None:
+        on = self.query_one("#log", LogPane).toggle_follow()
+        self.notify("following the log" if on else "log paused: new lines wait below", timeout=2)
+
+    def action_wrap_log(self) -> None:
+        on = self.query_one("#log", LogPane).toggle_wrap()
+        self.notify("long log lines wrap" if on else "long log lines scroll sideways (left/right)", timeout=2)
 
     def action_back(self) -> None:
         if self.from_picker:

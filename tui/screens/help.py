@@ -37,6 +37,13 @@ class TextScreen(ModalScreen[None]):
         self.dismiss(None)
 
 
+def key_name(screen: Screen, key: str) -> str:
+    """A key as people write it ("?" for question_mark, "Esc" for escape), ASCII in ASCII mode."""
+    shown = screen.app.get_key_display(Binding(key, ""))
+    ascii_mode = screen.app.has_class("-ascii")
+    return key if ascii_mode and not shown.isascii() else shown
+
+
 def help_text(screen: Screen) -> Text:
     text = Text()
     text.append("Keys here\n", style="bold")
@@ -49,7 +56,7 @@ def help_text(screen: Screen) -> Text:
                 seen.update((binding.action, binding.key))
                 bindings.append(binding)
     for binding in bindings:
-        keys = ", ".join(binding.key.split(","))
+        keys = ", ".join(key_name(screen, key.strip()) for key in binding.key.split(","))
         text.append(f"  {keys:<16}", style="bold")
         text.append(f"{binding.description or binding.action}\n")
     notes = getattr(screen, "HELP", "")

@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from tideborn.errors import UserError
 from tui.overrides import OverrideModel, SettingRow
 from tui.plan import LaunchPlan
+from tui.screens.confirm import ConfirmScreen
 
 SOURCE_STYLES = {"override": "bold yellow", "config": "cyan", "tideborn.toml": "green", "preset": "magenta",
                  "default": "dim"}
@@ -26,14 +27,18 @@ class OverrideEditorScreen(Screen[tuple[str, LaunchPlan] | None]):
     """Dismissed with ("launch", plan), ("keep", plan) or None (edits dropped)."""
 
     HELP = ("Enter edits the highlighted setting; Enter again applies it (a value equal to the base config's "
-            "drops the override), Esc cancels the edit. d drops an override. Values are TOML, as for "
-            "--set: strings may be bare words. Saved files keep the base file's comments and layout.")
+            "drops the override), Esc cancels the edit. d drops an override. / finds a setting by its key "
+            "(/ and Enter again: the next match). Values are TOML, as for --set: strings may be bare words. "
+            "Saved files keep the base file's comments and layout. q asks before quitting with edits "
+            "that are neither saved nor launched.")
     BINDINGS = [
         Binding("ctrl+r", "launch", "Launch"),
         Binding("ctrl+o", "save", "Save TOML"),
         Binding("d", "drop", "Drop override"),
+        Binding("slash", "search", "Find"),
         Binding("escape", "back", "Back"),
         Binding("ctrl+x", "discard", "Discard edits", show=False),
+        Binding("q", "quit", "Quit"),
     ]
 
     def __init__(self, plan: LaunchPlan, ascii: bool = False) -> None:
@@ -41,6 +46,12 @@ class OverrideEditorScreen(Screen[tuple[str, LaunchPlan] | None]):
         self.model = OverrideModel(plan)  # raises UserError for a base config that does not load
         self.ascii = ascii
         self.editing: str | None = None
+        self._rows: dict[str, SettingRow] = {}
+        """The rows by key, as last drawn: a cursor move looks its row up here (rows() resolves every
+        setting: too slow for each key press, and keys queued meanwhile would act on the wrong row)."""
+        self._saved_diff: list | None = None
+        """The edits as last saved to a file: quitting with these asks nothing."""
+        self._search = ""
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="editor-main"):
@@ -67,25 +78,33 @@ class OverrideEditorScreen(Screen[tuple[str, LaunchPlan] | None]):
         self._show_diff()
 
     def _fill(self) -> None:
+        """Draw the table once; after an edit only the cells that changed are updated (`_refresh`)."""
         table = self.query_one("#settings", DataTable)
-        cursor = table.cursor_row
-        table.clear()
         section = None
         for row in self.model.rows():
             if row.section != section:
                 section = row.section
                 table.add_row(Text(f"[{section}]", style="bold"), "", "", key=f"[{section}]")
-            value = Text(row.text, style="bold yellow" if row.changed else "")
-            table.add_row(f"  {row.name}", Text(row.source, style=SOURCE_STYLES.get(row.source, "")), value,
-                          key=row.key)
-        if cursor:
-            table.move_cursor(row=min(cursor, table.row_count - 1))
+            table.add_row(f"  {row.name}", *self._cells(row), key=row.key)
+            self._rows[row.key] = row
+
+    @staticmethod
+    def _cells(row: SettingRow) -> tuple[Text, Text]:
+        return (Text(row.source, style=SOURCE_STYLES.get(row.source, "")),
+                Text(row.text, style="bold yellow" if row.changed else ""))
+
+    def _refresh(self) -> None:
+        """After an edit: the changed cells in place, so the cursor and the scroll stay where they were."""
+        table = self.query_one("#settings", DataTable)
+        for row in self.model.rows():
+            if row != self._rows.get(row.key):
+                source, value = self._cells(row)
+                table.update_cell(row.key, "from", source)
+                table.update_cell(row.key, "value", value)
+                self._rows[row.key] = row
 
     def _row(self, key: str | None) -> SettingRow | None:
-        for row in self.model.rows():
-            if row.key == key:
-                return row
-        return None
+        return self._rows.get(key) if key is not None else None
 
     def _highlighted_key(self) -> str | None:
         table = self.query_one("#settings", DataTable)
@@ -148,7 +167,7 @@ class OverrideEditorScreen(Screen[tuple[str, LaunchPlan] | None]):
             self.query_one("#error", Static).update(Text(problem, style="bold red"))
             return  # stay in the field: the value is not taken
         self._end_edit()
-        self._fill()
+        self._refresh()
         self._show_diff()
 
     def _end_edit(self) -> None:
@@ -195,14 +214,77 @@ class OverrideEditorScreen(Screen[tuple[str, LaunchPlan] | None]):
         if key is None or self.editing is not None:
             return
         self.model.reset(key)
-        self._fill()
+        self._refresh()
         self._show_diff()
         self._show_doc(self._row(key))
 
     def action_save(self) -> None:
         base = Path(self.model.plan.config or "tideborn-run.toml")
         suggestion = base.with_name(f"{base.stem}-edited.toml")
-        self.app.push_screen(SaveScreen(self.model, str(suggestion)))
+
+        def saved(path: Path | None) -> None:
+            if path is not None:
+                self._saved_diff = self.model.diff()
+
+        self.app.push_screen(SaveScreen(self.model, str(suggestion)), saved)
+
+    def action_quit(self) -> None:
+        """q quits the app, as everywhere, but asks first when edits would be lost (neither saved nor
+        launched)."""
+        diff = self.model.diff()
+        if not diff or diff == self._saved_diff:
+            self.app.exit()
+            return
+        keys = ", ".join(key for key, _base, _new in diff)
+        question = (f"Quit tideborn-tui and lose {len(diff)} edit(s) not saved to a file?\n\n{keys}\n\n"
+                    "n stays in the editor (Ctrl+O saves them).")
+        self.app.push_screen(ConfirmScreen(question), lambda yes: self.app.exit() if yes else None)
+
+    def action_search(self) -> None:
+        if self.editing is not None:
+            return
+        self.app.push_screen(SearchScreen(self._search), self._find)
+
+    def _find(self, text: str | None) -> None:
+        """The next setting after the cursor whose key holds `text` (case-insensitive), wrapping round."""
+        if not text:
+            return
+        self._search = text
+        table = self.query_one("#settings", DataTable)
+        keys = [key.value for key in table.rows]
+        start = table.cursor_row
+        order = keys[start + 1:] + keys[:start + 1]
+        found = next((k for k in order if k and not k.startswith("[") and text.lower() in k.lower()), None)
+        if found is None:
+            self.notify(f"no setting matches {text!r}", severity="warning", timeout=3)
+            return
+        table.move_cursor(row=table.get_row_index(found))
+        table.focus()
+
+
+class SearchScreen(ModalScreen[str | None]):
+    """/ in the editor: a part of a setting's key to find; Enter finds it, Esc cancels."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, last: str) -> None:
+        super().__init__()
+        self.last = last
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="save-box"):
+            yield Static("Find a setting by its key (a part of it: lr, runtime.max):")
+            yield Input(self.last, id="search")
+
+    def on_mount(self) -> None:
+        self.query_one("#search", Input).focus()
+
+    @on(Input.Submitted, "#search")
+    def _submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
 
 
 class SaveScreen(ModalScreen[Path | None]):

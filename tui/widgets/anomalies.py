@@ -1,5 +1,6 @@
 """Anomalies, from the rules `train_run status` uses: each with its time, step and evidence. New ones
-light the pane up and raise a notification; focus stays where it was."""
+light the pane up, scroll into view and raise a notification; focus stays where it was. The pane keeps
+its alert colour while any anomaly holds (as `status` reports it)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class AnomalyList(OptionList):
         self.colour = colour
         self.anomalies: list[Anomaly] = []
         self._seen: set[tuple] = set()
+        self.holding = False
 
     def on_mount(self) -> None:
         self._title()
@@ -49,8 +51,21 @@ class AnomalyList(OptionList):
     def _title(self) -> None:
         self.border_title = f"anomalies ({len(self.anomalies)})" if self.anomalies else "anomalies: none"
 
-    def add_anomalies(self, anomalies: list[Anomaly]) -> list[Anomaly]:
-        """Add those not shown yet; returns them."""
+    def add_anomalies(self, anomalies: list[Anomaly], earlier: bool = False) -> list[Anomaly]:
+        """Add those not shown yet; returns them. `earlier`: found in the history before the tail that was
+        read first, so they go before those shown (the list stays oldest first)."""
+        if earlier:
+            fresh = [a for a in anomalies if anomaly_key(a) not in self._seen]
+            if fresh:
+                self._seen.update(anomaly_key(a) for a in fresh)
+                self.anomalies[:0] = fresh
+                at = self.highlighted
+                self.clear_options()
+                self.add_options([Option(self._prompt(a), id=f"a{i + 1}") for i, a in enumerate(self.anomalies)])
+                self.highlighted = None if at is None else at + len(fresh)
+                self._title()
+            return fresh
+        followed = self.highlighted is None or self.highlighted == self.option_count - 1
         new = []
         for anomaly in anomalies:
             key = anomaly_key(anomaly)
@@ -62,7 +77,11 @@ class AnomalyList(OptionList):
             self.add_option(Option(self._prompt(anomaly), id=f"a{len(self.anomalies)}"))
         if new:
             self._title()
-            self.highlighted = self.option_count - 1 if self.highlighted is None else self.highlighted
+            if followed:  # on the newest already (or none yet): the highlight follows, into view
+                self.highlighted = self.option_count - 1
+                self.scroll_to_highlight()
+            else:  # the reader moved up to one: it stays, and the new ones still come into view
+                self.scroll_end(animate=False)
         return new
 
     def _prompt(self, anomaly: Anomaly) -> Text:
@@ -79,8 +98,15 @@ class AnomalyList(OptionList):
         return text
 
     def alert(self) -> None:
+        """New anomalies: the alert colour, for ALERT_SECONDS at least and while any anomaly holds."""
         self.add_class("-alert")
-        self.set_timer(ALERT_SECONDS, lambda: self.remove_class("-alert"))
+        self.set_timer(ALERT_SECONDS, lambda: self.set_class(self.holding, "-alert"))
+
+    def hold(self, holding: bool) -> None:
+        """Whether anomalies hold now (the run's status lists some): the alert colour stays meanwhile."""
+        self.holding = holding
+        if holding:
+            self.add_class("-alert")
 
     def selected_anomaly(self) -> Anomaly | None:
         if self.highlighted is None or not 0 <= self.highlighted < len(self.anomalies):

@@ -78,8 +78,12 @@ class RunHeader(Widget):
         stopping = self.stopping()
         if stopping is not None:
             label += f" (stopping, {stopping[0]} {duration(now - stopping[1])} ago)"
-        badge = self._style(STATE_STYLES.get(state, "bold")) + (" reverse" if self.colour else "")
+        holding = len(s.get("anomalies") or [])
+        style = "bold red" if holding else STATE_STYLES.get(state, "bold")  # never a green RUNNING over a NaN
+        badge = self._style(style) + (" reverse" if self.colour else "")
         line.append(f" {label} ", style=badge)
+        if holding:
+            line.append(f" {holding} {'anomaly' if holding == 1 else 'anomalies'} ", style=badge)
         step, max_steps = s.get("step") or 0, s.get("max_steps")
         line.append(f" step {step:,}" + (f" / {max_steps:,}" if isinstance(max_steps, int) else ""))
         if s.get("progress") is not None:
@@ -91,11 +95,16 @@ class RunHeader(Widget):
         if s.get("lr") is not None:
             line.append(f"  lr {number(s['lr'], '.2e')}")
         second = Text(no_wrap=True, overflow="ellipsis")
+        terminal = s.get("terminal")
+        if terminal and terminal.get("kind") == "run_failed":  # first, so a narrow terminal still shows why
+            detail = " ".join(str(terminal.get("error") or "").split())
+            second.append(f" run_failed at step {terminal.get('step')}" + (f": {detail}" if detail else ""),
+                          style=self._style("bold red"))
         last_event = s.get("last_event_time")
         if isinstance(last_event, (int, float)):
-            second.append(f" event {duration(now - last_event)} ago")
+            second.append(f"{'  ' if second else ' '}event {duration(now - last_event)} ago")
         else:
-            second.append(" no events yet")
+            second.append(f"{'  ' if second else ' '}no events yet")
         checkpoint = s.get("last_checkpoint")
         if checkpoint:
             checked = s.get("checked_at") or now
@@ -103,15 +112,15 @@ class RunHeader(Widget):
             second.append(f"  checkpoint step {checkpoint['step']:,} ({duration(age)} ago)")
         else:
             second.append("  no checkpoint")
-        terminal = s.get("terminal")
-        if terminal:
+        if terminal and terminal.get("kind") != "run_failed":
             detail = terminal.get("reason") or terminal.get("error") or ""
             second.append(f"  {terminal['kind']} at step {terminal.get('step')}" + (f": {detail}" if detail else ""),
-                          style=self._style("bold red" if terminal["kind"] == "run_failed" else "bold"))
-        elif s.get("pid") is not None:
+                          style=self._style("bold"))
+        elif not terminal and s.get("pid") is not None:
             second.append(f"  pid {s['pid']}")
         if s.get("watch_problem"):
             second.append(f"  polling every 2 s ({s['watch_problem']})", style=self._style("yellow"))
         if self.note:
             second.append(f"  {self.note}", style=self._style("italic"))
-        return Text.assemble(line, "\n", second)
+        # One line each, cut with an ellipsis: a wrapped first line would push the second out of the header.
+        return Text("\n", no_wrap=True, overflow="ellipsis").join([line, second])

@@ -14,7 +14,7 @@ import cshogi
 import numpy as np
 import pytest
 import torch
-from test_data_support import HCPE, hcpe_records, psv_records, random_positions, write_records
+from test_data_support import HCPE, SAMPLE_GAMES, hcpe_records, psv_records, random_positions, write_records
 
 from tideborn.config import load_settings
 from tideborn.data.cli import main as data_main
@@ -147,7 +147,7 @@ def test_split_needs_the_game_index(tmp_path):
     done = run_data("split", "all.hcpe", "--train", "a.hcpe", "--test", "b.hcpe", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "tideborn data: error: all.games.csv: no game index; split needs the index that "
+        "tideborn data split: error: all.games.csv: no game index; split needs the index that "
         "`convert` writes beside its output (game boundaries are not stored in hcpe records)"]
 
 
@@ -232,9 +232,9 @@ def test_the_smoke_teacher_commands_make_the_files_its_config_reads(tmp_path):
     commands = [line.lstrip("# ").strip() for line in config.read_text(encoding="utf-8").splitlines()
                 if line.startswith("#   python -m tideborn.data")]
     assert [shlex.split(c)[3] for c in commands] == ["convert", "split"]
-    random_csa_games(tmp_path / "games", 12, seed=1)
+    (tmp_path / "samples").symlink_to(SAMPLE_GAMES.parent)  # the real games that ship with the project
     for command in commands:
-        args = shlex.split(command.replace("../shared/data/games", "games"))[3:]
+        args = shlex.split(command)[3:]
         done = run_data(*args, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     settings = load_settings(config, [f"paths.data_root={str(tmp_path)!r}", "data.workers=0"], environ={}).settings

@@ -163,8 +163,8 @@ def test_bad_input_in_a_real_process(name: str, script: bool, workdir: Path) -> 
 
     assert result.returncode == 2, describe(result)
     assert result.stdout == ""
-    prog = "tideborn" if script else "tideborn.trainer"
-    assert_user_error(result.stderr, rf"^{prog}: error: .*" + pattern)
+    prog = "tideborn" if script else r"python -m tideborn\.trainer"
+    assert_user_error(result.stderr, rf"^{prog} {argv[0]}: error: .*" + pattern)
     assert tree(workdir) == before
 
 

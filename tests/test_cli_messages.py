@@ -6,6 +6,7 @@ a description in every subcommand's --help, help for every option, one wording o
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 from pathlib import Path
 
@@ -91,3 +92,31 @@ def test_bare_tideborn_prints_its_usage_to_stderr_and_help_to_stdout(tmp_path):
     assert bare.returncode == 2 and bare.stdout == "" and "usage: tideborn COMMAND" in bare.stderr
     asked = tideborn("--help", cwd=tmp_path)
     assert asked.returncode == 0 and asked.stderr == "" and "usage: tideborn COMMAND" in asked.stdout
+
+
+@pytest.mark.parametrize(("cores", "load", "workers", "threads"), [
+    (2, 0.0, 1, 2),    # an idle 2-core machine, smoke-teacher's one worker: both cores (torch's default)
+    (2, 0.0, 2, 1),    # the second worker takes a core
+    (2, 2.5, 1, 1),    # a busy 2-core machine: one thread, not an oversubscribed two (3x slower there)
+    (16, 3.2, 2, 12),  # 13 free cores, less one for the second worker
+    (1, 0.0, 0, 1),
+    (8, 20.0, 4, 1),   # never fewer than one
+])
+def test_auto_threads_count_free_cores_and_data_workers(cores, load, workers, threads):
+    from tideborn.trainer.device import auto_threads
+
+    assert auto_threads(workers, cores=cores, load=load) == threads
+
+
+def test_a_cpu_run_records_the_threads_it_chose(tmp_path):
+    from conftest import SMOKE_CONFIG, events_of
+
+    env = child_env()
+    env.pop("OMP_NUM_THREADS")  # as a user runs it: the trainer chooses
+    run_dir = tmp_path / "run"
+    done = subprocess.run([str(console_script()), "train", "--config", str(SMOKE_CONFIG), "--set",
+                           f"runtime.out_dir={str(run_dir)!r}", "--set", "runtime.max_steps=2"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    [started] = [e for e in events_of(run_dir) if e["kind"] == "run_started"]
+    assert 1 <= started["cpu_threads"] <= len(os.sched_getaffinity(0))

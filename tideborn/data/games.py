@@ -188,7 +188,7 @@ def _parse_csa(text: str, source: str) -> list[Game]:
     return games
 
 
-def _ki2_move(token: re.Match, board: cshogi.Board, number: int) -> int:
+def _ki2_move(token: re.Match, board: cshogi.Board, previous: int | None, number: int) -> int:
     """The legal move a KI2 move (`▲５七銀右上`) names, by the notation's rules: a drop is implied only when
     no piece on the board can reach the square, no `成` means no promotion, and 上/引/寄/直 and 左/右 are
     seen from the mover's side. (cshogi 1.1.0's KI2 parser counts drops among the pieces 左/右 compare
@@ -196,9 +196,9 @@ def _ki2_move(token: re.Match, board: cshogi.Board, number: int) -> int:
     _, dest, file_kanji, rank_kanji, piece, side, motion, action = token.groups()
     piece_type = cshogi.PIECE_JAPANESE_SYMBOLS.index(piece)
     if dest.rstrip("\u3000") == "同":
-        if not board.move_number > 1 or board.peek() == 0:
-            raise GameReadError(f"move {number}: {token.group(0).strip()!r} has no previous move")
-        to_square = cshogi.move_to(board.peek())
+        if previous is None:
+            raise GameReadError(f"move {number}: `{token.group(0).strip()}` has no previous move")
+        to_square = cshogi.move_to(previous)
     else:
         to_square = (cshogi.NUMBER_JAPANESE_NUMBER_SYMBOLS.index(file_kanji) - 1) * 9 \
             + cshogi.NUMBER_JAPANESE_KANJI_SYMBOLS.index(rank_kanji) - 1
@@ -233,7 +233,7 @@ def _ki2_move(token: re.Match, board: cshogi.Board, number: int) -> int:
             candidates = [m for m in candidates if cshogi.move_from(m) // 9 == wanted]
     if len(candidates) != 1:
         why = "no legal move" if not candidates else f"{len(candidates)} legal moves"
-        raise GameReadError(f"move {number}: {token.group(0).strip()!r} matches {why}")
+        raise GameReadError(f"move {number}: `{token.group(0).strip()}` matches {why}")
     return candidates[0]
 
 
@@ -248,12 +248,12 @@ def _ki2_moves(text: str, sfen: str) -> list[int]:
                 .replace("成香", "杏"))
         position = 0
         while token := KI2.Parser.MOVE_RE.match(line, position):
-            move = _ki2_move(token, board, len(moves) + 1)
+            move = _ki2_move(token, board, moves[-1] if moves else None, len(moves) + 1)
             board.push(move)
             moves.append(move)
             position = token.end()
         if line[position:].strip():
-            raise GameReadError(f"move {len(moves) + 1}: cannot read {line[position:position + 20].strip()!r}")
+            raise GameReadError(f"move {len(moves) + 1}: cannot read `{line[position:position + 20].strip()}`")
     return moves
 
 

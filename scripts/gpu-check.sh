@@ -7,6 +7,10 @@
 # within 8 minutes: the sweep keeps to its own budget, and a hard limit interrupts it just before 8
 # minutes, after which results.json/results.md still hold every configuration measured so far.
 set -euo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+    sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    exit 0
+fi
 if [[ $# -lt 1 || "$1" == -* ]]; then
     echo "usage: scripts/gpu-check.sh OUTDIR [--quick] [--peak-tflops N] [bench_gpu options]" >&2
     exit 2

@@ -208,3 +208,18 @@ def template_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def copy_run(source: Path, dest: Path) -> Path:
     shutil.copytree(source, dest)
     return dest
+
+
+SLOW_FILES = ("test_reliability_", "test_tui_e2e.py", "test_tui_snapshots.py", "test_train_run.py",
+              "test_teacher_training.py", "test_signals.py", "test_resume.py", "test_distributed.py",
+              "test_export.py", "test_fast_path.py", "test_smoke.py", "test_tui_overrides.py")
+SLOW_TESTS = ("test_sigkill_at_random_moments_never_leaves_an_unloadable_checkpoint",  # about 70 s
+              "test_ema_is_saved_and_resumes_exactly")
+"""Files of end-to-end checks (real trainer processes, kills, crashes, the TUI driven whole): marked `slow`,
+so `pytest -m "not slow"` runs the fast subset (README)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name.startswith(SLOW_FILES) or item.originalname in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

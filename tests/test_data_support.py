@@ -14,8 +14,10 @@ import numpy as np
 
 from tideborn.config import load_settings
 
+SAMPLE_GAMES = Path(__file__).resolve().parents[1] / "samples" / "games"
+"""Real game records that ship with the project (66 WCSC28 engine games; samples/games/wcsc28/README.md)."""
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-"""Real game records: the tests run from a clone with `../shared` beside the repository root."""
+"""More real game records, in a development setup with `../shared` beside the repository root (optional)."""
 HCPE = np.dtype(cshogi.HuffmanCodedPosAndEval)
 PSV = np.dtype(cshogi.PackedSfenValue)
 

@@ -14,7 +14,7 @@ import cshogi
 import numpy as np
 import pytest
 import torch
-from test_data_support import HCPE, hcpe_records, psv_records, random_positions, write_records
+from test_data_support import HCPE, SAMPLE_GAMES, hcpe_records, psv_records, random_positions, write_records
 
 from tideborn.config import load_settings
 from tideborn.data.cli import main as data_main
@@ -147,7 +147,7 @@ def test_split_needs_the_game_index(tmp_path):
     done = run_data("split", "all.hcpe", "--train", "a.hcpe", "--test", "b.hcpe", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "tideborn data: error: all.games.csv: no game index; split needs the index that "
+        "python -m tideborn.data split: error: all.games.csv: no game index; split needs the index that "
         "`convert` writes beside its output (game boundaries are not stored in hcpe records)"]
 
 
@@ -232,12 +232,50 @@ def test_the_smoke_teacher_commands_make_the_files_its_config_reads(tmp_path):
     commands = [line.lstrip("# ").strip() for line in config.read_text(encoding="utf-8").splitlines()
                 if line.startswith("#   python -m tideborn.data")]
     assert [shlex.split(c)[3] for c in commands] == ["convert", "split"]
-    random_csa_games(tmp_path / "games", 12, seed=1)
+    (tmp_path / "samples").symlink_to(SAMPLE_GAMES.parent)  # the real games that ship with the project
     for command in commands:
-        args = shlex.split(command.replace("../shared/data/games", "games"))[3:]
+        args = shlex.split(command)[3:]
         done = run_data(*args, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     settings = load_settings(config, [f"paths.data_root={str(tmp_path)!r}", "data.workers=0"], environ={}).settings
     with TeacherBatches(settings, torch.device("cpu")) as data:
         assert len(data.next_batch()) == settings.optim.batch_size
     assert Evaluator(settings, torch.device("cpu")).positions > 0
+
+
+KI2_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ki2"
+
+
+@pytest.mark.parametrize(("name", "plies", "result"), [
+    ("20091203.ki2", 172, cshogi.WHITE_WIN),  # まで172手で後手の勝ち
+    ("denou3-1.ki2", 98, cshogi.WHITE_WIN),
+])
+def test_real_ki2_records_cshogi_cannot_read_convert(name, plies, result):
+    from tideborn.data.games import read_games
+
+    [game] = read_games(KI2_FIXTURES / name)
+    assert game.plies == plies and game.result == result
+    board = cshogi.Board(game.sfen)
+    for move in game.moves:
+        assert board.is_legal(move)
+        board.push(move)
+
+
+def test_ki2_and_csa_with_shogi_server_client_lines_convert_from_the_command_line(tmp_path):
+    games = tmp_path / "games"
+    games.mkdir()
+    for name in ("20091203.ki2", "denou3-1.ki2"):
+        (games / name).write_bytes((KI2_FIXTURES / name).read_bytes())
+    sample = next(SAMPLE_GAMES.glob("wcsc28/*.csa")).read_text(encoding="utf-8-sig")
+    (games / "client.csa").write_text(sample.replace("%TORYO", "#RESIGN\n#LOSE"), encoding="utf-8")
+    done = run_data("convert", "games", "-o", "all.hcpe", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "from 3 games (3 games read in 3 files)" in done.stdout
+    assert "({})" not in done.stdout + done.stderr
+
+
+def test_nothing_convertible_is_named_not_printed_as_a_raw_dict(tmp_path):
+    (tmp_path / "bad.ki2").write_text("先手：a\n▲９九玉\n", encoding="utf-8")
+    done = run_data("convert", "bad.ki2", "-o", "all.hcpe", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "({})" not in done.stderr and "unreadable files 1" in done.stderr and "bad.ki2" in done.stderr

@@ -198,9 +198,9 @@ def test_a_crafted_checkpoint_is_one_line_and_exit_2_on_every_path(kind: str, te
     before = tree(tmp_path / "input")
     calls = {
         "train --resume": (trainer_main, ["train", *settings_args(tmp_path / "run"), "--resume", str(checkpoint)],
-                           rf"^tideborn\.trainer: error: --resume {named}"),
+                           rf"^python -m tideborn\.trainer train: error: --resume {named}"),
         "config --from-checkpoint": (trainer_main, ["config", "--from-checkpoint", str(checkpoint)],
-                                     rf"^tideborn\.trainer: error: {named}"),
+                                     rf"^python -m tideborn\.trainer \w+: error: {named}"),
         "export": (tideborn_main, ["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "m.onnx")],
                    rf"^tideborn export: error: {named}"),
     }

@@ -377,7 +377,7 @@ def test_a_full_disk_while_split_writes_is_named_and_keeps_the_old_pair(games_hc
                     "--seed", "2", "--test-fraction", "0.3", cwd=tmp_path,
                     env=fault_env(tmp_path, "test.hcpe:enospc:1000"))
     assert done.returncode == 2, describe(done)
-    one_line(done, r"^tideborn data: error: disk full writing pair/test\.hcpe; nothing was replaced")
+    one_line(done, r"^python -m tideborn\.data split: error: disk full writing pair/test\.hcpe; nothing was replaced")
     assert snapshot(tmp_path / "pair") == before
     assert temp_files(tmp_path / "pair") == []
 
@@ -415,7 +415,7 @@ def test_a_really_full_disk_is_named_by_convert_and_export(games_hcpe, template_
     done = run_data("convert", str(games_hcpe.parent / "games"), "--output", str(small_filesystem / "all.hcpe"),
                     "--quiet", cwd=tmp_path)
     assert done.returncode == 2, describe(done)
-    one_line(done, r"^tideborn data: error: disk full writing \S+/all\.hcpe; nothing was replaced")
+    one_line(done, r"^python -m tideborn\.data convert: error: disk full writing \S+/all\.hcpe; nothing was replaced")
     done = run_export(template_run / "step-000000004.pt", small_filesystem / "model.onnx", cwd=tmp_path)
     assert done.returncode == 2, describe(done)
     one_line(done, r"^tideborn export: error: disk full writing \S+/model\.onnx; nothing was replaced")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO_ROOT, events_of, run_trainer, settings_args, step_events
-from tests.test_data_support import SHARED_DATA
+from tests.test_data_support import SAMPLE_GAMES
 from tideborn.data.convert import convert_games
 from tideborn.data.features import Decoder
 from tideborn.data.records import RecordSet
@@ -22,12 +22,10 @@ TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"
 
 @pytest.fixture(scope="module")
 def teacher_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A slice of the real game records (the first 200 CSA files), converted and split by game."""
-    games = SHARED_DATA / "games"
-    if not games.is_dir():
-        pytest.skip(f"real game records not found at {games} (the tests expect ../shared/data beside the repo)")
+    """The real game records that ship with the project (samples/games), converted and split by game."""
+    assert SAMPLE_GAMES.is_dir(), f"{SAMPLE_GAMES}: the sample games are part of the repository"
     root = tmp_path_factory.mktemp("teacher")
-    convert_games(sorted(games.rglob("*.csa"))[:200], root / "all.hcpe", progress=False)
+    convert_games([SAMPLE_GAMES], root / "all.hcpe", progress=False)
     split_games(root / "all.hcpe", root / "train.hcpe", root / "test.hcpe", test_fraction=0.15, seed=0,
                 progress=False)
     return root

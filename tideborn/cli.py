@@ -20,7 +20,7 @@ Each command takes --help."""
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(USAGE, file=sys.stdout if argv else sys.stderr)  # asked-for help is output; a bare call, a mistake
         return 0 if argv else 2
     command = argv[0]
     if command in ("train", "summary", "config"):

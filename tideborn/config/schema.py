@@ -262,7 +262,9 @@ class RuntimeSettings:
     """Teacher batches reach CUDA from pinned host memory by asynchronous copies that overlap the step; off:
     pageable memory and blocking copies. Ignored on the CPU and for synthetic data (made on the device)."""
     threads: int = 0
-    """CPU threads for torch (`torch.set_num_threads`); 0 keeps torch's default."""
+    """CPU threads for torch (`torch.set_num_threads`); 0 chooses them on the CPU from the free cores and
+    `data.workers` (docs/training.md, CPU threads), and keeps torch's default on CUDA or when
+    `OMP_NUM_THREADS` is set."""
     out_dir: str = "ckpt/default"
     """Run directory for events and checkpoints; relative paths resolve against `paths.runs_root`."""
     log_every: int = 10

@@ -29,14 +29,17 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description="Check and prepare teacher data (hcpe, psv) and game records.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{inspect,verify,convert,split}",
                                 parser_class=OneLineParser)
-    inspect = sub.add_parser("inspect", help="record count, results, eval histogram, plies, duplicates")
+    inspect = sub.add_parser("inspect", help="record count, results, eval histogram, plies, duplicates",
+                             description="Record count, results, eval histogram, plies, duplicates.")
     _add_files(inspect)
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
-    verify = sub.add_parser("verify", help="decode every record; list bad ones; exit 1 if any")
+    verify = sub.add_parser("verify", help="decode every record; list bad ones; exit 1 if any",
+                            description="Decode every record; list bad ones; exit 1 if any.")
     _add_files(verify)
     verify.add_argument("--max-listed", type=int, default=100, metavar="N",
                         help="list at most N bad records (all are counted; default 100)")
-    convert = sub.add_parser("convert", help="CSA/KIF/KI2 game records into hcpe, with a game index")
+    convert = sub.add_parser("convert", help="CSA/KIF/KI2 game records into hcpe, with a game index",
+                             description="CSA/KIF/KI2 game records into hcpe, with a game index.")
     convert.add_argument("inputs", nargs="+", type=Path, metavar="INPUT",
                          help="record files, or directories searched recursively")
     convert.add_argument("--output", "-o", type=Path, required=True, metavar="OUT.hcpe",
@@ -48,10 +51,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                          help="keep games that do not start from the standard position")
     convert.add_argument("--keep-duplicates", action="store_true", help="keep repeated identical games")
     convert.add_argument("--quiet", action="store_true", help="no progress or per-file warnings on stderr")
-    split = sub.add_parser("split", help="split a converted hcpe file by game into train and test")
+    split = sub.add_parser("split", help="split a converted hcpe file by game into train and test",
+                           description="Split a converted hcpe file by game into train and test.")
     split.add_argument("source", type=Path, metavar="INPUT.hcpe", help="hcpe file with a game index (from convert)")
-    split.add_argument("--train", type=Path, required=True, metavar="TRAIN.hcpe")
-    split.add_argument("--test", type=Path, required=True, metavar="TEST.hcpe")
+    split.add_argument("--train", type=Path, required=True, metavar="TRAIN.hcpe",
+                       help="hcpe file to write the training games to (its game index goes beside it)")
+    split.add_argument("--test", type=Path, required=True, metavar="TEST.hcpe",
+                       help="hcpe file to write the held-out games to (none of their positions in train)")
     split.add_argument("--test-fraction", type=float, default=0.1, metavar="F",
                        help="fraction of games held out (default 0.1)")
     split.add_argument("--seed", type=int, default=0, help="seed of the game shuffle (default 0)")
@@ -122,8 +128,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m tideborn.data") -
     try:
         return handler(args)
     except UserError as exc:
-        return report_user_error(exc, "tideborn data")
+        return report_user_error(exc, f"{prog} {args.command}")
     except KeyboardInterrupt:
-        return report_interrupted(f"tideborn data {args.command}")
+        return report_interrupted(f"{prog} {args.command}")
     except BrokenPipeError:
         return 0

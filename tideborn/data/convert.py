@@ -122,7 +122,12 @@ def convert_games(inputs: list[Path], output: Path, filters: ConvertFilters = Co
         temp = outputs.write(output, lambda sink: _convert_into(sink, files, filters, report, entries, bar, warn))
         bar.finish()
         if report.positions == 0:
-            raise UserError(f"no game passed the filters ({dict(report.skipped)}); nothing written to {output}")
+            why = [f"{reason} {count}" for reason, count in report.skipped.items()]
+            if report.unreadable:
+                why.append(f"unreadable files {len(report.unreadable)} (e.g. {report.unreadable[0][0]}: "
+                           f"{report.unreadable[0][1]})")
+            raise UserError(f"no game to write ({', '.join(why) or 'no games in the files'}); "
+                            f"nothing written to {output}")
         header = IndexHeader(report.positions, records_fingerprint(temp))
         outputs.write(index_path(output), lambda handle: write_index(handle, entries, header))
         outputs.publish()

@@ -34,6 +34,8 @@ _KIF_CLOSING_DRAW = re.compile(r"まで(\d+)手.*?(千日手|持将棋)")
 _KIF_TERMINAL = re.compile(r"^\s*(\d+)\s+(投了|詰み|切れ負け|Time-up|反則負け|反則勝ち|入玉勝ち|千日手|持将棋)")
 _KIF_MOVER_LOSES = {"投了", "詰み", "切れ負け", "Time-up", "反則負け"}
 _KIF_MOVER_WINS = {"反則勝ち", "入玉勝ち"}
+_CSA_CLIENT_ENDS = {"#RESIGN": "%TORYO", "#TIME_UP": "%TIME_UP", "#ILLEGAL_MOVE": "%ILLEGAL_MOVE",
+                    "#SENNICHITE": "%SENNICHITE", "#JISHOGI": "%JISHOGI", "#MAX_MOVES": "%MAX_MOVES"}
 _CSA_PIECE = r"(?:FU|KY|KE|GI|KI|KA|HI|OU|TO|NY|NK|NG|UM|RY)"
 _CSA_BOARD_ROW = re.compile(rf"^P[1-9](?: \* |[+-]{_CSA_PIECE}){{9}}\s*$")
 _CSA_HANDICAP_ROW = re.compile(rf"^PI(?:[1-9]{{2}}{_CSA_PIECE})*\s*$")
@@ -144,7 +146,15 @@ def prepare_csa_text(text: str) -> str:
     """Position lines as cshogi's C++ CSA parser needs them, or `GameReadError`: that parser reads past
     the end of a short or unknown board line, and of any P+/P- line, and crashes instead of raising."""
     lines = text.split("\n")
+    has_end = any(line.startswith("%") for line in lines)
     for number, line in enumerate(lines, start=1):
+        if line.startswith("#"):
+            # shogi-server client lines (`#RESIGN`, `#TIME_UP`, `#WIN`): cshogi rejects them. Where the game
+            # has no `%` end line, the first that says how it ended stands for one; the rest are comments.
+            end = _CSA_CLIENT_ENDS.get(line.strip())
+            lines[number - 1] = end if end and not has_end else "'" + line
+            has_end = has_end or bool(end)
+            continue
         if line.rstrip() in ("P+", "P-"):
             lines[number - 1] = "'"  # an empty piece list (nothing in hand): a no-op cshogi cannot read
             continue
@@ -178,11 +188,85 @@ def _parse_csa(text: str, source: str) -> list[Game]:
     return games
 
 
+def _ki2_move(token: re.Match, board: cshogi.Board, previous: int | None, number: int) -> int:
+    """The legal move a KI2 move (`▲５七銀右上`) names, by the notation's rules: a drop is implied only when
+    no piece on the board can reach the square, no `成` means no promotion, and 上/引/寄/直 and 左/右 are
+    seen from the mover's side. (cshogi 1.1.0's KI2 parser counts drops among the pieces 左/右 compare
+    and fails with an IndexError on ordinary games.)"""
+    _, dest, file_kanji, rank_kanji, piece, side, motion, action = token.groups()
+    piece_type = cshogi.PIECE_JAPANESE_SYMBOLS.index(piece)
+    if dest.rstrip("\u3000") == "同":
+        if previous is None:
+            raise GameReadError(f"move {number}: `{token.group(0).strip()}` has no previous move")
+        to_square = cshogi.move_to(previous)
+    else:
+        to_square = (cshogi.NUMBER_JAPANESE_NUMBER_SYMBOLS.index(file_kanji) - 1) * 9 \
+            + cshogi.NUMBER_JAPANESE_KANJI_SYMBOLS.index(rank_kanji) - 1
+    reaching = [m for m in board.legal_moves if cshogi.move_to(m) == to_square]
+    drops = [m for m in reaching if cshogi.move_is_drop(m)
+             and cshogi.hand_piece_to_piece_type(cshogi.move_drop_hand_piece(m)) == piece_type]
+    moving = [m for m in reaching if not cshogi.move_is_drop(m) and cshogi.move_from_piece_type(m) == piece_type]
+    if action == "打" or not moving:
+        candidates = drops
+    else:
+        promote = action == "成"
+        candidates = [m for m in moving if cshogi.move_is_promotion(m) == promote]
+        black = board.turn == cshogi.BLACK
+        to_file, to_rank = divmod(to_square, 9)
+
+        def forward(m: int) -> int:  # >0: the piece moves toward the opponent
+            rank = cshogi.move_from(m) % 9
+            return (rank - to_rank) if black else (to_rank - rank)
+
+        if motion == "上":
+            candidates = [m for m in candidates if forward(m) > 0]
+        elif motion == "引":
+            candidates = [m for m in candidates if forward(m) < 0]
+        elif motion == "寄":
+            candidates = [m for m in candidates if forward(m) == 0]
+        if side == "直":
+            candidates = [m for m in candidates if forward(m) > 0 and cshogi.move_from(m) // 9 == to_file]
+        elif side in ("左", "右") and candidates:
+            files = [cshogi.move_from(m) // 9 for m in candidates]
+            # black's left is the high file numbers; white sees the board the other way round
+            wanted = max(files) if (side == "左") == black else min(files)
+            candidates = [m for m in candidates if cshogi.move_from(m) // 9 == wanted]
+    if len(candidates) != 1:
+        why = "no legal move" if not candidates else f"{len(candidates)} legal moves"
+        raise GameReadError(f"move {number}: `{token.group(0).strip()}` matches {why}")
+    return candidates[0]
+
+
+def _ki2_moves(text: str, sfen: str) -> list[int]:
+    """The main line's moves from the `▲`/`△` lines of a KI2 record, starting from `sfen`."""
+    board = cshogi.Board(sfen)
+    moves: list[int] = []
+    for line in text.split("\n"):
+        if not line.startswith(("▲", "△")):
+            continue
+        line = (line.replace("王", "玉").replace("竜", "龍").replace("成銀", "全").replace("成桂", "圭")
+                .replace("成香", "杏"))
+        position = 0
+        while token := KI2.Parser.MOVE_RE.match(line, position):
+            move = _ki2_move(token, board, moves[-1] if moves else None, len(moves) + 1)
+            board.push(move)
+            moves.append(move)
+            position = token.end()
+        if line[position:].strip():
+            raise GameReadError(f"move {len(moves) + 1}: cannot read `{line[position:position + 20].strip()}`")
+    return moves
+
+
 def _parse_kif(text: str, source: str, fmt: str) -> list[Game]:
     text = text.split("\n変化：", 1)[0]  # main line only
-    parser = KIF.Parser if fmt == "kif" else KI2.Parser
-    parsed = parser.parse_str(text)
-    moves = list(parsed.moves)
+    if fmt == "kif":
+        parsed = KIF.Parser.parse_str(text)
+        moves = list(parsed.moves)
+    else:
+        # cshogi reads the header, start and result (the move lines left out), the moves are read here
+        parsed = KI2.Parser.parse_str("\n".join(line for line in text.split("\n")
+                                                 if not line.startswith(("▲", "△"))))
+        moves = _ki2_moves(text, parsed.sfen)
     result, how = kif_result(parsed.win, text, parsed.sfen, len(moves))
     names = tuple(n or "" for n in parsed.names)
     return [Game(source, parsed.sfen, moves, result, parsed.endgame or how, None, (None, None), names)]  # type: ignore[arg-type]
@@ -200,6 +284,8 @@ def read_games(path: Path) -> list[Game]:
     text = decode_text(data)
     try:
         return _parse_csa(text, str(path)) if fmt == "csa" else _parse_kif(text, str(path), fmt)
+    except GameReadError as exc:  # found here, with the line or move it names
+        raise GameReadError(f"cannot parse as {fmt.upper()}: {exc}") from None
     except Exception as exc:  # cshogi's parsers raise ValueError, KeyError, IndexError, ParserException...
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise GameReadError(f"cannot parse as {fmt.upper()}: {type(exc).__name__}: {message}"[:200]) from None

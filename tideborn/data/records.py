@@ -73,6 +73,10 @@ def expand_paths(patterns: typing.Sequence[str], data_root: str | os.PathLike = 
                 raise UserError(f"{key}: {pattern!r} matches no files (looked for {path})")
             files.extend(matches)
         else:
+            if key.startswith("data.") and not path.exists():
+                # the usual first stumble: the teacher files were never made; say which setting and how
+                raise UserError(f"{key}: {path}: no such file; make it with `tideborn data convert RECORDS "
+                                f"--output ALL.hcpe` then `tideborn data split` (README, docs/data.md)")
             files.append(path)
     return files
 

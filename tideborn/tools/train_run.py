@@ -78,8 +78,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description="Start, check, stop and follow a detached training run.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{start,status,stop,watch}",
                                 parser_class=OneLineParser)
-    start = sub.add_parser("start", help="validate the settings and start the trainer detached")
-    start.add_argument("--config", metavar="FILE", help="settings file (TOML)")
+    start = sub.add_parser("start", help="validate the settings and start the trainer detached",
+                           description="Validate the settings and start the trainer detached.")
+    start.add_argument("--config", metavar="FILE", help="settings file (TOML, or JSON as `config` prints)")
     start.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
                        help="override one setting (repeatable), as for train")
     for name in ("type", "network", "mode"):
@@ -92,11 +93,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     start.add_argument("--wait", type=float, default=LAUNCH_WAIT_SECONDS, metavar="S",
                        help="seconds to wait for the trainer to start training and report how it went "
                             f"(default {LAUNCH_WAIT_SECONDS:g}; 0: launch and return at once)")
-    status = sub.add_parser("status", help="progress and anomalies of a run (never changes the run)")
+    status = sub.add_parser("status", help="progress and anomalies of a run (never changes the run)",
+                            description="Progress and anomalies of a run (never changes the run).")
     status.add_argument("--out-dir", required=True, type=Path, help="the run directory")
     status.add_argument("--json", action="store_true", help="print one JSON object")
     _thresholds(status)
-    stop = sub.add_parser("stop", help="SIGTERM the recorded trainer and wait for it to checkpoint and exit")
+    stop = sub.add_parser("stop", help="SIGTERM the recorded trainer and wait for it to checkpoint and exit",
+                          description="SIGTERM the recorded trainer and wait for it to checkpoint and exit.")
     stop.add_argument("--out-dir", required=True, type=Path, help="the run directory")
     stop.add_argument("--timeout", type=wait_seconds, default=120.0, metavar="S",
                       help="seconds to wait (default 120; inf: until it exits)")
@@ -105,7 +108,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     stop.add_argument("--save-timeout", type=wait_seconds, default=SAVE_TIMEOUT_SECONDS, metavar="S",
                       help="with --force: how long a checkpoint save in progress may still take before SIGKILL "
                            f"(default {SAVE_TIMEOUT_SECONDS:g})")
-    watch = sub.add_parser("watch", help="stream the run's events (and anomalies) as they are written")
+    watch = sub.add_parser("watch", help="stream the run's events (and anomalies) as they are written",
+                           description="Stream the run's events (and anomalies) as they are written.")
     watch.add_argument("--out-dir", required=True, type=Path, help="the run directory")
     watch.add_argument("--format", choices=("json", "text"), default="json", help="JSON lines (default) or text")
     watch.add_argument("--follow-only", action="store_true", help="only events written from now on")
@@ -476,7 +480,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tideborn.tools.tr
         handler = {"status": command_status, "stop": command_stop, "watch": command_watch}[args.command]
         return handler(args)
     except UserError as exc:
-        return report_user_error(exc, "train_run" if prog.endswith("train_run") else prog)
+        return report_user_error(exc, f"{prog} {args.command}")
     except KeyboardInterrupt:
         return INTERRUPTED
     except BrokenPipeError:

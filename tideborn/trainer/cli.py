@@ -37,16 +37,19 @@ def build_parser(prog: str = "python -m tideborn.trainer") -> argparse.ArgumentP
     parser = OneLineParser(prog=prog, description="Train DLManaka's policy/value ResNet.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{summary,train,config}",
                                 parser_class=OneLineParser)
-    summary = sub.add_parser("summary", help="show the network and the settings train would use")
+    summary = sub.add_parser("summary", help="show the network and the settings train would use",
+                             description="Show the network and the settings train would use.")
     add_settings_arguments(summary)
-    train = sub.add_parser("train", help="train (resumes from the newest checkpoint in the run directory)")
+    train = sub.add_parser("train", help="train (resumes from the newest checkpoint in the run directory)",
+                           description="Train (resumes from the newest checkpoint in the run directory).")
     add_settings_arguments(train)
     train.add_argument("--resume", metavar="PATH", type=Path, help="resume from this checkpoint")
     train.add_argument("--fresh", action="store_true",
                        help="start at step 0; old checkpoints and events move to OUT_DIR/archive/")
     train.add_argument("--stop-at-step", type=int, metavar="N",
                        help="checkpoint and stop (run_stopped) after step N")
-    config = sub.add_parser("config", help="print the fully resolved settings as JSON")
+    config = sub.add_parser("config", help="print the fully resolved settings as JSON",
+                            description="Print the fully resolved settings as JSON.")
     add_settings_arguments(config)
     config.add_argument("--from-checkpoint", metavar="PATH", type=Path,
                         help="print the settings stored in a checkpoint instead")
@@ -86,6 +89,20 @@ def command_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def require_chosen_settings(args: argparse.Namespace) -> None:
+    """`train` needs settings someone chose: the bare defaults are a GPU run (a 10x192 net, 1,000 steps of
+    1,024 positions) that a CPU takes most of a day over, too easy to start by leaving out --config."""
+    import os
+
+    from tideborn.config.load import PROJECT_FILE_NAME, find_project_file
+
+    if args.config is None and args.network is None and find_project_file(os.environ, Path.cwd()) is None:
+        raise UserError(f"no settings chosen: name a settings file with --config (e.g. --config "
+                        f"configs/smoke.toml, a 2x32 net in seconds) or a network preset with --network, or "
+                        f"put a {PROJECT_FILE_NAME} here; the bare defaults train a 10x192 net for hours "
+                        f"(about 20 h on a CPU)")
+
+
 def command_train(args: argparse.Namespace) -> int:
     from tideborn.trainer.preflight import preflight
     from tideborn.trainer.rank import dist_env
@@ -93,6 +110,7 @@ def command_train(args: argparse.Namespace) -> int:
 
     stop = StopRequest().install()  # before torch loads: a SIGTERM during start-up still stops cleanly
     try:
+        require_chosen_settings(args)
         resolved = resolve(args)
         env = dist_env()
         preflight(resolved.settings, args.resume, args.fresh, args.stop_at_step)
@@ -110,6 +128,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m tideborn.trainer"
     try:
         return handler(args)
     except UserError as exc:
-        return report_user_error(exc, prog.split()[-1] if " " in prog else prog)
+        return report_user_error(exc, f"{prog} {args.command}")  # as argparse names it: `tideborn train`
     except BrokenPipeError:
         return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -87,9 +88,25 @@ def resolve_device(runtime: RuntimeSettings, local_rank: int | None = None) -> D
     return DeviceSetup(device, precision, channels_last=runtime.channels_last and device.type == "cuda")
 
 
-def apply_global_switches(runtime: RuntimeSettings, setup: DeviceSetup) -> None:
+def auto_threads(workers: int, cores: int | None = None, load: float | None = None) -> int:
+    """torch's CPU threads for `runtime.threads = 0`: the cores this process may use that are free (minus the
+    1-minute load average at start, so a busy machine is not oversubscribed: on a shared 2-core CPU a second
+    thread made a small net 3x slower), less one core for each data worker after the first (the first shares
+    a core: a worker feeding a small net waits on its queue much of the time). At least 1."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if load is None:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    free = max(1, min(cores, round(cores - load)))
+    return max(1, free - max(0, workers - 1))
+
+
+def apply_global_switches(runtime: RuntimeSettings, setup: DeviceSetup, workers: int = 0) -> int:
+    """Set torch's global switches; returns the CPU threads torch uses."""
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
+    elif not setup.is_cuda and "OMP_NUM_THREADS" not in os.environ:  # an OMP_NUM_THREADS given is a choice
+        torch.set_num_threads(auto_threads(workers))
     if setup.is_cuda:
         # The training device becomes the current one, so that calls without a device (synchronize, the
         # pin-memory thread, new CUDA tensors) never create a context on GPU 0 when training on cuda:N.
@@ -97,3 +114,4 @@ def apply_global_switches(runtime: RuntimeSettings, setup: DeviceSetup) -> None:
         torch.backends.cuda.matmul.allow_tf32 = runtime.tf32
         torch.backends.cudnn.allow_tf32 = runtime.tf32
         torch.backends.cudnn.benchmark = True
+    return torch.get_num_threads()

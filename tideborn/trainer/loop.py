@@ -184,7 +184,8 @@ class Trainer:
             self.state.restore(p.start)
             self.events.emit(
                 "run_started", step=self.step, settings=s.to_dict(), device=self.setup.describe(),
-                precision=self.setup.precision, world_size=self.env.world_size, versions=versions(),
+                precision=self.setup.precision, cpu_threads=self.state.cpu_threads, world_size=self.env.world_size,
+                versions=versions(),
                 resumed_from=str(p.start.checkpoint) if p.start.checkpoint else None,
                 changed_settings=p.start.changed_settings, fresh=p.fresh,
                 archived_to=str(archived) if archived else None, pid=os.getpid(),

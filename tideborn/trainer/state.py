@@ -67,7 +67,7 @@ class TrainingState:
     def __init__(self, settings: Settings, setup: DeviceSetup, env: DistEnv):
         self.settings, self.setup, self.env = settings, setup, env
         s = settings
-        apply_global_switches(s.runtime, setup)
+        self.cpu_threads = apply_global_switches(s.runtime, setup, s.data.workers if s.data.train else 0)
         torch.manual_seed(s.runtime.seed)
         random.seed(s.runtime.seed)
         model = build_model(s.model).to(setup.device)

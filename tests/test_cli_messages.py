@@ -1,0 +1,122 @@
+"""The command line as a newcomer meets it: `train` refuses to start the bare defaults' day-long run, a
+missing teacher file names its setting and how to make it, one error prefix (`tideborn COMMAND: error:`),
+a description in every subcommand's --help, help for every option, one wording of --config, and a bare
+`tideborn` prints its usage to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, child_env, console_script, run_trainer, tree
+
+from tideborn.data.cli import build_parser as data_parser
+from tideborn.tools.train_run import build_parser as run_parser
+from tideborn.trainer.cli import build_parser as trainer_parser
+
+
+def tideborn(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(console_script()), *args], cwd=cwd, env=child_env(), capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_train_without_chosen_settings_refuses_before_anything_is_written(tmp_path):
+    done = tideborn("train", cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tideborn train: error: no settings chosen")
+    assert "--config" in lines[0] and "10x192" in lines[0]
+    assert tree(tmp_path) == {} and done.stdout == ""
+
+
+def test_train_with_a_project_file_or_a_preset_is_not_refused(tmp_path):
+    # settings someone chose, each stopped later by its missing teacher file: the refusal is not what stops it
+    (tmp_path / "tideborn.toml").write_text('[data]\nkind = "hcpe"\ntrain = ["nope.hcpe"]\n', encoding="utf-8")
+    done = tideborn("train", cwd=tmp_path)
+    assert done.returncode == 2 and "data.train: " in done.stderr and "no settings chosen" not in done.stderr
+    (tmp_path / "tideborn.toml").unlink()
+    done = tideborn("train", "--network", "resnet2x32", "--set", 'data.kind="hcpe"',
+                    "--set", 'data.train=["nope.hcpe"]', cwd=tmp_path)
+    assert done.returncode == 2 and "data.train: " in done.stderr and "no settings chosen" not in done.stderr
+
+
+def test_a_missing_teacher_file_names_its_setting_and_how_to_make_it(tmp_path):
+    config = REPO_ROOT / "configs" / "smoke-teacher.toml"
+    done = run_trainer("train", "--config", str(config), cwd=tmp_path)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("python -m tideborn.trainer train: error: data.train: ")
+    assert "data/teacher/train.hcpe: no such file; make it with `tideborn data convert" in line
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("args", "prefix"), [
+    (["train", "--config", "missing.toml"], "tideborn train: error: "),
+    (["data", "inspect", "missing.hcpe"], "tideborn data inspect: error: "),
+    (["run", "start", "--config", "missing.toml"], "tideborn run start: error: "),
+    (["export", "--checkpoint", "missing.pt", "--out", "m.onnx"], "tideborn export: error: "),
+])
+def test_every_command_prefixes_its_errors_with_its_own_name(tmp_path, args, prefix):
+    done = tideborn(*args, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(prefix), line
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    found = {}
+    for name, parser in (("tideborn", trainer_parser("tideborn")), ("tideborn data", data_parser("tideborn data")),
+                         ("tideborn run", run_parser("tideborn run"))):
+        [choices] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        found.update({f"{name} {command}": sub for command, sub in choices.choices.items()})
+    return found
+
+
+def test_every_subcommand_has_a_description_and_every_option_has_help():
+    for name, parser in subcommands().items():
+        assert parser.description, f"{name} --help has no description"
+        undocumented = [a.option_strings or a.dest for a in parser._actions if not a.help]
+        assert not undocumented, f"{name}: options without help: {undocumented}"
+
+
+def test_config_is_described_the_same_way_everywhere():
+    wordings = {a.help for parser in subcommands().values() for a in parser._actions if "--config" in a.option_strings}
+    assert len(wordings) == 1, wordings
+
+
+def test_bare_tideborn_prints_its_usage_to_stderr_and_help_to_stdout(tmp_path):
+    bare = tideborn(cwd=tmp_path)
+    assert bare.returncode == 2 and bare.stdout == "" and "usage: tideborn COMMAND" in bare.stderr
+    asked = tideborn("--help", cwd=tmp_path)
+    assert asked.returncode == 0 and asked.stderr == "" and "usage: tideborn COMMAND" in asked.stdout
+
+
+@pytest.mark.parametrize(("cores", "load", "workers", "threads"), [
+    (2, 0.0, 1, 2),    # an idle 2-core machine, smoke-teacher's one worker: both cores (torch's default)
+    (2, 0.0, 2, 1),    # the second worker takes a core
+    (2, 2.5, 1, 1),    # a busy 2-core machine: one thread, not an oversubscribed two (3x slower there)
+    (16, 3.2, 2, 12),  # 13 free cores, less one for the second worker
+    (1, 0.0, 0, 1),
+    (8, 20.0, 4, 1),   # never fewer than one
+])
+def test_auto_threads_count_free_cores_and_data_workers(cores, load, workers, threads):
+    from tideborn.trainer.device import auto_threads
+
+    assert auto_threads(workers, cores=cores, load=load) == threads
+
+
+def test_a_cpu_run_records_the_threads_it_chose(tmp_path):
+    from conftest import SMOKE_CONFIG, events_of
+
+    env = child_env()
+    env.pop("OMP_NUM_THREADS")  # as a user runs it: the trainer chooses
+    run_dir = tmp_path / "run"
+    done = subprocess.run([str(console_script()), "train", "--config", str(SMOKE_CONFIG), "--set",
+                           f"runtime.out_dir={str(run_dir)!r}", "--set", "runtime.max_steps=2"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    [started] = [e for e in events_of(run_dir) if e["kind"] == "run_started"]
+    assert 1 <= started["cpu_threads"] <= len(os.sched_getaffinity(0))

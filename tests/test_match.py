@@ -21,6 +21,7 @@ from tests.test_data_support import SHARED_DATA
 from tests.test_teacher_training import TEACHER_CONFIG
 from tideborn.config.schema import ModelSettings
 from tideborn.data.convert import convert_games
+from tideborn.match.cli import main as match_main
 from tideborn.match.cli import run_match
 from tideborn.match.elo import elo_of_score, estimate
 from tideborn.match.openings import DEFAULT_OPENINGS, load_openings
@@ -30,7 +31,7 @@ from tideborn.trainer.model import build_model
 
 WCSC28 = SHARED_DATA / "games" / "HiraokaTakuya+apery" / "utils" / "make_wcsc28_book" / "kifu"
 MATCH = [sys.executable, "-m", "tideborn.cli", "match"]
-TRAINED_STEPS = 200
+TRAINED_STEPS = 120
 
 
 def match(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -85,21 +86,23 @@ def test_trained_net_beats_the_untrained_net_by_a_clear_margin(trained_vs_untrai
     assert report["games_per_second"] > 0
 
 
-def test_text_report_shows_score_and_elo_interval(nets):
-    result = match(str(nets["trained"]), str(nets["untrained"]), "--games", "4", cwd=nets["root"])
-    assert result.returncode == 0, result.stderr
-    assert "score" in result.stdout and "Elo" in result.stdout and "95%" in result.stdout
-    assert "games/s" in result.stdout
+def test_text_report_shows_score_and_elo_interval(nets, capsys):
+    assert match_main([str(nets["trained"]), str(nets["untrained"]), "--games", "4", "--max-moves", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "score" in out and "Elo" in out and "95%" in out and "likelihood of superiority" in out
+    assert "games/s" in out
 
 
 def test_a_net_against_itself_scores_half(nets):
     # Argmax play: both games of an opening are the same game with the names swapped, so exactly 50%.
-    report = run_match(nets["trained"], nets["trained"], games=20, parallel=20)
+    report = run_match(nets["trained"], nets["trained"], games=20, parallel=20, max_moves=80)
     assert report["score"] == 0.5
     assert report["wins"] == report["losses"]
     # Sampled moves: the games differ, and the score stays near 50%.
-    sampled = run_match(nets["trained"], nets["trained"], games=40, parallel=40, temperature=1.0, seed=3)
+    sampled = run_match(nets["trained"], nets["trained"], games=40, parallel=40, temperature=1.0, seed=3,
+                        max_moves=160)
     assert 0.3 <= sampled["score"] <= 0.7, sampled
+    assert sampled["wins"] + sampled["losses"] > 0, "sampled self-play should have decisive games"
     assert sampled["elo_low"] < 0 < sampled["elo_high"]
 
 
@@ -137,10 +140,16 @@ def test_saved_games_round_trip_through_cshogi(trained_vs_untrained):
     assert (first_wins, draws) == (report["wins"], report["draws"])
 
 
-def test_bad_input_is_one_line_and_exit_2(nets, tmp_path):
+def test_bad_input_is_one_line_and_exit_2(nets, tmp_path, capsys):
     missing = match(str(tmp_path / "nope.pt"), str(nets["trained"]), cwd=tmp_path)
     assert missing.returncode == 2
     assert_user_error(missing.stderr, r"nope\.pt: no such checkpoint")
+
+    def refused(*args: str) -> str:
+        assert match_main([*args]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        return captured.err
 
     # A net whose first layer takes other input planes than the other's (60 board planes, not 62).
     payload = load_checkpoint(nets["trained"])
@@ -148,22 +157,20 @@ def test_bad_input_is_one_line_and_exit_2(nets, tmp_path):
     payload["model"][key] = torch.zeros(payload["model"][key].shape[0], 60, *payload["model"][key].shape[2:])
     other = tmp_path / "other-inputs.pt"
     torch.save(payload, other)
-    shapes = match(str(nets["trained"]), str(other), cwd=tmp_path)
-    assert shapes.returncode == 2
-    assert_user_error(shapes.stderr, r"other-inputs\.pt: .*board_conv")
+    assert_user_error(refused(str(nets["trained"]), str(other)), r"other-inputs\.pt: .*board_conv")
 
     # Malformed SFEN text would abort cshogi's C++ parser (the whole process): refused line by line first.
     openings = tmp_path / "openings.sfen"
     openings.write_text("# two good lines, then a bad one\nstartpos\nposition startpos\nlnsgkgsnl/9 b - 1\n")
-    bad = match(str(nets["trained"]), str(nets["trained"]), "--openings", str(openings), cwd=tmp_path)
-    assert bad.returncode == 2
-    assert_user_error(bad.stderr, r"openings\.sfen:4: not a SFEN position")
+    assert_user_error(refused(str(nets["trained"]), str(nets["trained"]), "--openings", str(openings)),
+                      r"openings\.sfen:4: not a SFEN position")
+    assert_user_error(refused(str(nets["trained"]), str(nets["trained"]), "--openings", str(tmp_path / "none")),
+                      r"none: no such openings file")
 
     save = tmp_path / "a-file"
     save.write_text("x")
-    refused = match(str(nets["trained"]), str(nets["trained"]), "--save-games", str(save), cwd=tmp_path)
-    assert refused.returncode == 2
-    assert_user_error(refused.stderr, r"a-file: exists and is not a directory")
+    assert_user_error(refused(str(nets["trained"]), str(nets["trained"]), "--save-games", str(save)),
+                      r"a-file: exists and is not a directory")
     assert save.read_text() == "x"
 
 
@@ -179,7 +186,7 @@ def test_openings_from_sfen_and_hcpe_files(nets, tmp_path):
         board.to_hcp(data[index:index + 1]["hcp"][0])
     data.tofile(hcpe)
     assert [s.split()[:3] for s in load_openings(hcpe)] == [s.split()[:3] for s in sfens[:3]]
-    report = run_match(nets["trained"], nets["untrained"], games=6, openings=hcpe)
+    report = run_match(nets["trained"], nets["untrained"], games=6, openings=hcpe, max_moves=40)
     assert report["games"] == 6 and report["distinct_openings"] == 3
 
 

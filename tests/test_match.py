@@ -236,3 +236,44 @@ def test_elo_estimate():
     assert single.model == "trinomial" and (single.wins, single.draws, single.losses) == (3, 1, 1)
     assert math.isclose(single.los, 0.5 * (1 + math.erf(2 / math.sqrt(8))))
     assert estimate([1.0] * 4).as_dict()["elo"] is None  # infinite in JSON as null
+
+
+def test_match_every_during_a_run_writes_match_events_and_status_watch_and_monitor_show_elo(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_trainer("train", *settings_args(
+        run_dir, "runtime.max_steps=4", "runtime.checkpoint_every=2", "runtime.match_every=2",
+        "runtime.match_games=2", "runtime.keep_checkpoints=1", "optim.batch_size=16",
+        'runtime.progress="plain"'), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "match at step 4 vs step 2" in result.stdout
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    matches = [e for e in events if e["kind"] == "match"]
+    assert [(e["step"], e["reference_step"], e["games"]) for e in matches] == [(2, 2, 2), (4, 2, 2)]
+    assert matches[0]["score"] == 0.5  # the reference against itself: the curve's origin
+    # The first checkpoint was pruned (keep_checkpoints=1) but is kept as the reference.
+    assert not (run_dir / "step-000000002.pt").exists()
+    assert load_checkpoint(run_dir / "match-reference.pt")["step"] == 2
+
+    status = subprocess.run([sys.executable, "-m", "tideborn.tools.train_run", "status", "--out-dir", str(run_dir)],
+                            env=child_env(), capture_output=True, text=True, timeout=60)
+    assert "match       step 4 vs step 2: Elo" in status.stdout, status.stdout
+    assert "elo curve   2:+0 4:" in status.stdout
+    status_json = subprocess.run([sys.executable, "-m", "tideborn.tools.train_run", "status", "--out-dir",
+                                  str(run_dir), "--json"], env=child_env(), capture_output=True, text=True,
+                                 timeout=60)
+    curve = json.loads(status_json.stdout)["elo_curve"]
+    assert [point[0] for point in curve] == [2, 4]
+    watch = subprocess.run([sys.executable, "-m", "tideborn.tools.train_run", "watch", "--out-dir", str(run_dir),
+                            "--format", "text"], env=child_env(), capture_output=True, text=True, timeout=60)
+    assert " match step 4 vs step 2: Elo " in watch.stdout, watch.stdout
+
+    from tui.widgets.header import elo_curve_text
+
+    assert elo_curve_text(curve).startswith("Elo ") and "at step 4" in elo_curve_text(curve)
+
+
+def test_match_every_must_be_a_multiple_of_checkpoint_every(tmp_path):
+    result = run_trainer("train", *settings_args(tmp_path / "run", "runtime.checkpoint_every=2",
+                                                 "runtime.match_every=3"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert_user_error(result.stderr, r"runtime\.match_every must be a multiple of runtime\.checkpoint_every")

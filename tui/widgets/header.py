@@ -103,6 +103,9 @@ class RunHeader(Widget):
             second.append(f"  checkpoint step {checkpoint['step']:,} ({duration(age)} ago)")
         else:
             second.append("  no checkpoint")
+        elo = elo_curve_text(s.get("elo_curve"))
+        if elo:
+            second.append(f"  {elo}")
         terminal = s.get("terminal")
         if terminal:
             detail = terminal.get("reason") or terminal.get("error") or ""
@@ -115,3 +118,32 @@ class RunHeader(Widget):
         if self.note:
             second.append(f"  {self.note}", style=self._style("italic"))
         return Text.assemble(line, "\n", second)
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+ELO_POINTS_SHOWN = 16
+
+
+def elo_curve_text(curve: object) -> str:
+    """The newest `match` result and a sparkline of the Elo curve (runtime.match_every), or ""."""
+    if not isinstance(curve, list) or not curve or not all(isinstance(p, list) and len(p) >= 4 for p in curve):
+        return ""
+
+    def value(x: object) -> float | None:
+        if isinstance(x, str) and x in ("inf", "-inf"):
+            return float(x)
+        return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+    def shown(x: object) -> str:
+        v = value(x)
+        return "?" if v is None else f"{v + 0.0:+.0f}" if abs(v) != float("inf") else ("+inf" if v > 0 else "-inf")
+
+    step, elo, low, high = curve[-1][:4]
+    text = f"Elo {shown(elo)} [{shown(low)}, {shown(high)}] at step {step:,}" if isinstance(step, int) else ""
+    finite = [v for p in curve[-ELO_POINTS_SHOWN:] if (v := value(p[1])) is not None and abs(v) != float("inf")]
+    if len(finite) > 1:
+        lo, hi = min(finite), max(finite)
+        spread = (hi - lo) or 1.0
+        text += " " + "".join(SPARK[round((v - lo) / spread * (len(SPARK) - 1))] for v in finite)
+    return text
+

@@ -277,3 +277,23 @@ def test_match_every_must_be_a_multiple_of_checkpoint_every(tmp_path):
                                                  "runtime.match_every=3"), cwd=tmp_path)
     assert result.returncode == 2
     assert_user_error(result.stderr, r"runtime\.match_every must be a multiple of runtime\.checkpoint_every")
+
+
+def test_a_run_with_matches_trains_exactly_as_one_without(tmp_path):
+    sets = ("runtime.max_steps=4", "runtime.checkpoint_every=2", "runtime.log_every=1", "optim.batch_size=16")
+    plain, matched = tmp_path / "plain", tmp_path / "matched"
+    assert run_trainer("train", *settings_args(plain, *sets), cwd=tmp_path).returncode == 0
+    result = run_trainer("train", *settings_args(matched, *sets, "runtime.match_every=2", "runtime.match_games=2"),
+                         cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+    def losses(run_dir: Path) -> dict[int, float]:
+        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+        assert any(e["kind"] == "match" for e in events) == (run_dir == matched)
+        return {e["step"]: e["loss"] for e in events if e["kind"] == "step"}
+
+    assert losses(matched) == losses(plain)
+    # The match at step 2 built two networks (random initial weights) yet left torch's generator as it was:
+    # the next checkpoint holds the same generator state, so a resume from it replays the same run.
+    after = [load_checkpoint(run_dir / "step-000000004.pt")["rng"]["torch"] for run_dir in (plain, matched)]
+    assert torch.equal(after[0], after[1])

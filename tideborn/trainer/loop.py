@@ -430,8 +430,12 @@ class Trainer:
         runtime = self.settings.runtime
         try:
             reference = self._match_reference()
-            report = run_match(saved, reference, games=runtime.match_games, parallel=runtime.match_games,
-                               device=str(self.setup.device))
+            # Building the two networks draws initial weights from torch's global generator; fork it so that
+            # a run with matches trains exactly as one without, and resumes exactly (the checkpoint holds
+            # the generator's state from before the match).
+            with torch.random.fork_rng(devices=[]):
+                report = run_match(saved, reference, games=runtime.match_games, parallel=runtime.match_games,
+                                   device=str(self.setup.device))
         except (UserError, OSError, ImportError) as exc:  # ImportError: an image without cshogi
             text = f"match at step {self.step} not played: {exc}"
             self.events.emit("warning", step=self.step, message=text)

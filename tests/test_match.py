@@ -297,3 +297,18 @@ def test_a_run_with_matches_trains_exactly_as_one_without(tmp_path):
     # the next checkpoint holds the same generator state, so a resume from it replays the same run.
     after = [load_checkpoint(run_dir / "step-000000004.pt")["rng"]["torch"] for run_dir in (plain, matched)]
     assert torch.equal(after[0], after[1])
+
+
+def test_value_mode_tries_every_legal_move_and_takes_a_mate_in_one():
+    from tideborn.match.play import _value_moves, play
+
+    torch.manual_seed(0)
+    net = build_model(ModelSettings(blocks=1, channels=8, value_channels=2, value_hidden=8)).eval()
+    game = _game("4k4/9/4P4/9/9/9/9/9/4K4 b G 1", [])
+    with torch.inference_mode():
+        chosen = _value_moves(net, [game], 0.0, "cpu")
+    assert cshogi.move_to_usi(chosen[0]) == "G*5b"
+    games = new_games([cshogi.STARTING_SFEN], 1, 0)
+    play((net, net), games, max_moves=6, mode="value")
+    assert [g.reason for g in games] == ["max moves", "max moves"]
+    assert all(len(g.moves) == 6 for g in games)

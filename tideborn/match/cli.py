@@ -57,6 +57,9 @@ def build_parser(prog: str = "tideborn match") -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=_temperature, default=0.0,
                         help="0 plays the legal move with the largest policy logit (default); T > 0 draws "
                              "moves from softmax(logits / T) over the legal moves")
+    parser.add_argument("--mode", choices=("policy", "value"), default="policy",
+                        help="policy: move by the policy head (default); value: a 1-ply search, every legal move "
+                             "tried and the one leaving the opponent the lowest value taken (slower)")
     parser.add_argument("--max-moves", type=_positive, default=DEFAULT_MAX_MOVES,
                         help=f"plies from the opening after which a game is a draw (default {DEFAULT_MAX_MOVES})")
     parser.add_argument("--parallel", type=_positive, default=DEFAULT_PARALLEL,
@@ -82,7 +85,7 @@ def _check_save_dir(path: Path) -> None:
 def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings: Path | None = None,
               seed: int = 0, temperature: float = 0.0, max_moves: int = DEFAULT_MAX_MOVES,
               parallel: int = DEFAULT_PARALLEL, device: str = "cpu", weights: str = "auto",
-              save_games: Path | None = None) -> dict:
+              save_games: Path | None = None, mode: str = "policy") -> dict:
     """Play the match and return its report (what --json prints). Raises UserError for bad input."""
     import random
 
@@ -129,14 +132,16 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
             write_csa(game, save_games / f"game-{game.index + 1:04d}.csa", names)
 
     seconds = play((nets[0], nets[1]), match_games, parallel=parallel, max_moves=max_moves,
-                   temperature=temperature, device=chosen_device, on_finished=finished)
+                   temperature=temperature, device=chosen_device, on_finished=finished, mode=mode)
     scores = [game.score_of_first() for game in match_games]
     result = estimate(scores, list(zip(scores[0::2], scores[1::2])))
     moves = sum(len(game.moves) for game in match_games)
     return {
         "first": sides[0], "second": sides[1], **result.as_dict(),
         "openings": str(openings or DEFAULT_OPENINGS), "distinct_openings": min(pairs, len(positions)),
-        "policy": "argmax" if temperature == 0 else f"softmax T={temperature:g}", "temperature": temperature,
+        "mode": mode, "temperature": temperature,
+        "policy": (("argmax" if temperature == 0 else f"softmax T={temperature:g}")
+                   + (" policy" if mode == "policy" else " value (1 ply)")),
         "seed": seed, "max_moves": max_moves, "parallel": parallel, "device": str(chosen_device),
         "threads": torch.get_num_threads(),
         "seconds": round(seconds, 3), "games_per_second": round(len(match_games) / max(seconds, 1e-9), 3),
@@ -172,7 +177,7 @@ def describe(report: dict) -> str:
     lines = [
         f"{first['path']} (step {first['step']}, {first['weights']}) vs {second['path']} "
         f"(step {second['step']}, {second['weights']}): {report['games']} games, {report['distinct_openings']} "
-        f"openings x 2 colours, {report['policy']} policy, draw after {report['max_moves']} plies",
+        f"openings x 2 colours, {report['policy']}, draw after {report['max_moves']} plies",
         f"  first: {report['wins']} wins, {report['draws']} draws, {report['losses']} losses; "
         f"score {100 * report['score']:.1f}% (as black {100 * report['first_as_black_score']:.1f}%, "
         f"as white {100 * report['first_as_white_score']:.1f}%)",
@@ -205,7 +210,8 @@ def main(argv: list[str] | None = None, prog: str = "tideborn match") -> int:
             torch.set_num_threads(args.threads)
         report = run_match(args.first, args.second, games=args.games, openings=args.openings, seed=args.seed,
                            temperature=args.temperature, max_moves=args.max_moves, parallel=args.parallel,
-                           device=args.device, weights=args.weights, save_games=args.save_games)
+                           device=args.device, weights=args.weights, save_games=args.save_games,
+                           mode=args.mode)
     except UserError as exc:
         return report_user_error(exc, prog)
     except KeyboardInterrupt:

@@ -91,16 +91,61 @@ def _judge(game: Game, max_moves: int) -> None:
         _finish(game, DRAW, "max moves")
 
 
+def _pick(moves: list[int], scores: np.ndarray, game: Game, temperature: float) -> int:
+    """The best-scored move, or with a temperature one drawn from softmax(scores / T)."""
+    if temperature <= 0:
+        return moves[int(np.argmax(scores))]
+    z = (scores - scores.max()) / temperature
+    p = np.exp(z)
+    return moves[int(game.rng.choice(len(moves), p=p / p.sum()))]
+
+
 def _choose(logits: np.ndarray, game: Game, temperature: float) -> int:
     board = game.board
     moves = list(board.legal_moves)
     labels = np.fromiter((make_move_label(move, board.turn) for move in moves), dtype=np.int64, count=len(moves))
-    legal = logits[labels].astype(np.float64)
-    if temperature <= 0:
-        return moves[int(np.argmax(legal))]
-    z = (legal - legal.max()) / temperature
-    p = np.exp(z)
-    return moves[int(game.rng.choice(len(moves), p=p / p.sum()))]
+    return _pick(moves, logits[labels].astype(np.float64), game, temperature)
+
+
+VALUE_CHUNK = 2048
+"""Positions per forward pass in value mode (every legal move of every game in the group)."""
+
+
+def _value_moves(net: torch.nn.Module, group: list[Game], temperature: float, device) -> list[int]:
+    """Value mode (a 1-ply search): every legal move is played, the position after it goes through the
+    value head, and the move that leaves the opponent the lowest value logit is chosen (with a
+    temperature: drawn from softmax(-value / T)). A move that mates at once is always taken."""
+    rows: list[tuple[int, int]] = []  # (game row, move) per child position
+    mates: dict[int, int] = {}
+    per_game: list[list[int]] = []
+    children: list[tuple[np.ndarray, np.ndarray]] = []
+    f1 = np.zeros((FEATURES1_NUM, 9, 9), dtype=np.float32)
+    f2 = np.zeros((FEATURES2_NUM, 9, 9), dtype=np.float32)
+    for row, game in enumerate(group):
+        board = game.board
+        moves = list(board.legal_moves)
+        per_game.append(moves)
+        for move in moves:
+            board.push(move)
+            if row not in mates and board.is_game_over():
+                mates[row] = move
+            make_input_features(board, f1, f2)  # it clears the planes first
+            board.pop()
+            children.append((f1.copy(), f2.copy()))
+            rows.append((row, move))
+    values = np.empty(len(children), dtype=np.float64)
+    for start in range(0, len(children), VALUE_CHUNK):
+        part = children[start:start + VALUE_CHUNK]
+        x1 = torch.from_numpy(np.stack([c[0] for c in part])).to(device)
+        x2 = torch.from_numpy(np.stack([c[1] for c in part])).to(device)
+        values[start:start + len(part)] = net(x1, x2)[1].float().cpu().numpy().reshape(-1)
+    chosen, offset = [], 0
+    for row, game in enumerate(group):
+        moves = per_game[row]
+        scores = -values[offset:offset + len(moves)]  # the opponent's value, from the mover's side
+        offset += len(moves)
+        chosen.append(mates[row] if row in mates else _pick(moves, scores, game, temperature))
+    return chosen
 
 
 def new_games(openings: list[str], pairs: int, seed: int) -> list[Game]:
@@ -118,7 +163,7 @@ def new_games(openings: list[str], pairs: int, seed: int) -> list[Game]:
 @torch.inference_mode()
 def play(nets: tuple[torch.nn.Module, torch.nn.Module], games: list[Game], *, parallel: int = 100,
          max_moves: int = 320, temperature: float = 0.0, device: torch.device | str = "cpu",
-         on_finished: Callable[[Game], None] | None = None) -> float:
+         on_finished: Callable[[Game], None] | None = None, mode: str = "policy") -> float:
     """Play `games` to the end, at most `parallel` at a time; returns the seconds it took."""
     start = time.monotonic()
     queue = list(reversed(games))
@@ -136,13 +181,17 @@ def play(nets: tuple[torch.nn.Module, torch.nn.Module], games: list[Game], *, pa
             group = [game for game in active if game.result is None and game.player_to_move() == player]
             if not group:
                 continue
+            if mode == "value":
+                moves = _value_moves(nets[player], group, temperature, device)
+            else:
+                for row, game in enumerate(group):
+                    make_input_features(game.board, features1[row], features2[row])
+                x1 = torch.from_numpy(features1[:len(group)]).to(device)
+                x2 = torch.from_numpy(features2[:len(group)]).to(device)
+                logits = nets[player](x1, x2)[0].float().cpu().numpy()
+                moves = [_choose(logits[row], game, temperature) for row, game in enumerate(group)]
             for row, game in enumerate(group):
-                make_input_features(game.board, features1[row], features2[row])
-            x1 = torch.from_numpy(features1[:len(group)]).to(device)
-            x2 = torch.from_numpy(features2[:len(group)]).to(device)
-            logits = nets[player](x1, x2)[0].float().cpu().numpy()
-            for row, game in enumerate(group):
-                move = _choose(logits[row], game, temperature)
+                move = moves[row]
                 game.board.push(move)
                 game.moves.append(move)
                 _judge(game, max_moves)

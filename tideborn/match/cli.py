@@ -19,6 +19,8 @@ from tideborn.trainer.cli import OneLineParser
 DEFAULT_GAMES = 200
 DEFAULT_PARALLEL = 100
 DEFAULT_MAX_MOVES = 320
+MAX_GAMES = 1_000_000
+"""Every game is kept in memory until the report (its moves); a million is hours even on a GPU."""
 
 
 def _positive(text: str) -> int:
@@ -28,6 +30,23 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
+    return value
+
+
+def _games(text: str) -> int:
+    value = _positive(text)
+    if value > MAX_GAMES:
+        raise argparse.ArgumentTypeError(f"at most {MAX_GAMES:,}; got {value:,}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 2**63 - 1; got {value}")
     return value
 
 
@@ -46,13 +65,13 @@ def build_parser(prog: str = "tideborn match") -> argparse.ArgumentParser:
                                                   "their policies and report the score as Elo (first vs second).")
     parser.add_argument("first", type=Path, metavar="A.pt", help="the checkpoint whose score is reported")
     parser.add_argument("second", type=Path, metavar="B.pt", help="its opponent")
-    parser.add_argument("--games", type=_positive, default=DEFAULT_GAMES,
+    parser.add_argument("--games", type=_games, default=DEFAULT_GAMES,
                         help=f"games to play, an even number: each opening twice, colours swapped "
                              f"(an odd number is rounded up; default {DEFAULT_GAMES})")
     parser.add_argument("--openings", type=Path, metavar="FILE",
                         help="start positions: SFEN lines ('#' comments, 'startpos' allowed) or an .hcpe file "
                              "(default: 621 positions from the WCSC28 games shipped with tideborn)")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=_seed, default=0,
                         help="order of the openings and, with --temperature, the moves drawn (default 0)")
     parser.add_argument("--temperature", type=_temperature, default=0.0,
                         help="0 plays the legal move with the largest policy logit (default); T > 0 draws "

@@ -168,7 +168,7 @@ def play(nets: tuple[torch.nn.Module, torch.nn.Module], games: list[Game], *, pa
     start = time.monotonic()
     queue = list(reversed(games))
     active: list[Game] = []
-    capacity = max(1, parallel)
+    capacity = max(1, min(parallel, len(games)))  # no buffer larger than the games need
     features1 = np.zeros((capacity, FEATURES1_NUM, 9, 9), dtype=np.float32)
     features2 = np.zeros((capacity, FEATURES2_NUM, 9, 9), dtype=np.float32)
     while queue or active:

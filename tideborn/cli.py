@@ -13,6 +13,7 @@ commands:
   run       start|status|stop|watch a detached run         tideborn run status --out-dir runs/ckpt/smoke
   data      inspect|verify|convert|split teacher data      tideborn data inspect data/teacher/train.hcpe
   export    a checkpoint's network as checked ONNX         tideborn export --checkpoint CKPT --out model.onnx
+  match     two checkpoints play each other: score and Elo tideborn match A.pt B.pt --games 200
 
 Each command takes --help."""
 
@@ -39,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         from tideborn.export.cli import main as export_main
 
         return export_main(argv[1:], prog="tideborn export")
+    if command == "match":
+        from tideborn.match.cli import main as match_main
+
+        return match_main(argv[1:], prog="tideborn match")
     print(f"tideborn: error: unknown command {command!r} (see tideborn --help)", file=sys.stderr)
     return 2
 

@@ -169,7 +169,9 @@ def temp_checkpoints(run_dir: Path) -> list[Path]:
 
 # -- a run directory nobody else controls, and one we can write ------------------------------------------
 
-RUN_FILES = (EVENTS_FILE, LOG_FILE, PID_FILE, LAUNCH_FILE, TRAINER_LOCK_FILE)
+MATCH_REFERENCE_FILE = "match-reference.pt"
+"""The run's first checkpoint, kept (a hard link) as the reference of `runtime.match_every` (docs/match.md)."""
+RUN_FILES = (EVENTS_FILE, LOG_FILE, PID_FILE, LAUNCH_FILE, TRAINER_LOCK_FILE, MATCH_REFERENCE_FILE)
 """The files tideborn writes, appends to, replaces or locks in a run directory (checkpoints aside)."""
 _ATOMIC_TEMP_RE = re.compile(r"^\.(train\.pid|launch\.json)\.tmp-\d+$")
 PROBE_PREFIX = ".tideborn-write-probe-"

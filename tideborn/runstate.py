@@ -48,6 +48,8 @@ from tideborn.runfiles import (
 )
 
 EVENTS_TAIL_BYTES = 2 * 1024 * 1024
+ELO_CURVE_POINTS = 10_000
+"""`match` events kept for the Elo curve (a run matching every 1,000 steps reaches this at 10M steps)."""
 """A tail-mode tracker starts this far from the end of events.jsonl (about 6,000 step events)."""
 LOG_TAIL_BYTES = 1024 * 1024
 """Every tracker scans at most this much of train.log that was there when it started (then all that is new)."""
@@ -86,6 +88,14 @@ class Update:
     state: str = "not started"
 
 
+def _strict(value: object) -> float | str | None:
+    """A number from an event as strict JSON: finite as a float, +-inf as "inf"/"-inf", else None."""
+    number = as_float(value)
+    if number is None or math.isnan(number):
+        return None
+    return number if math.isfinite(number) else ("inf" if number > 0 else "-inf")
+
+
 def _public(event: typing.Mapping | None) -> dict | None:
     if event is None:
         return None
@@ -118,6 +128,8 @@ class RunTracker:
         self.last_event: dict | None = None
         self.last_step: dict | None = None
         self.last_eval: dict | None = None
+        self.elo_curve: collections.deque = collections.deque(maxlen=ELO_CURVE_POINTS)
+        """(step, elo, elo_low, elo_high, reference_step) of each `match` event (runtime.match_every)."""
         self.last_checkpoint_event: dict | None = None
         self.stop_requested: dict | None = None
         """The session's `stop_requested`: the trainer got its first stop signal and is stopping."""
@@ -214,6 +226,10 @@ class RunTracker:
                 self.recent_steps.append((when, step))
         elif kind == "eval":
             self.last_eval = event
+        elif kind == "match" and isinstance(event.get("step"), int):
+            reference = event.get("reference_step")
+            self.elo_curve.append((event["step"], *(_strict(event.get(key)) for key in ("elo", "elo_low", "elo_high")),
+                                   reference if isinstance(reference, int) else None))
         elif kind == "stop_requested":
             self.stop_requested = event
         elif kind == "checkpoint_saved":
@@ -453,6 +469,7 @@ class RunTracker:
             "steps_per_second": rate, "eta_seconds": eta, "elapsed_seconds": elapsed,
             "session_started": began, "resumed_from": started.get("resumed_from"),
             "last_checkpoint": checkpoint, "last_eval": _public(self.last_eval),
+            "elo_curve": [list(point) for point in self.elo_curve],
             "terminal": _public(terminal),
             "stop_requested": _public(self.stopping()) if self.state in ("running", "stalled") else None,
             "warnings": {"count": self.warnings, "last": (self.last_warning or {}).get("message")},

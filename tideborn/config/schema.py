@@ -273,6 +273,14 @@ class RuntimeSettings:
     """Write a checkpoint every this many steps (and always at the end)."""
     eval_every: int = 1000
     """Evaluate on `data.test` every this many steps (and at the end); teacher data with test files only."""
+    match_every: int = 0
+    """Every this many steps (a multiple of checkpoint_every), play the checkpoint just saved against
+    runtime.match_reference and write a `match` event with its Elo (docs/match.md); 0 turns it off."""
+    match_reference: str = ""
+    """The checkpoint matches are played against; empty: the run's first checkpoint (kept, hard-linked, as
+    RUN_DIR/match-reference.pt so that pruning does not remove it)."""
+    match_games: int = 40
+    """Games of each match during a run (each opening twice, colours swapped; on the training device)."""
     gpu_event_seconds: float = 10.0
     """On CUDA, write a `gpu` event (utilisation, memory, temperature, power) this often."""
     keep_checkpoints: int = 5
@@ -305,6 +313,12 @@ class RuntimeSettings:
         _check(bool(self.out_dir), "runtime.out_dir", "must not be empty")
         _check(self.log_every >= 1, "runtime.log_every", f"must be >= 1; got {self.log_every}")
         _check(self.eval_every >= 1, "runtime.eval_every", f"must be >= 1; got {self.eval_every}")
+        _check(self.match_every >= 0, "runtime.match_every", f"must be >= 0 (0 = off); got {self.match_every}")
+        _check(self.match_every % max(self.checkpoint_every, 1) == 0, "runtime.match_every",
+               f"must be a multiple of runtime.checkpoint_every ({self.checkpoint_every}): a match plays the "
+               f"checkpoint just saved; got {self.match_every}")
+        _check(2 <= self.match_games <= 10_000, "runtime.match_games",
+               f"must be between 2 and 10,000; got {self.match_games}")
         _check(self.checkpoint_every >= 1, "runtime.checkpoint_every",
                f"must be >= 1; got {self.checkpoint_every}")
         _check(self.gpu_event_seconds > 0, "runtime.gpu_event_seconds",

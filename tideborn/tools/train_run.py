@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -181,6 +182,11 @@ def status_text(report: dict) -> str:
         lines.append("eval        " + " ".join(f"{k} {number(v, '.4g')}" for k, v in shown.items()))
     else:
         lines.append("eval        none")
+    if r.get("elo_curve"):
+        lines.append("match       " + match_text(r["elo_curve"][-1]))
+        if len(r["elo_curve"]) > 1:
+            lines.append("elo curve   " + " ".join(f"{point[0]}:{elo_number(point[1])}"
+                                                   for point in r["elo_curve"][-ELO_CURVE_SHOWN:]))
     if r["warnings"]["count"]:
         lines.append(f"warnings    {r['warnings']['count']} (last: {r['warnings']['last']})")
     if r["terminal"]:
@@ -203,9 +209,30 @@ def status_text(report: dict) -> str:
     return "\n".join(lines)
 
 
+ELO_CURVE_SHOWN = 10
+"""The newest match results status shows on its `elo curve` line (status --json has them all)."""
+
+
+def elo_number(value: object) -> str:
+    elo = as_float(value)
+    if elo is None:
+        return "?"
+    return f"{elo + 0.0:+.0f}" if math.isfinite(elo) else ("+inf" if elo > 0 else "-inf")
+
+
+def match_text(point: list) -> str:
+    """`[step, elo, elo_low, elo_high, reference_step]` from a `match` event, in words."""
+    step, elo, low, high, reference = (list(point) + [None] * 5)[:5]
+    return f"step {step} vs step {reference}: Elo {elo_number(elo)} [{elo_number(low)}, {elo_number(high)}] (95%)"
+
+
 def event_text(event: dict) -> str:
     when = clock(event.get("time") or 0)
     kind = event.get("kind")
+    if kind == "match":
+        return (f"{when} match " + match_text([event.get("step"), event.get("elo"), event.get("elo_low"),
+                                               event.get("elo_high"), event.get("reference_step")])
+                + f", score {number(event.get('score'), '.3f')} over {event.get('games')} games")
     if kind == "anomaly":
         return f"{when} ANOMALY {event.get('rule')}: {event.get('message')}"
     if kind == "step":

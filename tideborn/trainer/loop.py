@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import socket
 import sys
 import time
@@ -26,6 +27,7 @@ from tideborn.humanize import duration
 from tideborn.rundir import (
     ARCHIVE_DIR,
     EVENTS_FILE,
+    MATCH_REFERENCE_FILE,
     check_run_dir,
     list_checkpoints,
     make_dirs,
@@ -160,6 +162,8 @@ class Trainer:
         doomed = [path for _, path in list_checkpoints(run_dir)]
         if (run_dir / EVENTS_FILE).exists():
             doomed.append(run_dir / EVENTS_FILE)
+        if (run_dir / MATCH_REFERENCE_FILE).exists():  # the old run's first checkpoint is no reference for a new one
+            doomed.append(run_dir / MATCH_REFERENCE_FILE)
         if not doomed:
             return None
         # Never through a link: `archive -> /elsewhere` would carry the run's checkpoints out of it.
@@ -174,7 +178,8 @@ class Trainer:
         make_dirs(archive)
         for path in doomed:
             os.replace(path, archive / path.name)
-        self.progress.message(f"--fresh: moved {len(doomed)} file(s) (old checkpoints and events) to {archive}")
+        self.progress.message(f"--fresh: moved {len(doomed)} file(s) (old checkpoints, events, match reference) "
+                              f"to {archive}")
         return archive
 
     def _run(self, warnings: list[str], archived: Path | None) -> int:
@@ -293,6 +298,11 @@ class Trainer:
                     return self._fail_nonfinite(mean_over_ranks(window / window_steps, env).tolist())
                 with self.stop.saving():  # a repeated Ctrl-C never cuts a save short (trainer/signals.py)
                     last_saved, saved_step = self._save(), self.step
+                if runtime.match_every and last_saved is not None and not runtime.match_reference:
+                    self._keep_first(last_saved)
+                if (runtime.match_every and last_saved is not None and self.step % runtime.match_every == 0
+                        and self.stop.reason is None):
+                    self._match(last_saved)
         stop_vote.drain()
         if window_steps:
             means = log_window()
@@ -396,12 +406,80 @@ class Trainer:
                          seconds=saved.seconds, pruned=[str(path) for path in pruned])
         return saved.path
 
+    def _keep_first(self, saved: Path) -> None:
+        """The run's first checkpoint, the default match reference, hard-linked as match-reference.pt at
+        the first save so that pruning (keep_checkpoints) does not take it away; a resumed run keeps it."""
+        reference = self.p.run_dir / MATCH_REFERENCE_FILE
+        if reference.exists():
+            return
+        try:
+            try:
+                os.link(saved, reference)
+            except OSError:
+                shutil.copyfile(saved, reference)  # a filesystem without hard links
+        except OSError as exc:
+            text = f"could not keep {saved.name} as the match reference {reference}: {exc}"
+            self.events.emit("warning", step=self.step, message=text)
+            self.progress.message(text)
+
+    def _match_reference(self) -> Path:
+        named = self.settings.runtime.match_reference
+        return Path(named) if named else self.p.run_dir / MATCH_REFERENCE_FILE
+
+    def _match(self, saved: Path) -> None:
+        """Play the checkpoint just saved against the reference and write a `match` event. A match that
+        cannot be played (a reference that is missing or not a checkpoint) is a warning, not a failure:
+        training goes on."""
+        from tideborn.match.cli import run_match
+
+        runtime = self.settings.runtime
+        try:
+            reference = self._match_reference()
+            # Building the two networks draws initial weights from torch's global generator; fork it so that
+            # a run with matches trains exactly as one without, and resumes exactly (the checkpoint holds
+            # the generator's state from before the match).
+            with torch.random.fork_rng(devices=[]):
+                report = run_match(saved, reference, games=runtime.match_games, parallel=runtime.match_games,
+                                   device=str(self.setup.device))
+        except (UserError, OSError, ImportError) as exc:  # ImportError: an image without cshogi
+            text = f"match at step {self.step} not played: {exc}"
+            self.events.emit("warning", step=self.step, message=text)
+            self.progress.message(text)
+            return
+        self.events.emit("match", step=self.step, checkpoint=str(saved), reference=str(reference),
+                         reference_step=report["second"]["step"],
+                         **{key: report[key] for key in ("games", "wins", "draws", "losses", "score", "los",
+                                                          "model", "seconds", "games_per_second")},
+                         **{key: _unbounded(report, key) for key in ("elo", "elo_low", "elo_high")})
+        self.progress.message(f"match at step {self.step} vs step {report['second']['step']}: "
+                              f"score {100 * report['score']:.1f}% over {report['games']} games, Elo "
+                              f"{_elo(_unbounded(report, 'elo'))} [{_elo(_unbounded(report, 'elo_low'))}, "
+                              f"{_elo(_unbounded(report, 'elo_high'))}]")
+
     def _fail_nonfinite(self, means: list[float]) -> int:
         text = (f"non-finite loss at step {self.step} (loss {means[0]}, policy {means[1]}, value {means[2]}); "
                 f"stopped without saving, the last checkpoint is intact (runtime.stop_on_nonfinite)")
         self._terminal("run_failed", error=text, traceback=None)
         self.progress.message(f"run failed: {text}")
         return 1
+
+
+def _unbounded(report: dict, key: str) -> float:
+    """The report's Elo figure, its JSON null (an infinite one, at a 0% or 100% score) as +-inf again: the
+    event writes it as "inf"/"-inf", which readers take back with `as_float`."""
+    value = report[key]
+    if value is not None:
+        return value
+    score = report["score"]
+    if key == "elo":
+        return math.inf if score >= 1 else -math.inf
+    if key == "elo_low":
+        return math.inf if score >= 1 else -math.inf
+    return -math.inf if score <= 0 else math.inf
+
+
+def _elo(value: float) -> str:
+    return f"{value:+.0f}" if math.isfinite(value) else ("+inf" if value > 0 else "-inf")
 
 
 def _tell(text: str) -> None:

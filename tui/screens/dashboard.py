@@ -101,7 +101,7 @@ class DashboardScreen(Screen):
     # -- layout ---------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         o = self.options
-        yield RunHeader(self.run_dir, o.clock, colour=o.colour, id="header")
+        yield RunHeader(self.run_dir, o.clock, colour=o.colour, id="header", ascii=o.ascii)
         yield LossPlot(self.history, PlotOptions(window=o.window, ascii=o.ascii, colour=o.colour), id="plot")
         with Horizontal(id="lower"):
             yield GpuPanel(o.clock, ascii=o.ascii, colour=o.colour, id="gpu")

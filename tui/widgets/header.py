@@ -19,11 +19,13 @@ STATE_STYLES = {
 
 class RunHeader(Widget):
     def __init__(self, run_dir: Path, clock: typing.Callable[[], float], colour: bool = True,
-                 id: str | None = None) -> None:
+                 id: str | None = None, ascii: bool = False) -> None:
         super().__init__(id=id)
         self.run_dir = run_dir
         self.clock = clock
         self.colour = colour
+        self.ascii = ascii
+        """Only ASCII characters (`--ascii`): the Elo sparkline too."""
         self.status: dict | None = None
         self.stopping_since: float | None = None
         self.note = ""
@@ -112,6 +114,9 @@ class RunHeader(Widget):
             second.append(f"  checkpoint step {checkpoint['step']:,} ({duration(age)} ago)")
         else:
             second.append("  no checkpoint")
+        elo = elo_curve_text(s.get("elo_curve"), self.ascii)
+        if elo:
+            second.append(f"  {elo}")
         if terminal and terminal.get("kind") != "run_failed":
             detail = terminal.get("reason") or terminal.get("error") or ""
             second.append(f"  {terminal['kind']} at step {terminal.get('step')}" + (f": {detail}" if detail else ""),
@@ -124,3 +129,34 @@ class RunHeader(Widget):
             second.append(f"  {self.note}", style=self._style("italic"))
         # One line each, cut with an ellipsis: a wrapped first line would push the second out of the header.
         return Text("\n", no_wrap=True, overflow="ellipsis").join([line, second])
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+ASCII_SPARK = "_.-~=+*#"
+ELO_POINTS_SHOWN = 16
+
+
+def elo_curve_text(curve: object, ascii_only: bool = False) -> str:
+    """The newest `match` result and a sparkline of the Elo curve (runtime.match_every), or ""."""
+    if not isinstance(curve, list) or not curve or not all(isinstance(p, list) and len(p) >= 4 for p in curve):
+        return ""
+
+    def value(x: object) -> float | None:
+        if isinstance(x, str) and x in ("inf", "-inf"):
+            return float(x)
+        return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+    def shown(x: object) -> str:
+        v = value(x)
+        return "?" if v is None else f"{v + 0.0:+.0f}" if abs(v) != float("inf") else ("+inf" if v > 0 else "-inf")
+
+    step, elo, low, high = curve[-1][:4]
+    text = f"Elo {shown(elo)} [{shown(low)}, {shown(high)}] at step {step:,}" if isinstance(step, int) else ""
+    finite = [v for p in curve[-ELO_POINTS_SHOWN:] if (v := value(p[1])) is not None and abs(v) != float("inf")]
+    if len(finite) > 1:
+        lo, hi = min(finite), max(finite)
+        spread = (hi - lo) or 1.0
+        ramp = ASCII_SPARK if ascii_only else SPARK
+        text += " " + "".join(ramp[round((v - lo) / spread * (len(ramp) - 1))] for v in finite)
+    return text
+

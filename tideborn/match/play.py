@@ -1,0 +1,205 @@
+"""Many games at once between two networks, each move chosen by the side to move's policy.
+
+All unfinished games advance together: the boards whose side to move belongs to network A are encoded
+into one batch (`cshogi.dlshogi.make_input_features`) and go through A in one forward pass, the rest
+through B. A move is the legal move with the largest policy logit (`make_move_label` picks each legal
+move's logit), or, with a temperature T > 0, drawn from the softmax of the legal logits / T with a
+random generator seeded per game, so a game does not depend on which others share its batch.
+
+A game ends by the rules cshogi implements (docs/match.md): no legal move (mate; a pawn-drop mate is not
+among cshogi's legal moves), the same position (board, hands, side to move) a fourth time (a draw, or a
+loss for the side that gave check on every move of the cycle: `Board.is_draw`), an entering-king
+declaration the side to move can make (`Board.is_nyugyoku`, 27-point rule), or `max_moves` plies played
+from the opening (a draw).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import cshogi
+import numpy as np
+import torch
+from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features, make_move_label
+
+BLACK_WINS, WHITE_WINS, DRAW = "black", "white", "draw"
+REPETITIONS_TO_END = 4
+"""Sennichite: the same position for the fourth time ends the game."""
+
+
+@dataclass
+class Game:
+    index: int
+    opening: int
+    sfen: str
+    black: int
+    """0 when the first network plays black (moves first from a `b` opening's side), 1 for the second."""
+    moves: list[int] = field(default_factory=list)
+    result: str | None = None
+    reason: str | None = None
+    board: cshogi.Board | None = None
+    seen: Counter = field(default_factory=Counter)
+    rng: np.random.Generator | None = None
+
+    def score_of_first(self) -> float:
+        """The first network's points: 1 win, 0.5 draw, 0 loss."""
+        if self.result == DRAW:
+            return 0.5
+        winner_is_black = self.result == BLACK_WINS
+        return 1.0 if winner_is_black == (self.black == 0) else 0.0
+
+    def player_to_move(self) -> int:
+        assert self.board is not None
+        return self.black if self.board.turn == cshogi.BLACK else 1 - self.black
+
+
+def _side_wins(color: int) -> str:
+    return BLACK_WINS if color == cshogi.BLACK else WHITE_WINS
+
+
+def _finish(game: Game, result: str, reason: str) -> None:
+    game.result, game.reason = result, reason
+    game.board = None  # a finished game keeps only its moves; its Board can go
+    game.seen = Counter()
+
+
+def _judge(game: Game, max_moves: int) -> None:
+    """End `game` if the position after its last move ends it (the side to move is `board.turn`)."""
+    board = game.board
+    to_move = board.turn
+    if board.is_game_over():
+        _finish(game, _side_wins(1 - to_move), "mate")
+        return
+    key = board.zobrist_hash()
+    game.seen[key] += 1
+    if game.seen[key] >= REPETITIONS_TO_END:
+        state = board.is_draw()
+        if state == cshogi.REPETITION_WIN:  # the opponent checked on every move of the cycle
+            _finish(game, _side_wins(to_move), "perpetual check")
+        elif state == cshogi.REPETITION_LOSE:
+            _finish(game, _side_wins(1 - to_move), "perpetual check")
+        else:
+            _finish(game, DRAW, "repetition")
+        return
+    if board.is_nyugyoku():
+        _finish(game, _side_wins(to_move), "entering king")
+        return
+    if len(game.moves) >= max_moves:
+        _finish(game, DRAW, "max moves")
+
+
+def _pick(moves: list[int], scores: np.ndarray, game: Game, temperature: float) -> int:
+    """The best-scored move, or with a temperature one drawn from softmax(scores / T)."""
+    if temperature <= 0:
+        return moves[int(np.argmax(scores))]
+    z = (scores - scores.max()) / temperature
+    p = np.exp(z)
+    return moves[int(game.rng.choice(len(moves), p=p / p.sum()))]
+
+
+def _choose(logits: np.ndarray, game: Game, temperature: float) -> int:
+    board = game.board
+    moves = list(board.legal_moves)
+    labels = np.fromiter((make_move_label(move, board.turn) for move in moves), dtype=np.int64, count=len(moves))
+    return _pick(moves, logits[labels].astype(np.float64), game, temperature)
+
+
+VALUE_CHUNK = 2048
+"""Positions per forward pass in value mode (every legal move of every game in the group)."""
+
+
+def _value_moves(net: torch.nn.Module, group: list[Game], temperature: float, device) -> list[int]:
+    """Value mode (a 1-ply search): every legal move is played, the position after it goes through the
+    value head, and the move that leaves the opponent the lowest value logit is chosen (with a
+    temperature: drawn from softmax(-value / T)). A move that mates at once is always taken."""
+    rows: list[tuple[int, int]] = []  # (game row, move) per child position
+    mates: dict[int, int] = {}
+    per_game: list[list[int]] = []
+    children: list[tuple[np.ndarray, np.ndarray]] = []
+    f1 = np.zeros((FEATURES1_NUM, 9, 9), dtype=np.float32)
+    f2 = np.zeros((FEATURES2_NUM, 9, 9), dtype=np.float32)
+    for row, game in enumerate(group):
+        board = game.board
+        moves = list(board.legal_moves)
+        per_game.append(moves)
+        for move in moves:
+            board.push(move)
+            if row not in mates and board.is_game_over():
+                mates[row] = move
+            make_input_features(board, f1, f2)  # it clears the planes first
+            board.pop()
+            children.append((f1.copy(), f2.copy()))
+            rows.append((row, move))
+    values = np.empty(len(children), dtype=np.float64)
+    for start in range(0, len(children), VALUE_CHUNK):
+        part = children[start:start + VALUE_CHUNK]
+        x1 = torch.from_numpy(np.stack([c[0] for c in part])).to(device)
+        x2 = torch.from_numpy(np.stack([c[1] for c in part])).to(device)
+        values[start:start + len(part)] = net(x1, x2)[1].float().cpu().numpy().reshape(-1)
+    chosen, offset = [], 0
+    for row, game in enumerate(group):
+        moves = per_game[row]
+        scores = -values[offset:offset + len(moves)]  # the opponent's value, from the mover's side
+        offset += len(moves)
+        chosen.append(mates[row] if row in mates else _pick(moves, scores, game, temperature))
+    return chosen
+
+
+def new_games(openings: list[str], pairs: int, seed: int) -> list[Game]:
+    """`pairs` openings (cycling through `openings`), each played twice with the colours swapped."""
+    games = []
+    for pair in range(pairs):
+        opening = pair % len(openings)
+        for black in (0, 1):
+            index = len(games)
+            games.append(Game(index=index, opening=opening, sfen=openings[opening], black=black,
+                              rng=np.random.default_rng([seed, index])))
+    return games
+
+
+@torch.inference_mode()
+def play(nets: tuple[torch.nn.Module, torch.nn.Module], games: list[Game], *, parallel: int = 100,
+         max_moves: int = 320, temperature: float = 0.0, device: torch.device | str = "cpu",
+         on_finished: Callable[[Game], None] | None = None, mode: str = "policy") -> float:
+    """Play `games` to the end, at most `parallel` at a time; returns the seconds it took."""
+    start = time.monotonic()
+    queue = list(reversed(games))
+    active: list[Game] = []
+    capacity = max(1, min(parallel, len(games)))  # no buffer larger than the games need
+    features1 = np.zeros((capacity, FEATURES1_NUM, 9, 9), dtype=np.float32)
+    features2 = np.zeros((capacity, FEATURES2_NUM, 9, 9), dtype=np.float32)
+    while queue or active:
+        while queue and len(active) < capacity:
+            game = queue.pop()
+            game.board = cshogi.Board(game.sfen)
+            game.seen[game.board.zobrist_hash()] += 1
+            active.append(game)
+        for player in (0, 1):
+            group = [game for game in active if game.result is None and game.player_to_move() == player]
+            if not group:
+                continue
+            if mode == "value":
+                moves = _value_moves(nets[player], group, temperature, device)
+            else:
+                for row, game in enumerate(group):
+                    make_input_features(game.board, features1[row], features2[row])
+                x1 = torch.from_numpy(features1[:len(group)]).to(device)
+                x2 = torch.from_numpy(features2[:len(group)]).to(device)
+                logits = nets[player](x1, x2)[0].float().cpu().numpy()
+                moves = [_choose(logits[row], game, temperature) for row, game in enumerate(group)]
+            for row, game in enumerate(group):
+                move = moves[row]
+                game.board.push(move)
+                game.moves.append(move)
+                _judge(game, max_moves)
+        still = []
+        for game in active:
+            if game.result is None:
+                still.append(game)
+            elif on_finished is not None:
+                on_finished(game)
+        active = still
+    return time.monotonic() - start

@@ -1,0 +1,38 @@
+"""Finished games as CSA files (cshogi's exporter), which cshogi and shogi GUIs read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cshogi
+from cshogi import CSA
+
+from tideborn.match.play import DRAW, WHITE_WINS, Game
+
+_ENDINGS = {"mate": "%TORYO", "repetition": "%SENNICHITE", "entering king": "%KACHI", "max moves": "%JISHOGI"}
+"""The CSA (V2.2) end-of-game line for each way a game ends. A mated side resigns (%TORYO), as in CSA
+records; a move cap is recorded as %JISHOGI (an impasse draw), which every CSA reader knows; a perpetual
+check is the checking side's illegal action (%+ILLEGAL_ACTION when black checked), see `ending`."""
+
+
+def ending(game: Game) -> str:
+    if game.reason == "perpetual check":
+        return "%+ILLEGAL_ACTION" if game.result == WHITE_WINS else "%-ILLEGAL_ACTION"
+    return _ENDINGS[game.reason]
+
+
+def write_csa(game: Game, path: Path, names: tuple[str, str]) -> None:
+    """`game` as a CSA file at `path` (written to a temp name, then renamed: never half a file)."""
+    black, white = (names[0], names[1]) if game.black == 0 else (names[1], names[0])
+    tmp = path.with_name(f".{path.name}.tmp")
+    exporter = CSA.Exporter(str(tmp), encoding="utf-8")
+    try:
+        exporter.info(init_board=cshogi.Board(game.sfen), names=[black, white], version="V2.2",
+                      var_info={"EVENT": "tideborn match", "OPENING": game.sfen})
+        for move in game.moves:
+            exporter.move(move)
+        exporter.endgame(ending(game))
+        exporter.f.write(f"'result {game.result}{'' if game.result == DRAW else ' wins'} by {game.reason}\n")
+    finally:
+        exporter.close()
+    tmp.replace(path)

@@ -344,7 +344,7 @@ def test_ctrl_c_while_split_writes_keeps_the_old_pair_and_leaves_no_temp_file(ga
     done = run_data("split", str(games_hcpe), "--train", "pair/train.hcpe", "--test", "pair/test.hcpe",
                     "--seed", "2", "--test-fraction", "0.3", cwd=tmp_path, env=fault_env(tmp_path, "test.hcpe:sigint"))
     assert done.returncode == 130, describe(done)
-    one_line(done, r"^tideborn data split: interrupted \(Ctrl-C\); nothing half-written is left$")
+    one_line(done, r"^python -m tideborn\.data split: interrupted \(Ctrl-C\); nothing half-written is left$")
     assert snapshot(tmp_path / "pair") == before
     assert temp_files(tmp_path / "pair") == []
 
@@ -353,7 +353,7 @@ def test_ctrl_c_while_convert_writes_leaves_no_temp_file(games_hcpe, tmp_path):
     done = run_data("convert", str(games_hcpe.parent / "games"), "--output", "out/all.hcpe", cwd=tmp_path,
                     env=fault_env(tmp_path, "all.hcpe:sigint"))
     assert done.returncode == 130, describe(done)
-    one_line(done, r"^tideborn data convert: interrupted \(Ctrl-C\); nothing half-written is left$")
+    one_line(done, r"^python -m tideborn\.data convert: interrupted \(Ctrl-C\); nothing half-written is left$")
     assert list((tmp_path / "out").iterdir()) == []
 
 

@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from test_tui_app import app_for, attached, until
 
 from tideborn.anomaly import Anomaly
 from tideborn.events import encode_event
-from tui.app import create_app
 from tui.messages import RunRefreshed
-from tui.options import TuiOptions
 from tui.screens.dashboard import DashboardScreen
 from tui.testing import FIXTURE_NOW, write_fixture_run
 from tui.widgets import anomalies as anomalies_module
@@ -38,32 +37,6 @@ def fixture_run(tmp_path) -> Path:
     run_dir = tmp_path / "runs" / "fixture"
     write_fixture_run(run_dir)
     return run_dir
-
-
-def app_for(run_dir: Path, **changes):
-    options = TuiOptions(run_dir=run_dir, clock=lambda: FIXTURE_NOW, use_nvml=False, follow=False)
-    for name, value in changes.items():
-        setattr(options, name, value)
-    return create_app(options)
-
-
-async def until(pilot, condition, what: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await pilot.pause(0.02)
-
-
-async def attached(pilot) -> DashboardScreen:
-    screen = pilot.app.screen
-    assert isinstance(screen, DashboardScreen), screen
-    await until(pilot, screen.ready.is_set, "the dashboard to read the run")
-    await pilot.pause()
-    return screen
 
 
 def header_lines(screen: DashboardScreen) -> list[str]:

@@ -223,3 +223,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name.startswith(SLOW_FILES) or item.originalname in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path):
+    """Mount a tmpfs and yield (mount point, resize function); skip where mounting is not permitted."""
+    mount_point = tmp_path / "small-fs"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root; the injected-ENOSPC tests cover this case")
+    tried = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+                           capture_output=True, text=True)
+    if tried.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({tried.stderr.strip()}); the injected-ENOSPC tests cover this")
+
+    def resize(size_bytes: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size_bytes}", str(mount_point)], check=True)
+
+    try:
+        yield mount_point, resize
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

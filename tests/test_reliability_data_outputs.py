@@ -393,33 +393,23 @@ def test_a_full_disk_while_export_writes_is_named_and_keeps_the_old_model(templa
 
 
 @pytest.fixture
-def small_filesystem(tmp_path: Path):
-    """A real 1 MiB tmpfs, filled but for 8 KiB (skipped where mounting is not permitted)."""
-    mount_point = tmp_path / "small-fs"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root; the injected-ENOSPC tests cover this case")
-    tried = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                           capture_output=True, text=True)
-    if tried.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({tried.stderr.strip()}); the injected-ENOSPC tests cover this")
-    try:
-        free = os.statvfs(mount_point).f_bavail * os.statvfs(mount_point).f_frsize
-        (mount_point / "filler").write_bytes(b"\0" * (free - 8192))
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+def nearly_full_filesystem(small_filesystem):
+    """A real 1 MiB tmpfs (conftest's `small_filesystem`), filled but for 8 KiB."""
+    mount_point, _ = small_filesystem
+    free = os.statvfs(mount_point).f_bavail * os.statvfs(mount_point).f_frsize
+    (mount_point / "filler").write_bytes(b"\0" * (free - 8192))
+    return mount_point
 
 
-def test_a_really_full_disk_is_named_by_convert_and_export(games_hcpe, template_run, tmp_path, small_filesystem):
-    done = run_data("convert", str(games_hcpe.parent / "games"), "--output", str(small_filesystem / "all.hcpe"),
+def test_a_really_full_disk_is_named_by_convert_and_export(games_hcpe, template_run, tmp_path, nearly_full_filesystem):
+    done = run_data("convert", str(games_hcpe.parent / "games"), "--output", str(nearly_full_filesystem / "all.hcpe"),
                     "--quiet", cwd=tmp_path)
     assert done.returncode == 2, describe(done)
     one_line(done, r"^python -m tideborn\.data convert: error: disk full writing \S+/all\.hcpe; nothing was replaced")
-    done = run_export(template_run / "step-000000004.pt", small_filesystem / "model.onnx", cwd=tmp_path)
+    done = run_export(template_run / "step-000000004.pt", nearly_full_filesystem / "model.onnx", cwd=tmp_path)
     assert done.returncode == 2, describe(done)
     one_line(done, r"^tideborn export: error: disk full writing \S+/model\.onnx; nothing was replaced")
-    assert sorted(p.name for p in small_filesystem.iterdir()) == ["filler"]
+    assert sorted(p.name for p in nearly_full_filesystem.iterdir()) == ["filler"]
 
 
 # -- paths that are one file; FIFOs as inputs ------------------------------------------------------------------

@@ -12,7 +12,6 @@ otherwise, with the reason), and ENOSPC injected at the write call inside a real
 from __future__ import annotations
 
 import errno
-import os
 import subprocess
 from pathlib import Path
 
@@ -124,27 +123,6 @@ def test_event_writes_failing_for_good_exit_nonzero_and_the_next_run_starts_on_a
 
 
 # -- a real full filesystem --------------------------------------------------------------------------------
-
-@pytest.fixture
-def small_filesystem(tmp_path: Path):
-    """Mount a tmpfs and yield (mount point, resize function); skip where mounting is not permitted."""
-    mount_point = tmp_path / "small-fs"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root; the injected-ENOSPC tests cover this case")
-    tried = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                           capture_output=True, text=True)
-    if tried.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({tried.stderr.strip()}); the injected-ENOSPC tests cover this")
-
-    def resize(size_bytes: int) -> None:
-        subprocess.run(["mount", "-o", f"remount,size={size_bytes}", str(mount_point)], check=True)
-
-    try:
-        yield mount_point, resize
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
 
 def fill(path: Path) -> None:
     """Write `path` until the filesystem is full."""

@@ -26,10 +26,11 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT, child_env, describe, settings_args
+from test_reliability_support import launched_runs
 
 from tideborn.events import EventReader, encode_event, read_events
 from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE
-from tideborn.runfiles import LogReader, process_facts, read_pid_record
+from tideborn.runfiles import LogReader, read_pid_record
 from tideborn.runstate import RunTracker
 
 TOOL = [sys.executable, "-m", "tideborn.tools.train_run"]
@@ -172,14 +173,7 @@ def test_every_reader_starts_a_copytruncated_file_again_even_once_it_grew_past_t
 
 @pytest.fixture
 def launched():
-    """Run dirs whose trainers the test starts; whatever is still alive at the end is SIGKILLed."""
-    run_dirs: list[Path] = []
-    yield run_dirs
-    for run_dir in run_dirs:
-        record = read_pid_record(run_dir) if run_dir.is_dir() else None
-        facts = process_facts(record.pid) if record else None
-        if record and facts and facts.running and abs((facts.create_time or 0) - record.start_time) < 1:
-            os.kill(record.pid, signal.SIGKILL)
+    yield from launched_runs()
 
 
 def steps_in(path: Path) -> int:

@@ -293,7 +293,7 @@ def launched_runs() -> typing.Iterator[list[Path]]:
             record = read_pid_record(run_dir) if run_dir.is_dir() else None
         except Exception:  # noqa: BLE001 - cleanup must go on to the next directory
             record = None
-        if record is not None and same_process(process_facts(record.pid), record.start_time):
+        if record is not None and same_process(process_facts(record.pid), **record.identity()):
             os.kill(record.pid, signal.SIGKILL)
 
 

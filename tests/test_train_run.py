@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import REPO_ROOT, assert_user_error, child_env, describe, events_of, settings_args
+from test_reliability_support import launched_runs
 
 from tideborn.events import encode_event
 from tideborn.runfiles import process_facts, read_pid_record
@@ -60,14 +61,7 @@ def listing(run_dir: Path) -> dict[str, tuple[int, int]]:
 
 @pytest.fixture
 def launched():
-    """Run dirs whose trainers the test starts; whatever is still alive at the end is SIGKILLed."""
-    run_dirs: list[Path] = []
-    yield run_dirs
-    for run_dir in run_dirs:
-        record = read_pid_record(run_dir) if run_dir.is_dir() else None
-        facts = process_facts(record.pid) if record else None
-        if record and facts and facts.running and abs((facts.create_time or 0) - record.start_time) < 1:
-            os.kill(record.pid, signal.SIGKILL)
+    yield from launched_runs()
 
 
 @pytest.fixture

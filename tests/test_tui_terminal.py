@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,11 +16,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from test_tui_e2e import TMUX
+from test_tui_e2e import Terminal as TmuxTerminal
 
 from tui.testing import write_fixture_run
 
 REPO = Path(__file__).resolve().parents[1]
-TMUX = shutil.which("tmux") or "/usr/bin/tmux"
 SCRIPT = Path(sys.executable).parent / "tideborn-tui"
 WAIT_SECONDS = 60.0
 """A hang fails the test instead of hanging the suite."""
@@ -63,30 +63,12 @@ def test_without_a_terminal_it_refuses_with_one_line(run_dir, stdin):
     assert err.count("\n") == 1 and "must be a terminal" in err, err
 
 
-class Terminal:
-    def __init__(self, socket: str):
-        self.socket = socket
-
-    def tmux(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([TMUX, "-L", self.socket, *args], capture_output=True, text=True, check=check,
-                              timeout=30)
-
-    def screen(self) -> str:
-        return self.tmux("capture-pane", "-p", "-t", "tui").stdout
-
+class Terminal(TmuxTerminal):
     def pane(self, variable: str) -> str:
         return self.tmux("display", "-p", "-t", "tui", f"#{{{variable}}}").stdout.strip()
 
-    def wait_for(self, pattern: str, what: str) -> re.Match:
-        deadline = time.monotonic() + WAIT_SECONDS
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            found = re.search(pattern, screen)
-            if found:
-                return found
-            time.sleep(0.2)
-        pytest.fail(f"timed out waiting for {what}; last screen:\n{screen}")
+    def wait_for(self, pattern: str, what: str, timeout: float = WAIT_SECONDS) -> re.Match:
+        return super().wait_for(pattern, what, timeout)
 
 
 @pytest.fixture

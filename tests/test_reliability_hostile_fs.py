@@ -419,6 +419,15 @@ def test_stop_refuses_a_negative_or_nan_timeout(tmp_path: Path, timeout: str) ->
     assert_user_error(result.stderr, rf"--timeout: must be 0 or more seconds, got '{timeout}'")
 
 
+@pytest.mark.parametrize("wait", ["-1", "nan"])
+def test_start_refuses_a_negative_or_nan_wait_and_launches_nothing(tmp_path: Path, wait: str) -> None:
+    run_dir = tmp_path / "run"
+    result = tool("start", *settings_args(run_dir), f"--wait={wait}")
+    assert result.returncode == 2, describe(result)
+    assert_user_error(result.stderr, rf"--wait: must be 0 or more seconds, got '{wait}'")
+    assert not run_dir.exists()
+
+
 def test_a_short_value_is_quoted_whole() -> None:
     """The cut is only for long strings: ordinary messages keep their whole value."""
     with pytest.raises(UserError, match=r"--set optim.lr=fast: 'fast' is not a TOML value"):

@@ -91,7 +91,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     start.add_argument("--stop-at-step", type=int, metavar="N", help="passed to train: stop after step N")
     start.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                        help="launch N trainer processes through torchrun (DDP, one per GPU)")
-    start.add_argument("--wait", type=float, default=LAUNCH_WAIT_SECONDS, metavar="S",
+    start.add_argument("--wait", type=wait_seconds, default=LAUNCH_WAIT_SECONDS, metavar="S",
                        help="seconds to wait for the trainer to start training and report how it went "
                             f"(default {LAUNCH_WAIT_SECONDS:g}; 0: launch and return at once)")
     status = sub.add_parser("status", help="progress and anomalies of a run (never changes the run)",

@@ -65,7 +65,8 @@ def _thresholds(parser: argparse.ArgumentParser) -> None:
 
 
 def wait_seconds(text: str) -> float:
-    """`--timeout`: 0 or more seconds (inf waits for good); a negative or NaN wait is a usage error."""
+    """`stop --timeout`, `start --wait`: 0 or more seconds (inf waits for good); a negative or NaN wait is a
+    usage error."""
     try:
         seconds = float(text)
     except ValueError:

@@ -307,7 +307,7 @@ def corrupt(path: Path, games: list, how: str) -> int:
     for game in written[:2]:
         offset += 36 + sum(6 + 4 * len(c) for c in game.candidates)
     if how == "truncated":
-        data = data[:offset + 36 + 6 * 3]
+        data = data[:offset + 36 + 6 * 2 + 3]  # within move 2's MoveInfo (moves 0 and 1 are book moves)
     elif how == "illegal":
         first_move = offset + 36 + 6 * 1 + 4 * len(written[2].candidates[0])  # move 1's MoveInfo
         data[first_move:first_move + 2] = (0x7F7F).to_bytes(2, "little")
@@ -319,7 +319,7 @@ def corrupt(path: Path, games: list, how: str) -> int:
 
 
 @pytest.mark.parametrize("how, pattern", [
-    ("truncated", r"bad\.hcpe3: game 2 \(byte {offset}\): truncated move 3 of \d+"),
+    ("truncated", r"bad\.hcpe3: game 2 \(byte {offset}\): truncated move 2 of \d+"),
     ("illegal", r"bad\.hcpe3: game 2 \(byte {offset}\): move 1 of \d+: selected move 0x7f7f, illegal"),
     ("candidates", r"bad\.hcpe3: game 3 \(byte \d+\): move \d+: candidateNum 500 reaches past the end"),
 ])

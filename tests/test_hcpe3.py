@@ -18,6 +18,7 @@ from cshogi.dlshogi import make_move_label
 
 from tests.conftest import REPO_ROOT, child_env, events_of, run_trainer, settings_args, step_events
 from tests.hcpe3_support import sample_games, write_hcpe3
+from tests.test_data_support import psv_records
 from tideborn.config.load import settings_from_dict
 from tideborn.config.schema import DataSettings, LossSettings, Settings
 from tideborn.data.average import averaged_source
@@ -213,7 +214,15 @@ def expected_average(sources: list[tuple[str, Path]], temperature: float, eval_s
         entry["value"] += 1 / (1 + np.exp(-evaluation / eval_scale))
 
     for kind, path in sources:
-        if kind == "hcpe":
+        if kind == "psv":
+            for record in np.fromfile(path, cshogi.PackedSfenValue):
+                board.set_psfen(record["sfen"])
+                move = board.move_from_psv(int(record["move"]))
+                hcp = np.empty(32, np.uint8)
+                board.to_hcp(hcp)
+                result = {1: 1.0, 0: 0.5, -1: 0.0}[int(record["game_result"])]
+                add(hcp, {make_move_label(move, board.turn): 1.0}, result, float(record["score"]))
+        elif kind == "hcpe":
             for record in np.fromfile(path, cshogi.HuffmanCodedPosAndEval):
                 board.set_hcp(record["hcp"])
                 move = board.move_from_move16(int(record["bestMove16"]) & 0xFFFF)
@@ -243,27 +252,36 @@ def expected_average(sources: list[tuple[str, Path]], temperature: float, eval_s
     return merged
 
 
-def test_averaging_merges_duplicates_across_hcpe3_and_hcpe_files(games, tmp_path):
+def test_averaging_merges_duplicates_across_hcpe3_hcpe_and_psv_files(games, tmp_path):
     # the same eight games twice as hcpe3 (other visits) and once as hcpe: every position at least 3 times,
-    # and the opening positions (the start position above all) many more
+    # and the opening positions (the start position above all) many more; and positions of three of them
+    # as psv (another packing of the same positions: they merge too)
     write_hcpe3(tmp_path / "a.hcpe3", games[:8], seed=10)
     write_hcpe3(tmp_path / "b.hcpe3", games[:8], seed=11, book_plies=0)
     convert_games([Path(g.source) for g in games[:8]], tmp_path / "c.hcpe", progress=False)
-    settings = Settings(data=DataSettings(train=("a.hcpe3", "b.hcpe3", "c.hcpe"), use_average=True,
+    board, pairs = cshogi.Board(), []
+    for game in games[:3]:
+        board.set_sfen(game.sfen)
+        for move in game.moves[:30]:
+            pairs.append((board.sfen(), move))
+            board.push(move)
+    psv_records(pairs, seed=12).tofile(tmp_path / "d.psv")
+    settings = Settings(data=DataSettings(train=("a.hcpe3", "b.hcpe3", "c.hcpe", "d.psv"), use_average=True,
                                           policy_temperature=0.5),
                         loss=LossSettings(value_lambda=0.25))
-    paths = [tmp_path / "a.hcpe3", tmp_path / "b.hcpe3", tmp_path / "c.hcpe"]
+    paths = [tmp_path / "a.hcpe3", tmp_path / "b.hcpe3", tmp_path / "c.hcpe", tmp_path / "d.psv"]
     inputs = open_source(paths)
     total = len(inputs)
     averaged = averaged_source(inputs, settings)
-    want = expected_average([("hcpe3", paths[0]), ("hcpe3", paths[1]), ("hcpe", paths[2])], 0.5, 756.0)
+    want = expected_average([("hcpe3", paths[0]), ("hcpe3", paths[1]), ("hcpe", paths[2]), ("psv", paths[3])],
+                            0.5, 756.0)
     summary = averaged.note["average"]
     assert summary["inputs"] == total and summary["positions"] == len(want) == len(averaged)
     assert summary["merged"] == total - len(want) and summary["merged"] >= 2 * len(want) - 10
     start = cshogi.Board()
     start_hcp = np.empty(32, np.uint8)
     start.to_hcp(start_hcp)
-    assert want[bytes(start_hcp)]["n"] == 8 * 3
+    assert want[bytes(start_hcp)]["n"] == 8 * 3 + 3
 
     decoded = BatchDecoder(756.0, 0.25, temperature=0.5).decode(averaged, np.arange(len(averaged)))
     part = averaged.parts[0]
@@ -369,3 +387,30 @@ def test_data_kind_auto_recognises_hcpe3_and_mixed_files():
     with pytest.raises(ValueError, match="data.policy_temperature"):
         DataSettings(policy_temperature=-1)
     assert os.path.basename(cache_path(Path("d/x.hcpe3"))) == ".x.hcpe3.positions"
+
+
+def test_a_cache_that_cannot_be_written_is_built_in_memory_with_one_warning(games, tmp_path):
+    write_hcpe3(tmp_path / "a.hcpe3", games[:3], seed=40)
+    cache_path(tmp_path / "a.hcpe3").mkdir()  # in the cache's place: a directory, which no rename replaces
+    warnings: list[str] = []
+    first = Hcpe3File(tmp_path / "a.hcpe3", warn=warnings.append).positions()
+    second = Hcpe3File(tmp_path / "a.hcpe3", warn=warnings.append).positions()
+    assert len(first) == len(second) > 0 and np.array_equal(first.hcp, second.hcp)
+    assert len(warnings) == 1 and "a.hcpe3: decoded in memory, the positions cache could not be written" in warnings[0]
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name], "no temp file is left behind"
+
+
+def test_the_launcher_checks_hcpe3_files_without_decoding_them_and_the_trainer_decodes_them(games, tmp_path):
+    from tests.test_data_support import settings_for
+    from tideborn.trainer.preflight import preflight
+
+    write_hcpe3(tmp_path / "a.hcpe3", games[:2], seed=50)
+    settings = settings_for(tmp_path, f"runtime.out_dir={str(tmp_path / 'run')!r}", train=["a.hcpe3"])
+    preflight(settings, decode=False)  # what `train_run start` runs: a quick check, no minutes of decoding
+    assert not cache_path(tmp_path / "a.hcpe3").exists()
+    (tmp_path / "empty.hcpe3").write_bytes(b"")
+    with pytest.raises(UserError, match=r"empty\.hcpe3: is empty"):
+        preflight(settings_for(tmp_path, f"runtime.out_dir={str(tmp_path / 'run')!r}", train=["empty.hcpe3"]),
+                  decode=False)
+    preflight(settings)  # the trainer's own check decodes (and would name a malformed game before the start)
+    assert cache_path(tmp_path / "a.hcpe3").is_file()

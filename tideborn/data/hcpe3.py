@@ -98,17 +98,26 @@ def cache_path(path: Path) -> Path:
 
 
 def _map(path: Path) -> tuple[mmap.mmap | bytes, int]:
-    size = readable_size(path, "hcpe3")
-    if size == 0:
-        raise UserError(f"{path}: is empty (0 bytes); an hcpe3 file holds games of a {HEADER_SIZE}-byte header "
-                        f"and the moves")
+    size = check_hcpe3_file(path)
     with open(path, "rb") as handle:
         return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), size
 
 
-def _truncated(path: Path, game: int, offset: int, what: str, need: int, size: int) -> UserError:
+def check_hcpe3_file(path: Path) -> int:
+    """The size of hcpe3 file `path`, after checking it is a readable regular file holding a first game header."""
+    size = readable_size(path, "hcpe3")
+    if size == 0:
+        raise UserError(f"{path}: is empty (0 bytes); an hcpe3 file holds games of a {HEADER_SIZE}-byte header "
+                        f"and the moves")
+    if size < HEADER_SIZE:
+        raise _truncated(Path(path), 0, 0, "game header", HEADER_SIZE, size)
+    return size
+
+
+def _truncated(path: Path, game: int, offset: int, what: str, need: int, size: int, at: int | None = None
+               ) -> UserError:
     return UserError(f"{path}: game {game} (byte {offset}): truncated {what}: needs {need} bytes at byte "
-                     f"{offset}, the file ends at {size}; the file is cut short or is not hcpe3")
+                     f"{offset if at is None else at}, the file ends at {size}; the file is cut short or is not hcpe3")
 
 
 def iter_games(path: Path) -> typing.Iterator[Hcpe3Game]:
@@ -127,7 +136,7 @@ def iter_games(path: Path) -> typing.Iterator[Hcpe3Game]:
             candidates = []
             for i in range(move_num):
                 if p + MOVE_INFO_SIZE > size:
-                    raise _truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size)
+                    raise _truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size, p)
                 infos[i] = np.frombuffer(buffer, MOVE_INFO_DTYPE, 1, p)[0]
                 p += MOVE_INFO_SIZE
                 count = int(infos[i]["candidateNum"])
@@ -192,7 +201,7 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
             p = offset + HEADER_SIZE
             for i in range(move_num):
                 if p + MOVE_INFO_SIZE > size:
-                    raise _truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size)
+                    raise _truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size, p)
                 selected, evaluation, count = unpack(buffer, p)
                 p += MOVE_INFO_SIZE
                 if p + count * MOVE_VISITS_SIZE > size:
@@ -336,6 +345,8 @@ def load_or_build(path: Path, warn: typing.Callable[[str], None] | None = None,
     found = read_arrays(cache, CACHE_FORMAT)
     if found is not None and found[0].get("source") == fingerprint:
         return found
+    if progress is None:  # in the trainer: say why the start takes a while (once per file and version)
+        print(f"hcpe3: decoding {path} ({fingerprint['size']:,} bytes) into {cache} (once)", flush=True)
     built = build_positions(path, progress)
     meta = {**built["meta"], "source": fingerprint}
     try:

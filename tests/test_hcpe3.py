@@ -414,3 +414,48 @@ def test_the_launcher_checks_hcpe3_files_without_decoding_them_and_the_trainer_d
                   decode=False)
     preflight(settings)  # the trainer's own check decodes (and would name a malformed game before the start)
     assert cache_path(tmp_path / "a.hcpe3").is_file()
+
+
+FUZZ_SCRIPT = """
+import json
+import sys
+from pathlib import Path
+import numpy as np
+from tideborn.data.hcpe3 import build_positions
+from tideborn.errors import UserError
+
+good = Path(sys.argv[1]).read_bytes()
+rng = np.random.default_rng(0)
+outcomes = {"decoded": 0, "refused": 0}
+for case in range(int(sys.argv[2])):
+    data = bytearray(good)
+    how = case % 3
+    if how == 0:  # random bytes flipped
+        for at in rng.integers(0, len(data), size=int(rng.integers(1, 8))):
+            data[at] = int(rng.integers(0, 256))
+    elif how == 1:  # cut anywhere
+        data = data[:int(rng.integers(1, len(data)))]
+    else:  # a random run of bytes overwritten
+        at = int(rng.integers(0, len(data) - 40))
+        data[at:at + 40] = rng.integers(0, 256, size=40, dtype=np.uint8).tobytes()
+    path = Path(sys.argv[3])
+    path.write_bytes(bytes(data))
+    try:
+        built = build_positions(path)
+        assert (built["arrays"]["label"] < 2187).all() and (built["arrays"]["cand_label"] < 2187).all()
+        outcomes["decoded"] += 1
+    except UserError as exc:
+        assert str(exc).startswith(str(path) + ": ") and "\\n" not in str(exc), exc
+        outcomes["refused"] += 1
+print(json.dumps(outcomes))
+"""
+
+
+def test_damaged_hcpe3_files_are_decoded_or_refused_in_one_line_never_a_crash(games, tmp_path):
+    write_hcpe3(tmp_path / "good.hcpe3", games[:3], seed=60)
+    done = subprocess.run([sys.executable, "-c", FUZZ_SCRIPT, str(tmp_path / "good.hcpe3"), "300",
+                           str(tmp_path / "case.hcpe3")], cwd=REPO_ROOT, env=child_env(), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcomes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcomes["refused"] > 100 and outcomes["decoded"] + outcomes["refused"] == 300

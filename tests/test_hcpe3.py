@@ -459,3 +459,21 @@ def test_damaged_hcpe3_files_are_decoded_or_refused_in_one_line_never_a_crash(ga
     assert done.returncode == 0, done.stderr[-3000:]
     outcomes = json.loads(done.stdout.strip().splitlines()[-1])
     assert outcomes["refused"] > 100 and outcomes["decoded"] + outcomes["refused"] == 300
+
+
+def test_decoded_sets_pickle_as_their_cache_files_for_worker_processes(games, tmp_path):
+    import pickle
+
+    write_hcpe3(tmp_path / "a.hcpe3", games[:4], seed=70)
+    write_hcpe3(tmp_path / "b.hcpe3", games[:4], seed=71)
+    positions = Hcpe3File(tmp_path / "a.hcpe3").positions()
+    data = pickle.dumps(positions)
+    assert len(data) < 2000, "the arrays are mapped again, not copied"
+    again = pickle.loads(data)
+    assert np.array_equal(again.hcp, positions.hcp) and np.array_equal(again.cand_visits, positions.cand_visits)
+    settings = Settings(data=DataSettings(train=("a.hcpe3", "b.hcpe3"), use_average=True))
+    averaged = averaged_source(open_source([tmp_path / "a.hcpe3", tmp_path / "b.hcpe3"]), settings)
+    part = pickle.loads(pickle.dumps(averaged.parts[0]))
+    decoder = BatchDecoder(756.0, 0.3)
+    one, two = decoder.decode(averaged, np.arange(20)), part.decode(decoder, np.arange(20), None)
+    assert np.array_equal(one.policy_probs, two.policy_probs) and np.array_equal(one.features1, two.features1)

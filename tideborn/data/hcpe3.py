@@ -367,11 +367,33 @@ class Hcpe3Positions:
     def __init__(self, path: Path, header: dict, arrays: dict[str, np.ndarray]):
         self.path = Path(path)
         self.header = header
+        self._set_arrays(arrays)
+        self.games = int(header["games"])
+        self.repetitions = int(header["repetitions"])
+
+    def _set_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.arrays = arrays
         for name, array in arrays.items():
             setattr(self, name, array)
-        self.games = int(header["games"])
-        self.repetitions = int(header["repetitions"])
+
+    def __getstate__(self) -> dict:
+        """Pickles (for worker processes that are not forked) without the arrays when they are mapped from
+        the cache: the other process maps the same file."""
+        mapped = all(isinstance(a, np.memmap) or a.size == 0 for a in self.arrays.values())
+        if not mapped:
+            return dict(self.__dict__)
+        return {"path": self.path, "header": self.header, "games": self.games, "repetitions": self.repetitions,
+                "mapped": True}
+
+    def __setstate__(self, state: dict) -> None:
+        mapped = state.pop("mapped", False)
+        self.__dict__.update(state)
+        if mapped:
+            found = read_arrays(cache_path(self.path), CACHE_FORMAT)
+            if found is None or found[0].get("source") != self.header.get("source"):
+                raise UserError(f"{cache_path(self.path)}: the positions cache of {self.path} changed or went away "
+                                f"while the run used it; restart the run")
+            self._set_arrays(found[1])
 
     def __len__(self) -> int:
         return int(self.header["positions"])

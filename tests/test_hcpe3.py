@@ -18,7 +18,7 @@ from cshogi.dlshogi import make_move_label
 
 from tests.conftest import REPO_ROOT, child_env, events_of, run_trainer, settings_args, step_events
 from tests.hcpe3_support import sample_games, write_hcpe3
-from tests.test_data_support import psv_records
+from tests.test_data_support import SHARED_DATA, psv_records
 from tideborn.config.load import settings_from_dict
 from tideborn.config.schema import DataSettings, LossSettings, Settings
 from tideborn.data.average import averaged_source
@@ -477,3 +477,26 @@ def test_decoded_sets_pickle_as_their_cache_files_for_worker_processes(games, tm
     decoder = BatchDecoder(756.0, 0.3)
     one, two = decoder.decode(averaged, np.arange(20)), part.decode(decoder, np.arange(20), None)
     assert np.array_equal(one.policy_probs, two.policy_probs) and np.array_equal(one.features1, two.features1)
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/data (more real games) is not beside the repository")
+def test_hcpe3_from_the_shared_real_games_reads_back_exactly(tmp_path):
+    from tideborn.data.games import GameReadError, find_game_files, read_games
+
+    found = []
+    for path in find_game_files([SHARED_DATA]):
+        try:
+            found.extend(g for g in read_games(path) if g.result is not None and g.moves)
+        except GameReadError:
+            continue  # a record cshogi cannot read is the converter's business, not this test's
+        if len(found) >= 150:
+            break
+    assert found, f"{SHARED_DATA}: no readable game with a result"
+    written = write_hcpe3(tmp_path / "shared.hcpe3", found, seed=80)
+    positions = Hcpe3File(tmp_path / "shared.hcpe3").positions()
+    expected = replayed(written)
+    assert positions.games == len(written) and len(positions) == len(expected)
+    assert np.array_equal(np.asarray(positions.hcp), np.array([hcp for hcp, _, _ in expected]).reshape(-1, 32))
+    assert np.array_equal(np.asarray(positions.move16), [m for _, m, _ in expected])
+    visits = np.concatenate([c["visitNum"] for _, _, c in expected])
+    assert np.array_equal(np.asarray(positions.cand_visits), visits)

@@ -248,11 +248,12 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
     n = len(evals)
 
     def as_numpy(values: typed_array, dtype: type) -> np.ndarray:
-        return np.frombuffer(values, dtype=values.typecode).astype(dtype) if len(values) else np.empty(0, dtype)
+        return np.frombuffer(values, dtype=values.typecode).astype(dtype, copy=False) if len(values) \
+            else np.empty(0, dtype)
 
     arrays = {
         "game_offsets": as_numpy(game_offsets, np.int64),
-        "hcp": np.frombuffer(bytes(hcps), dtype=np.uint8).reshape(n, 32).copy(),
+        "hcp": np.frombuffer(hcps, dtype=np.uint8).reshape(n, 32),
         "eval": as_numpy(evals, np.int16),
         "move16": as_numpy(moves16, np.uint16),
         "result": as_numpy(results, np.uint8),

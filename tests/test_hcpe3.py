@@ -110,6 +110,9 @@ def test_visit_counts_become_the_tempered_distribution():
     assert np.allclose(probs[0], [0.1, 0.9, 0])  # N^2: 1, 9
     _, probs, top = policy_targets(starts, counts, labels, visits, fallback, 0.0)
     assert np.allclose(probs[0], [0, 1, 0]) and top.tolist() == [7, 4]
+    _, probs, _ = policy_targets(starts, counts, labels, np.array([600.0, 599.0, 0.0]), fallback, 0.01)
+    assert np.isfinite(probs).all() and np.isclose(probs[0].sum(), 1.0)
+    assert np.allclose(probs[0, 1] / probs[0, 0], (599 / 600) ** 100)  # a low temperature without overflow
 
 
 def kl_to_visits(model: torch.nn.Module, path: Path) -> float:

@@ -444,7 +444,11 @@ def policy_targets(starts: np.ndarray, counts: np.ndarray, cand_labels: np.ndarr
     labels[present] = cand_labels[flat]
     raw[present] = weights[flat]
     if temperature is not None and temperature > 0 and temperature != 1:
-        raw = np.power(raw, 1.0 / temperature)
+        # N^(1/T) scaled by the row's largest N first: the same distribution, without the overflow of, say,
+        # 600^(1/0.01) (dlshogi's plain pow would give inf/inf there)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scaled = raw / raw.max(axis=1, keepdims=True)
+        raw = np.power(np.nan_to_num(scaled, nan=0.0), 1.0 / temperature)
     top_column = raw.argmax(axis=1) if n else np.zeros(0, np.int64)
     top = labels[np.arange(n), top_column]
     total = raw.sum(axis=1)

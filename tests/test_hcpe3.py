@@ -503,3 +503,18 @@ def test_hcpe3_from_the_shared_real_games_reads_back_exactly(tmp_path):
     assert np.array_equal(np.asarray(positions.move16), [m for _, m, _ in expected])
     visits = np.concatenate([c["visitNum"] for _, _, c in expected])
     assert np.array_equal(np.asarray(positions.cand_visits), visits)
+
+
+def test_a_damaged_cache_is_rebuilt_not_trusted(games, tmp_path):
+    write_hcpe3(tmp_path / "a.hcpe3", games[:3], seed=90)
+    positions = Hcpe3File(tmp_path / "a.hcpe3").positions()
+    cache = cache_path(tmp_path / "a.hcpe3")
+    data = bytearray(cache.read_bytes())
+    header = json.loads(data[:4096].split(b"\n", 1)[0])
+    header["arrays"]["hcp"][2] = [10**9, 32]  # a shape far past the end of the file
+    header["positions"] = 10**9
+    text = json.dumps(header).encode() + b"\n"
+    data[:4096] = text.ljust(4096, b" ")
+    cache.write_bytes(bytes(data))
+    rebuilt = Hcpe3File(tmp_path / "a.hcpe3").positions()
+    assert len(rebuilt) == len(positions) and np.array_equal(rebuilt.hcp, positions.hcp)

@@ -319,13 +319,34 @@ def read_arrays(path: Path, fmt: str) -> tuple[dict, dict[str, np.ndarray]] | No
             or header.get("bytes") != size:
         return None
     arrays = {}
-    for name, (offset, dtype, shape) in header["arrays"].items():
-        count = int(np.prod(shape)) if shape else 1
-        if count == 0:
-            arrays[name] = np.empty(shape, dtype=np.dtype(dtype))
-        else:
-            arrays[name] = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=tuple(shape))
+    try:  # a damaged or foreign header (offsets past the end, odd dtypes) is a stale cache: rebuilt
+        for name, (offset, dtype, shape) in header["arrays"].items():
+            count = int(np.prod(shape)) if shape else 1
+            if count == 0:
+                arrays[name] = np.empty(shape, dtype=np.dtype(dtype))
+            else:
+                arrays[name] = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=tuple(shape))
+    except (TypeError, ValueError, KeyError, AttributeError, OSError):
+        return None
+    if not _consistent(header, arrays):
+        return None
     return header, arrays
+
+
+def _consistent(header: dict, arrays: dict[str, np.ndarray]) -> bool:
+    """The arrays agree with each other and the header (positions, CSR offsets within the candidates)."""
+    try:
+        positions = int(header["positions"])
+        offsets = arrays["cand_offsets"]
+        if len(offsets) != positions + 1 or (positions and (offsets[0] != 0 or np.any(np.diff(offsets) < 0))):
+            return False
+        per_position = [a for name, a in arrays.items() if name in ("hcp", "eval", "move16", "result", "label",
+                                                                    "game", "ply", "winprob", "count")]
+        per_candidate = [a for name, a in arrays.items() if name.startswith("cand_") and name != "cand_offsets"]
+        return all(len(a) == positions for a in per_position) and \
+            all(len(a) == int(offsets[-1]) for a in per_candidate)
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _warn_once(key: str, text: str, warn: typing.Callable[[str], None] | None) -> None:

@@ -332,6 +332,9 @@ def corrupt(path: Path, games: list, how: str) -> int:
     elif how == "illegal":
         first_move = offset + 36 + 6 * 1 + 4 * len(written[2].candidates[0])  # move 1's MoveInfo
         data[first_move:first_move + 2] = (0x7F7F).to_bytes(2, "little")
+    elif how == "movenum":  # game 1 claims one move more than it has: game 2's header is read as a move
+        first = 36 + sum(6 + 4 * len(c) for c in written[0].candidates)
+        data[first + 32:first + 34] = (len(written[1].moves) + 1).to_bytes(2, "little")
     elif how == "candidates":  # the last MoveInfo of the last game claims more candidates than remain
         field = len(data) - 4 * len(written[3].candidates[-1]) - 2
         data[field:field + 2] = (500).to_bytes(2, "little")
@@ -343,6 +346,7 @@ def corrupt(path: Path, games: list, how: str) -> int:
     ("truncated", r"bad\.hcpe3: game 2 \(byte {offset}\): truncated move 2 of \d+"),
     ("illegal", r"bad\.hcpe3: game 2 \(byte {offset}\): move 1 of \d+: selected move 0x7f7f, illegal"),
     ("candidates", r"bad\.hcpe3: game 3 \(byte \d+\): move \d+: candidateNum 500 reaches past the end"),
+    ("movenum", r"bad\.hcpe3: game 1 \(byte \d+\): move \d+: "),
 ])
 def test_a_malformed_hcpe3_file_is_one_line_naming_file_and_game(games, tmp_path, how, pattern):
     offset = corrupt(tmp_path / "bad.hcpe3", games, how)

@@ -29,6 +29,7 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_move_label
 
+from tideborn.data.cachefile import HostileCache
 from tideborn.data.features import (
     POLICY_CLASSES,
     BadRecord,
@@ -39,7 +40,14 @@ from tideborn.data.features import (
     sane_kings,
     stored_move,
 )
-from tideborn.data.hcpe3 import RESULT_MASK, policy_targets, read_arrays, source_fingerprint, write_arrays
+from tideborn.data.hcpe3 import (
+    RESULT_MASK,
+    policy_targets,
+    read_arrays,
+    source_fingerprint,
+    trusted_owners,
+    write_arrays,
+)
 from tideborn.errors import UserError
 
 if typing.TYPE_CHECKING:
@@ -138,10 +146,15 @@ def _add_hcpe3(entries: _Entries, part, settings: Settings) -> None:
             stored = (np.asarray(positions.result[index]) & RESULT_MASK).astype(np.int64)
             result = np.where(stored == cshogi.DRAW, 0.5,
                               np.where((stored == cshogi.BLACK_WIN) == (turn == cshogi.BLACK), 1.0, 0.0))
-            starts, stops = positions.cand_offsets[index], positions.cand_offsets[index + 1]
-            counts = stops - starts
-            labels, probs, _ = policy_targets(starts, counts, positions.cand_label,
-                                              positions.cand_visits.astype(np.float64),
+            # the chunk's candidates are one contiguous range of the candidate arrays: read just that
+            bounds = np.asarray(positions.cand_offsets[index[0]:index[-1] + 2]).astype(np.int64)
+            base = int(bounds[0])
+            starts, counts = bounds[:-1] - base, np.diff(bounds)
+            cand_label = np.asarray(positions.cand_label[base:int(bounds[-1])])
+            cand_visits = np.asarray(positions.cand_visits[base:int(bounds[-1])])
+            cand_move16 = np.asarray(positions.cand_move16[base:int(bounds[-1])])
+            selected = np.asarray(positions.move16[index])
+            labels, probs, _ = policy_targets(starts, counts, cand_label, cand_visits.astype(np.float64),
                                               positions.label[index].astype(np.int64), data.policy_temperature)
             # move16 of each target column: the candidate's; the selected move's in a one-hot fallback row
             width = labels.shape[1]
@@ -150,10 +163,10 @@ def _add_hcpe3(entries: _Entries, part, settings: Settings) -> None:
             flat = (starts[:, None] + column[None, :])[present]
             move16 = np.zeros((len(index), width), dtype=np.uint16)
             visits = np.zeros((len(index), width), dtype=np.float64)
-            move16[present], visits[present] = positions.cand_move16[flat], positions.cand_visits[flat]
+            move16[present], visits[present] = cand_move16[flat], cand_visits[flat]
             fallback = visits.sum(axis=1) == 0
             move16[fallback] = 0
-            move16[fallback, 0] = positions.move16[index][fallback]
+            move16[fallback, 0] = selected[fallback]
             nonzero = probs > 0
             pos = np.broadcast_to(np.arange(len(index))[:, None], labels.shape)
             entries.add(hcp, result, _sigmoid(positions.eval[index], data.eval_scale), pos[nonzero],
@@ -220,7 +233,8 @@ def build_average(source: TeacherSource, settings: Settings) -> tuple[dict, dict
 
 
 class AveragedPart:
-    """The merged positions (memory-mapped cache arrays), decoded like hcpe with averaged targets."""
+    """The merged positions (cache arrays read by `pread` as batches need them, or arrays in memory),
+    decoded like hcpe with averaged targets. Pickles small: the arrays name their cache file."""
 
     kind = "average"
 
@@ -229,22 +243,6 @@ class AveragedPart:
         self.paths = paths
         self.header = header
         self.arrays = arrays
-
-    def __getstate__(self) -> dict:
-        """Pickles without the arrays when they are mapped from the cache (the other process maps it too)."""
-        state = dict(self.__dict__)
-        if all(isinstance(a, np.memmap) or a.size == 0 for a in self.arrays.values()):
-            state["arrays"] = None
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        if self.arrays is None:
-            found = read_arrays(self.path, CACHE_FORMAT)
-            if found is None or found[0].get("key") != self.header.get("key"):
-                raise UserError(f"{self.path}: the averaged positions changed or went away while the run used "
-                                f"them; restart the run")
-            self.arrays = found[1]
 
     def __len__(self) -> int:
         return int(self.header["positions"])
@@ -260,8 +258,16 @@ class AveragedPart:
             raise BadRecord(bad.position, f"averaged position: {bad.reason}") from None
         if batch.skipped:
             raise BadRecord(batch.skipped[0][0], f"averaged position: {batch.skipped[0][1]}; delete {self.path}")
-        starts, stops = a["cand_offsets"][local], a["cand_offsets"][local + 1]
-        labels, probs, top = policy_targets(starts, stops - starts, a["cand_label"], a["cand_prob"].astype(np.float64),
+        bounds = np.asarray(a["cand_offsets"][np.concatenate([local, local + 1])]).astype(np.int64)
+        starts, counts = bounds[:len(local)], bounds[len(local):] - bounds[:len(local)]
+        if len(local) and ((counts < 0).any() or (starts + counts).max() > len(a["cand_label"])):
+            raise UserError(f"{self.path}: the averaged positions are damaged (candidate offsets out of order); "
+                            f"delete the file and resume: it is built again")
+        # only these positions' candidates are read, not the whole arrays
+        local_starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        flat = np.repeat(starts - local_starts, counts) + np.arange(int(counts.sum()))
+        labels, probs, top = policy_targets(local_starts, counts, a["cand_label"][flat],
+                                            a["cand_prob"][flat].astype(np.float64),
                                             a["label"][local].astype(np.int64), None)
         result = np.asarray(a["result"][local], dtype=np.float32)
         lam = decoder.value_lambda
@@ -284,18 +290,28 @@ def averaged_source(source: TeacherSource, settings: Settings,
 
     key = average_key(source, settings)
     path = average_cache_path(source, key)
-    found = read_arrays(path, CACHE_FORMAT)
+    say = warn or (lambda line: print(f"warning: {line}", file=sys.stderr))
+    what, owners = "the averaged positions of data.train", trusted_owners(*source.paths)
+    hostile = None
+    try:
+        found = read_arrays(path, CACHE_FORMAT, what, owners)
+    except HostileCache as exc:
+        found, hostile = None, str(exc)
     if found is None or found[0].get("key") != key:
         meta, arrays = build_average(source, settings)
         meta["key"] = key
-        try:
-            write_arrays(path, meta, arrays, CACHE_FORMAT)
-            found = read_arrays(path, CACHE_FORMAT)
-        except UserError as exc:
-            (warn or (lambda line: print(f"warning: {line}", file=sys.stderr)))(
-                f"{path}: the averaged positions could not be cached ({exc}); averaged in memory")
-            found = None
-        if found is None:
+        found = None
+        if hostile:  # a link, FIFO, directory or someone else's file: left alone, never written through
+            say(f"{path} {hostile}: not used; averaged in memory (every run averages again until it is removed)")
+        else:
+            try:
+                write_arrays(path, meta, arrays, CACHE_FORMAT)
+                found = read_arrays(path, CACHE_FORMAT, what, owners)
+            except UserError as exc:
+                say(f"{path}: the averaged positions could not be cached ({exc}); averaged in memory")
+            except HostileCache:
+                found = None  # replaced by something else since it was written: use what was built
+        if found is None or found[0].get("key") != key:
             found = (meta, arrays)
     header, arrays = found
     summary = {"inputs": int(header["inputs"]), "positions": int(header["positions"]),

@@ -40,9 +40,10 @@ games, positions and positions/s (the replay is pure Python over cshogi; see doc
 
 from __future__ import annotations
 
+import hashlib
 import json
-import mmap
 import os
+import stat
 import struct
 import sys
 import time
@@ -55,6 +56,7 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_move_label
 
+from tideborn.data.cachefile import CacheArray, HostileCache, offsets_consistent, open_cache
 from tideborn.data.features import POLICY_CLASSES, sane_kings
 from tideborn.data.records import readable_size, records_fingerprint
 from tideborn.errors import UserError
@@ -71,8 +73,10 @@ REPETITION_PLIES = 16
 """dlshogi's `moveIsDraw(move, 16)`: how far back a repetition is looked for."""
 
 CACHE_FORMAT = "tideborn-hcpe3-positions"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 CACHE_HEADER_BYTES = 4096
+READ_CHUNK = 1 << 22
+"""Bytes of an hcpe3 file read at a time while it is replayed (`pread`, never a memory map)."""
 _ALIGN = 64
 _warned_unwritable: set[str] = set()
 
@@ -98,10 +102,43 @@ def cache_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.positions")
 
 
-def _map(path: Path) -> tuple[mmap.mmap | bytes, int]:
-    size = check_hcpe3_file(path)
-    with open(path, "rb") as handle:
-        return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), size
+class _SourceReader:
+    """An hcpe3 file read forward in chunks by `pread` (not a memory map: a file truncated under a map kills
+    the process with SIGBUS). `get(offset, n)` gives a buffer holding bytes [offset, offset + n) and where
+    they start in it; a short read (the file cut under us) is a `UserError` naming the file. The bytes
+    read, in order, feed `digest` (the whole file's content hash, for the cache's fingerprint)."""
+
+    def __init__(self, path: Path, size: int):
+        self.path, self.size = path, size
+        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):  # replaced by a FIFO since it was checked
+            os.close(self.fd)
+            raise UserError(f"{path}: is no longer a regular file")
+        self.buffer, self.base = b"", 0
+        self.digest = hashlib.blake2b(digest_size=16)
+
+    def get(self, offset: int, n: int) -> tuple[bytes, int]:
+        end = self.base + len(self.buffer)
+        if offset >= self.base and offset + n <= end:
+            return self.buffer, offset - self.base
+        keep = self.buffer[offset - self.base:] if self.base <= offset < end else b""
+        start = end if keep else offset
+        if start != end:  # a jump forward: the digest covers what was read, and says so by not matching
+            self.digest.update(b"\0jump" + start.to_bytes(8, "little"))
+        want = min(max(n - len(keep), READ_CHUNK), self.size - start)
+        data = os.pread(self.fd, want, start)
+        while len(data) < want:
+            more = os.pread(self.fd, want - len(data), start + len(data))
+            if not more:
+                raise UserError(f"{self.path}: changed while it was read: it ends at byte {start + len(data):,} now, "
+                                f"{self.size:,} bytes when reading began; was it truncated or rewritten?")
+            data += more
+        self.digest.update(data)
+        self.buffer, self.base = keep + data, offset if keep else start
+        return self.buffer, offset - self.base
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def check_hcpe3_file(path: Path) -> int:
@@ -124,13 +161,15 @@ def _truncated(path: Path, game: int, offset: int, what: str, need: int, size: i
 def iter_games(path: Path) -> typing.Iterator[Hcpe3Game]:
     """The games of `path` as stored (no replay), checking only that each lies whole within the file."""
     path = Path(path)
-    buffer, size = _map(path)
+    size = check_hcpe3_file(path)
+    reader = _SourceReader(path, size)
     try:
         offset, game = 0, 0
         while offset < size:
             if size - offset < HEADER_SIZE:
                 raise _truncated(path, game, offset, "game header", HEADER_SIZE, size)
-            header = np.frombuffer(buffer, HEADER_DTYPE, 1, offset)[0]
+            buffer, at = reader.get(offset, HEADER_SIZE)
+            header = np.frombuffer(buffer, HEADER_DTYPE, 1, at)[0].copy()
             move_num = int(header["moveNum"])
             p = offset + HEADER_SIZE
             infos = np.empty(move_num, MOVE_INFO_DTYPE)
@@ -138,22 +177,22 @@ def iter_games(path: Path) -> typing.Iterator[Hcpe3Game]:
             for i in range(move_num):
                 if p + MOVE_INFO_SIZE > size:
                     raise _truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size, p)
-                infos[i] = np.frombuffer(buffer, MOVE_INFO_DTYPE, 1, p)[0]
+                buffer, at = reader.get(p, MOVE_INFO_SIZE)
+                infos[i] = np.frombuffer(buffer, MOVE_INFO_DTYPE, 1, at)[0]
                 p += MOVE_INFO_SIZE
                 count = int(infos[i]["candidateNum"])
                 if p + count * MOVE_VISITS_SIZE > size:
                     raise UserError(f"{path}: game {game} (byte {offset}): move {i}: candidateNum {count} "
                                     f"reaches past the end of the file (byte {p + count * MOVE_VISITS_SIZE} of "
                                     f"{size}); the file is cut short or is not hcpe3")
-                candidates.append(np.frombuffer(buffer, MOVE_VISITS_DTYPE, count, p).copy())
+                buffer, at = reader.get(p, count * MOVE_VISITS_SIZE)
+                candidates.append(np.frombuffer(buffer, MOVE_VISITS_DTYPE, count, at).copy())
                 p += count * MOVE_VISITS_SIZE
             yield Hcpe3Game(offset, np.array(header["hcp"]), move_num, int(header["result"]),
                             int(header["opponent"]), infos, candidates)
             offset, game = p, game + 1
     finally:
-        # numpy views of the map may still be alive here (closing it would raise BufferError); the map
-        # is unmapped when the last of them goes.
-        del buffer
+        reader.close()
 
 
 def build_positions(path: Path, progress: typing.Callable[[int, int], None] | None = None) -> dict:
@@ -162,8 +201,15 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
     A malformed game (truncated, a result byte out of range, an undecodable start position, an empty or
     illegal selected move, a candidate that is not a legal move) is a `UserError` naming the file, the game
     and its byte offset. `progress(bytes_done, size)` is called now and then."""
+    return _build(path, progress)[0]
+
+
+def _build(path: Path, progress: typing.Callable[[int, int], None] | None = None) -> tuple[dict, str]:
+    """`build_positions`, and the content hash of the bytes it replayed (the whole file)."""
     path = Path(path)
-    buffer, size = _map(path)
+    size = check_hcpe3_file(path)
+    reader = _SourceReader(path, size)
+    get = reader.get
     unpack_info = struct.Struct("<HhH").unpack_from
     board = cshogi.Board()
     # Compact typed buffers (2 bytes a candidate field), not lists of Python ints: a large file has
@@ -181,8 +227,9 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
             where = f"{path}: game {game} (byte {offset})"
             if size - offset < HEADER_SIZE:
                 raise _truncated(path, game, offset, "game header", HEADER_SIZE, size)
-            start = np.frombuffer(buffer, np.uint8, 32, offset).copy()
-            move_num, result, _ = struct.unpack_from("<HBB", buffer, offset + 32)
+            buffer, at = get(offset, HEADER_SIZE)
+            start = np.frombuffer(buffer, np.uint8, 32, at).copy()
+            move_num, result, _ = struct.unpack_from("<HBB", buffer, at + 32)
             if result & RESULT_MASK not in (cshogi.DRAW, cshogi.BLACK_WIN, cshogi.WHITE_WIN):
                 raise UserError(f"{where}: result byte {result:#04x} out of range (bits 0-1 must be 0 draw, "
                                 f"1 black win or 2 white win); the file is not hcpe3 or is misaligned")
@@ -198,13 +245,18 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
             for i in range(move_num):
                 if p + MOVE_INFO_SIZE > size:
                     raise _truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size, p)
-                selected, evaluation, count = unpack_info(buffer, p)
+                buffer, at = get(p, MOVE_INFO_SIZE)
+                selected, evaluation, count = unpack_info(buffer, at)
                 p += MOVE_INFO_SIZE
                 if p + count * MOVE_VISITS_SIZE > size:
                     raise UserError(f"{where}: move {i}: candidateNum {count} reaches past the end of the file "
                                     f"(byte {p + count * MOVE_VISITS_SIZE} of {size}); the file is cut short or "
                                     f"is not hcpe3")
-                pairs = struct.unpack_from(f"<{2 * count}H", buffer, p) if count else ()
+                if count:
+                    buffer, at = get(p, count * MOVE_VISITS_SIZE)
+                    pairs = struct.unpack_from(f"<{2 * count}H", buffer, at)
+                else:
+                    pairs = ()
                 p += count * MOVE_VISITS_SIZE
                 move = from_move16(selected) if selected else 0
                 if not move or not is_legal(move):
@@ -240,9 +292,7 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
             if progress is not None and game % 256 == 0:
                 progress(offset, size)
     finally:
-        # numpy views of the map may still be alive here (closing it would raise BufferError); the map
-        # is unmapped when the last of them goes.
-        del buffer
+        reader.close()
     if progress is not None:
         progress(size, size)
     n = len(evals)
@@ -267,13 +317,32 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
     }
     meta = {"games": len(game_offsets), "positions": n, "repetitions": repetitions,
             "candidates": len(cand_moves)}
-    return {"meta": meta, "arrays": arrays}
+    return {"meta": meta, "arrays": arrays}, reader.digest.hexdigest()
 
 
 def source_fingerprint(path: Path) -> dict:
     """What the cache was built from: size, mtime (ns) and a digest of 64 pieces of the file."""
     facts = os.stat(path)
     return {"size": facts.st_size, "mtime_ns": facts.st_mtime_ns, "digest": records_fingerprint(path)}
+
+
+def source_identity(path: Path) -> list[int]:
+    """(device, inode, ctime ns) of `path`: the same file, untouched since (ctime cannot be set back, as
+    mtime can, and a copy or an edit in place changes it)."""
+    facts = os.stat(path)
+    return [facts.st_dev, facts.st_ino, facts.st_ctime_ns]
+
+
+def content_hash(path: Path) -> str:
+    """The hash of the whole file as `_build` computes it while replaying (read forward in chunks)."""
+    size = os.stat(path).st_size
+    reader = _SourceReader(Path(path), size)
+    try:
+        for offset in range(0, size, READ_CHUNK):
+            reader.get(offset, min(READ_CHUNK, size - offset))
+    finally:
+        reader.close()
+    return reader.digest.hexdigest()
 
 
 def write_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray], fmt: str) -> None:
@@ -305,47 +374,42 @@ def write_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray], fmt: str
         staged.publish()
 
 
-def read_arrays(path: Path, fmt: str) -> tuple[dict, dict[str, np.ndarray]] | None:
-    """(header, memory-mapped arrays) of a cache file, or None when it is missing, of another format or
-    version, or not whole."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(CACHE_HEADER_BYTES)
-            size = os.fstat(handle.fileno()).st_size
-        header = json.loads(head.split(b"\n", 1)[0])
-    except (OSError, ValueError):
-        return None
-    if not isinstance(header, dict) or header.get("format") != fmt or header.get("version") != CACHE_VERSION \
-            or header.get("bytes") != size:
-        return None
-    arrays = {}
-    try:  # a damaged or foreign header (offsets past the end, odd dtypes) is a stale cache: rebuilt
-        for name, (offset, dtype, shape) in header["arrays"].items():
-            count = int(np.prod(shape)) if shape else 1
-            if count == 0:
-                arrays[name] = np.empty(shape, dtype=np.dtype(dtype))
-            else:
-                arrays[name] = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=tuple(shape))
-    except (TypeError, ValueError, KeyError, AttributeError, OSError):
-        return None
-    if not _consistent(header, arrays):
-        return None
-    return header, arrays
+def trusted_owners(*sources: Path) -> set[int]:
+    """Whose cache files are used: the user's, and those of the owners of the files they were built from."""
+    owners = {os.geteuid()}
+    for source in sources:
+        try:
+            owners.add(os.stat(source).st_uid)
+        except OSError:
+            continue  # a source that went away is named by its own reader
+    return owners
 
 
-def _consistent(header: dict, arrays: dict[str, np.ndarray]) -> bool:
+def read_arrays(path: Path, fmt: str, source: str = "the cache", trusted: typing.Collection[int] | None = None
+                ) -> tuple[dict, dict[str, CacheArray]] | None:
+    """(header, arrays read by `pread`) of a cache file, or None when it is missing, of another format or
+    version, or not whole and consistent. `HostileCache` when the entry must not be used at all (a link,
+    not a regular file, someone else's, writable by others: see `cachefile`). `source` names what the
+    cache was built from in messages."""
+    found = open_cache(Path(path), fmt, CACHE_VERSION, source, {os.geteuid()} if trusted is None else trusted)
+    if found is None or not _consistent(*found):
+        return None
+    return found
+
+
+def _consistent(header: dict, arrays: dict[str, CacheArray]) -> bool:
     """The arrays agree with each other and the header (positions, CSR offsets within the candidates)."""
     try:
         positions = int(header["positions"])
         offsets = arrays["cand_offsets"]
-        if len(offsets) != positions + 1 or (positions and (offsets[0] != 0 or np.any(np.diff(offsets) < 0))):
-            return False
         per_position = [a for name, a in arrays.items() if name in ("hcp", "eval", "move16", "result", "label",
                                                                     "game", "ply", "winprob", "count")]
         per_candidate = [a for name, a in arrays.items() if name.startswith("cand_") and name != "cand_offsets"]
-        return all(len(a) == positions for a in per_position) and \
-            all(len(a) == int(offsets[-1]) for a in per_candidate)
-    except (KeyError, TypeError, ValueError):
+        if not all(len(a) == positions for a in per_position) or len({len(a) for a in per_candidate}) > 1:
+            return False
+        total = len(per_candidate[0]) if per_candidate else 0
+        return offsets.ndim == 1 and offsets_consistent(offsets, positions, total)
+    except (KeyError, TypeError, ValueError, IndexError):
         return False
 
 
@@ -356,65 +420,76 @@ def _warn_once(key: str, text: str, warn: typing.Callable[[str], None] | None) -
     (warn or (lambda line: print(f"warning: {line}", file=sys.stderr)))(text)
 
 
+def _matches(header: dict, path: Path, fingerprint: dict, identity: list[int]) -> bool:
+    """Whether a cache's header describes file `path` as it is now. Size, mtime and the sampled digest
+    must agree; then either the file is the very one it was built from (same inode, ctime untouched) or,
+    for a copy or a move (another inode), the hash of its whole content agrees: a cache copied from another
+    file of the same size and mtime is not trusted on the 64 sampled pieces alone."""
+    if header.get("source") != fingerprint:
+        return False
+    if header.get("identity") == identity:
+        return True
+    return header.get("content") == content_hash(path)
+
+
 def load_or_build(path: Path, warn: typing.Callable[[str], None] | None = None,
-                  progress: typing.Callable[[int, int], None] | None = None) -> tuple[dict, dict[str, np.ndarray]]:
-    """The positions cache of `path`: read if it matches the file, else built (and written when possible)."""
+                  progress: typing.Callable[[int, int], None] | None = None
+                  ) -> tuple[dict, dict[str, np.ndarray | CacheArray]]:
+    """The positions cache of `path`: read if it matches the file, else built (and written when possible).
+
+    A cache entry that must not be used (a link, a FIFO, a directory, someone else's file, one writable by
+    others) is left alone: the positions are decoded in memory and one warning names the entry."""
     path = Path(path)
     readable_size(path, "hcpe3")
     fingerprint = source_fingerprint(path)
+    identity = source_identity(path)
     cache = cache_path(path)
-    found = read_arrays(cache, CACHE_FORMAT)
-    if found is not None and found[0].get("source") == fingerprint:
+    source = f"the positions cache of {path}"
+    hostile = None
+    try:
+        found = read_arrays(cache, CACHE_FORMAT, source, trusted_owners(path))
+    except HostileCache as exc:
+        found, hostile = None, str(exc)
+    if found is not None and _matches(found[0], path, fingerprint, identity):
         return found
     if progress is None:  # in the trainer: say why the start takes a while (once per file and version)
-        print(f"hcpe3: decoding {path} ({fingerprint['size']:,} bytes) into {cache} (once)", flush=True)
-    built = build_positions(path, progress)
-    meta = {**built["meta"], "source": fingerprint}
+        target = "memory" if hostile else str(cache)
+        print(f"hcpe3: decoding {path} ({fingerprint['size']:,} bytes) into {target} (once)", flush=True)
+    built, content = _build(path, progress)
+    meta = {**built["meta"], "source": fingerprint, "identity": identity, "content": content}
+    in_memory = {"format": CACHE_FORMAT, "version": CACHE_VERSION, **meta}, built["arrays"]
+    if hostile:
+        _warn_once(str(cache), f"{path}: decoded in memory, the positions cache could not be written ({cache} "
+                   f"{hostile}; it is not used or replaced); every run decodes it again until it is removed", warn)
+        return in_memory
     try:
         write_arrays(cache, meta, built["arrays"], CACHE_FORMAT)
     except UserError as exc:
         _warn_once(str(cache), f"{path}: decoded in memory, the positions cache could not be written ({exc}); "
                    f"every run decodes it again", warn)
-        return {"format": CACHE_FORMAT, "version": CACHE_VERSION, **meta}, built["arrays"]
-    found = read_arrays(cache, CACHE_FORMAT)
-    if found is None:  # written but unreadable (replaced meanwhile?): use what was built
-        return {"format": CACHE_FORMAT, "version": CACHE_VERSION, **meta}, built["arrays"]
+        return in_memory
+    try:
+        found = read_arrays(cache, CACHE_FORMAT, source, trusted_owners(path))
+    except HostileCache:
+        found = None
+    if found is None or found[0].get("content") != content:  # replaced meanwhile: use what was built
+        return in_memory
     return found
 
 
 class Hcpe3Positions:
-    """The decoded positions of one hcpe3 file (memory-mapped cache arrays); see the module docstring."""
+    """The decoded positions of one hcpe3 file (cache arrays read by `pread` as batches need them, or
+    arrays in memory); see the module docstring. Pickles small (the arrays name their cache file, which
+    another process opens again and must find unchanged)."""
 
-    def __init__(self, path: Path, header: dict, arrays: dict[str, np.ndarray]):
+    def __init__(self, path: Path, header: dict, arrays: dict[str, np.ndarray | CacheArray]):
         self.path = Path(path)
         self.header = header
-        self._set_arrays(arrays)
-        self.games = int(header["games"])
-        self.repetitions = int(header["repetitions"])
-
-    def _set_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.arrays = arrays
         for name, array in arrays.items():
             setattr(self, name, array)
-
-    def __getstate__(self) -> dict:
-        """Pickles (for worker processes that are not forked) without the arrays when they are mapped from
-        the cache: the other process maps the same file."""
-        mapped = all(isinstance(a, np.memmap) or a.size == 0 for a in self.arrays.values())
-        if not mapped:
-            return dict(self.__dict__)
-        return {"path": self.path, "header": self.header, "games": self.games, "repetitions": self.repetitions,
-                "mapped": True}
-
-    def __setstate__(self, state: dict) -> None:
-        mapped = state.pop("mapped", False)
-        self.__dict__.update(state)
-        if mapped:
-            found = read_arrays(cache_path(self.path), CACHE_FORMAT)
-            if found is None or found[0].get("source") != self.header.get("source"):
-                raise UserError(f"{cache_path(self.path)}: the positions cache of {self.path} changed or went away "
-                                f"while the run used it; restart the run")
-            self._set_arrays(found[1])
+        self.games = int(header["games"])
+        self.repetitions = int(header["repetitions"])
 
     def __len__(self) -> int:
         return int(self.header["positions"])
@@ -435,11 +510,26 @@ class Hcpe3Positions:
         out["move16"], out["visitNum"] = self.cand_move16[start:stop], self.cand_visits[start:stop]
         return out
 
+    def candidate_rows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, counts) of the candidates of positions `indices`, checked against the candidate arrays
+        (a cache damaged in place is a `UserError` naming it, never an index past its end)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        bounds = np.asarray(self.cand_offsets[np.concatenate([indices, indices + 1])]).astype(np.int64)
+        starts, stops = bounds[:len(indices)], bounds[len(indices):]
+        if len(indices) and ((stops < starts).any() or stops.max() > len(self.cand_label)):
+            raise UserError(f"{cache_path(self.path)}: the positions cache of {self.path} is damaged (candidate "
+                            f"offsets out of order); delete it and resume: it is built again")
+        return starts, stops - starts
+
     def targets(self, indices: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(labels [n, K] int64, probabilities [n, K] float32, most visited label [n] int64) of `indices`."""
         indices = np.asarray(indices, dtype=np.int64)
-        starts, stops = self.cand_offsets[indices], self.cand_offsets[indices + 1]
-        return policy_targets(starts, stops - starts, self.cand_label, self.cand_visits.astype(np.float64),
+        starts, counts = self.candidate_rows(indices)
+        # only the candidates of these positions are read (a few hundred rows, not the whole array)
+        flat = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64), counts) \
+            + np.arange(int(counts.sum()))
+        local_starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        return policy_targets(local_starts, counts, self.cand_label[flat], self.cand_visits[flat].astype(np.float64),
                               self.label[indices].astype(np.int64), temperature)
 
     def describe(self, index: int) -> str:

@@ -4,8 +4,15 @@ hcpe3 file through `train_run start`, and files truncated under a running `data 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
 import shutil
+import signal
+import stat
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +26,15 @@ from conftest import (
     wait_until,
 )
 from hcpe3_support import sample_games, write_hcpe3
+from test_reliability_hostile_fs import tmpfs
 from test_reliability_support import launched_runs, tool
 
+from tideborn.config.schema import DataSettings, Settings
 from tideborn.data import hcpe3 as hcpe3_module
-from tideborn.data.hcpe3 import Hcpe3File, cache_path
+from tideborn.data.average import averaged_source
+from tideborn.data.cachefile import CacheArray
+from tideborn.data.hcpe3 import Hcpe3File, build_positions, cache_path
+from tideborn.data.sources import open_source
 
 TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"
 ENDLESS = ("optim.batch_size=32", "runtime.max_steps=100000", "runtime.log_every=1", "runtime.eval_every=100000",
@@ -118,3 +130,206 @@ def test_start_with_a_malformed_hcpe3_file_says_file_and_game_in_one_line(games,
     assert not (run_dir / "train.pid").exists() and not (run_dir / "launch.json").exists()
     assert not cache_path(tmp_path / "bad.hcpe3").exists()
     assert "bad.hcpe3: game 2" in (run_dir / "train.log").read_text()
+
+
+# -- 3. hostile cache entries ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_hang():
+    """Fails a test that blocks (opening a FIFO waits for a writer for ever) instead of hanging the suite."""
+    def expired(signum, frame):
+        raise TimeoutError("blocked for 60 s (opened a FIFO?)")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def entry_facts(path: Path) -> tuple:
+    """What a cache entry is, without following it: type, owner, group, mode, link target."""
+    facts = os.lstat(path)
+    return (stat.S_IFMT(facts.st_mode), facts.st_uid, facts.st_gid, stat.S_IMODE(facts.st_mode),
+            os.readlink(path) if stat.S_ISLNK(facts.st_mode) else None)
+
+
+def plant(kind: str, data: Path) -> str:
+    """Put a hostile entry where data/a.hcpe3's positions cache goes; returns what the warning must say."""
+    cache = cache_path(data / "a.hcpe3")
+    if kind == "link-to-passwd":
+        cache.symlink_to("/etc/passwd")
+        return r"is a symbolic link \(to /etc/passwd\)"
+    if kind == "link-to-fifo":
+        os.mkfifo(data / "pipe")
+        cache.symlink_to(data / "pipe")
+        return "is a symbolic link"
+    if kind == "link-to-valid-cache":
+        # a/s own valid cache, moved elsewhere and linked: swappable by whoever controls the target
+        Hcpe3File(data / "a.hcpe3").positions()
+        (data / "elsewhere").mkdir()
+        os.replace(cache, data / "elsewhere" / "cache")
+        cache.symlink_to(data / "elsewhere" / "cache")
+        return "is a symbolic link"
+    if kind == "directory":
+        cache.mkdir()
+        return "is a directory, not a regular file"
+    if kind == "fifo":
+        os.mkfifo(cache)
+        return "is a FIFO"
+    if kind in ("other-user", "world-writable", "group-writable"):
+        Hcpe3File(data / "a.hcpe3").positions()  # a valid cache of the right file...
+        if kind == "other-user":
+            os.chown(cache, 4242, 4242)  # ...that someone else could have crafted
+            return "belongs to uid 4242, neither you nor the owner of the data"
+        if kind == "world-writable":
+            os.chmod(cache, 0o666)
+            return r"is writable by others \(mode 666\)"
+        os.chown(cache, -1, 4242)  # a group that is not the owner's own
+        os.chmod(cache, 0o664)
+        return r"is writable by others \(mode 664\)"
+    raise AssertionError(kind)
+
+
+HOSTILE = ["link-to-passwd", "link-to-fifo", "link-to-valid-cache", "directory", "fifo", "other-user",
+           "world-writable", "group-writable"]
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_a_hostile_cache_entry_is_left_alone_and_decoded_in_memory_with_one_warning(games, tmp_path, no_hang, kind,
+                                                                                     read_only):
+    """Never followed, never waited on, never trusted or replaced: the positions are decoded in memory, one
+    warning names the entry and why, and the entry is as it was (on a read-only data mount too)."""
+    if kind in ("other-user", "group-writable") and os.geteuid() != 0:
+        pytest.skip("giving a file to another user or group needs root")
+    with contextlib.ExitStack() as stack:
+        data = stack.enter_context(tmpfs(tmp_path / "data", "size=4m")) if read_only else tmp_path / "data"
+        data.mkdir(exist_ok=True)
+        write_hcpe3(data / "a.hcpe3", games[:3], seed=100)
+        want = build_positions(data / "a.hcpe3")["arrays"]
+        said = plant(kind, data)
+        before = entry_facts(cache_path(data / "a.hcpe3"))
+        passwd = Path("/etc/passwd").read_bytes()
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(data)], check=True)
+        warnings: list[str] = []
+        for _ in range(2):
+            got = Hcpe3File(data / "a.hcpe3", warn=warnings.append).positions()
+            assert np.array_equal(np.asarray(got.hcp), want["hcp"])
+            assert np.array_equal(np.asarray(got.cand_visits), want["cand_visits"])
+            assert not isinstance(got.hcp, CacheArray), "decoded in memory, not read from the entry"
+        assert len(warnings) == 1, warnings
+        assert re.search(rf"a\.hcpe3: decoded in memory, .*\.a\.hcpe3\.positions {said}", warnings[0]), warnings[0]
+        assert entry_facts(cache_path(data / "a.hcpe3")) == before, "the entry is left as it was"
+        assert Path("/etc/passwd").read_bytes() == passwd
+        assert not [p for p in data.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_hostile_averaged_cache_is_left_alone_and_averaged_in_memory(games, tmp_path, no_hang):
+    write_hcpe3(tmp_path / "a.hcpe3", games[:3], seed=101)
+    write_hcpe3(tmp_path / "b.hcpe3", games[:3], seed=102)
+    paths = [tmp_path / "a.hcpe3", tmp_path / "b.hcpe3"]
+    settings = Settings(data=DataSettings(train=tuple(str(p) for p in paths), use_average=True))
+    reference = averaged_source(open_source(paths), settings)
+    cache = Path(reference.note["average"]["cache"])
+    want = np.asarray(reference.parts[0].arrays["cand_prob"])
+    cache.unlink()
+    os.mkfifo(cache)
+    warnings: list[str] = []
+    again = averaged_source(open_source(paths), settings, warn=warnings.append)
+    assert np.array_equal(np.asarray(again.parts[0].arrays["cand_prob"]), want)
+    assert len(warnings) == 1 and re.search(r"\.a\.hcpe3\.average-\w+\.positions is a FIFO", warnings[0]), warnings
+    assert stat.S_ISFIFO(os.lstat(cache).st_mode)
+
+
+def test_a_cache_copied_from_another_file_of_the_same_size_and_mtime_is_not_trusted(games, tmp_path):
+    """b.hcpe3 is a.hcpe3 with one visit count changed where the 64 sampled pieces do not look, and a's
+    mtime; a's cache copied as b's. Size, mtime and the sampled digest all agree: the file's identity (another
+    inode) sends it to the whole-content hash, which does not."""
+    written = write_hcpe3(tmp_path / "a.hcpe3", games[:6], seed=103)
+    size = (tmp_path / "a.hcpe3").stat().st_size
+    sampled = [(size - 64) * i // 63 for i in range(64)]
+    # byte offsets of every visitNum, and one no sample covers
+    fields, offset = [], 0
+    for game in written:
+        offset += 36
+        for candidates in game.candidates:
+            offset += 6
+            fields.extend(offset + 4 * k + 2 for k in range(len(candidates)))
+            offset += 4 * len(candidates)
+    field = next(f for f in fields[len(fields) // 2:] if all(not s - 2 <= f < s + 64 for s in sampled))
+    data = bytearray((tmp_path / "a.hcpe3").read_bytes())
+    visits = int.from_bytes(data[field:field + 2], "little")
+    data[field:field + 2] = (visits + 1).to_bytes(2, "little")
+    (tmp_path / "b.hcpe3").write_bytes(bytes(data))
+    facts = (tmp_path / "a.hcpe3").stat()
+    os.utime(tmp_path / "b.hcpe3", ns=(facts.st_atime_ns, facts.st_mtime_ns))
+    a = Hcpe3File(tmp_path / "a.hcpe3").positions()
+    shutil.copyfile(cache_path(tmp_path / "a.hcpe3"), cache_path(tmp_path / "b.hcpe3"))
+    b = Hcpe3File(tmp_path / "b.hcpe3").positions()
+    want = build_positions(tmp_path / "b.hcpe3")["arrays"]["cand_visits"]
+    assert not np.array_equal(want, np.asarray(a.cand_visits))
+    assert np.array_equal(np.asarray(b.cand_visits), want), "b's own visit counts, not a's cache"
+    # the rebuilt cache is b's, and it is read (not rebuilt) next time
+    built = cache_path(tmp_path / "b.hcpe3").stat().st_mtime_ns
+    assert np.array_equal(np.asarray(Hcpe3File(tmp_path / "b.hcpe3").positions().cand_visits), want)
+    assert cache_path(tmp_path / "b.hcpe3").stat().st_mtime_ns == built
+    # moved to another directory with its cache (another inode, the same content): read, not rebuilt
+    (tmp_path / "moved").mkdir()
+    shutil.copy2(tmp_path / "b.hcpe3", tmp_path / "moved" / "b.hcpe3")
+    shutil.copy2(cache_path(tmp_path / "b.hcpe3"), cache_path(tmp_path / "moved" / "b.hcpe3"))
+    moved = Hcpe3File(tmp_path / "moved" / "b.hcpe3").positions()
+    assert isinstance(moved.cand_visits, CacheArray) and np.array_equal(np.asarray(moved.cand_visits), want)
+
+
+def craft(header: dict, how: str) -> None:
+    arrays = header["arrays"]
+    if how == "huge-shape":
+        arrays["hcp"][2] = [2**40, 32]
+        header["positions"] = 2**40
+    elif how == "shape-overflowing-int64":
+        arrays["cand_visits"][2] = [2**62, 2**40]
+    elif how == "object-dtype":
+        arrays["eval"][1] = "|O"
+    elif how == "offset-in-header":
+        arrays["hcp"][0] = 0
+    elif how == "negative-offset":
+        arrays["hcp"][0] = -4096
+    elif how == "three-dimensions":
+        arrays["hcp"][2] = [arrays["hcp"][2][0], 4, 8, 1]
+    elif how == "not-a-list":
+        arrays["label"] = {"offset": 4096}
+
+
+@pytest.mark.parametrize("how", ["huge-shape", "shape-overflowing-int64", "object-dtype", "offset-in-header",
+                                 "negative-offset", "three-dimensions", "not-a-list"])
+def test_a_cache_with_a_crafted_header_is_rebuilt(games, tmp_path, how):
+    write_hcpe3(tmp_path / "a.hcpe3", games[:3], seed=104)
+    want = build_positions(tmp_path / "a.hcpe3")["arrays"]
+    Hcpe3File(tmp_path / "a.hcpe3").positions()
+    cache = cache_path(tmp_path / "a.hcpe3")
+    data = bytearray(cache.read_bytes())
+    header = json.loads(data[:4096].split(b"\n", 1)[0])
+    craft(header, how)
+    data[:4096] = (json.dumps(header).encode() + b"\n").ljust(4096, b" ")
+    cache.write_bytes(bytes(data))
+    got = Hcpe3File(tmp_path / "a.hcpe3").positions()
+    assert np.array_equal(np.asarray(got.hcp), want["hcp"]) and np.array_equal(np.asarray(got.eval), want["eval"])
+    assert json.loads(cache.read_bytes()[:4096].split(b"\n", 1)[0])["arrays"]["hcp"][2] == [len(want["hcp"]), 32]
+
+
+def test_candidate_offsets_damaged_in_place_under_a_run_are_named_not_an_index_error(games, tmp_path):
+    """The cache is checked when opened; bytes changed in place afterwards (same size) are caught where
+    they would index past the candidates: one line naming the cache."""
+    from tideborn.errors import UserError
+
+    write_hcpe3(tmp_path / "a.hcpe3", games[:3], seed=105)
+    positions = Hcpe3File(tmp_path / "a.hcpe3").positions()
+    cache = cache_path(tmp_path / "a.hcpe3")
+    offset = json.loads(cache.read_bytes()[:4096].split(b"\n", 1)[0])["arrays"]["cand_offsets"][0]
+    with open(cache, "r+b") as handle:
+        handle.seek(offset + 8 * 10)
+        handle.write((10**12).to_bytes(8, "little"))
+    with pytest.raises(UserError, match=r"\.a\.hcpe3\.positions: the positions cache of .*a\.hcpe3 is damaged"):
+        positions.targets(np.arange(5, 15), 1.0)

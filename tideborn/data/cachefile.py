@@ -29,7 +29,7 @@ import numpy as np
 from tideborn.errors import UserError
 
 HEADER_BYTES = 4096
-COALESCE_BYTES = 1024
+COALESCE_BYTES = 4096
 """Rows closer than this are fetched by one `pread` with what lies between them (as `records.COALESCE_BYTES`)."""
 SCAN_ROWS = 1 << 20
 """Rows read at a time when a whole array is read or checked (bounded memory for any size of cache)."""
@@ -169,8 +169,13 @@ class CacheArray:
         first = wanted[starts]
         last = wanted[np.concatenate([breaks - 1, [len(wanted) - 1]])]
         fd = self.cache.check_size()
-        data = b"".join([self.cache.read(self.offset + a * self.row_bytes, (b - a + 1) * self.row_bytes, fd)
-                         for a, b in zip(first.tolist(), last.tolist())])
+        lengths = (last - first + 1) * self.row_bytes
+        pread = os.pread
+        data = b"".join([pread(fd, length, offset) for length, offset in
+                         zip(lengths.tolist(), (self.offset + first * self.row_bytes).tolist())])
+        if len(data) != int(lengths.sum()):  # cut short under us since the size was checked
+            data = b"".join([self.cache.read(offset, length, fd) for length, offset in
+                             zip(lengths.tolist(), (self.offset + first * self.row_bytes).tolist())])
         span_base = np.concatenate([[0], np.cumsum(last - first + 1)[:-1]])
         span_of = np.repeat(np.arange(len(starts)), np.diff(np.concatenate([starts, [len(wanted)]])))
         rows = span_base[span_of] + wanted - first[span_of]

@@ -42,6 +42,7 @@ from tideborn.data.features import (
 )
 from tideborn.data.hcpe3 import (
     RESULT_MASK,
+    _rows,
     policy_targets,
     read_arrays,
     source_fingerprint,
@@ -258,16 +259,15 @@ class AveragedPart:
             raise BadRecord(bad.position, f"averaged position: {bad.reason}") from None
         if batch.skipped:
             raise BadRecord(batch.skipped[0][0], f"averaged position: {batch.skipped[0][1]}; delete {self.path}")
-        bounds = np.asarray(a["cand_offsets"][np.concatenate([local, local + 1])]).astype(np.int64)
-        starts, counts = bounds[:len(local)], bounds[len(local):] - bounds[:len(local)]
-        if len(local) and ((counts < 0).any() or (starts + counts).max() > len(a["cand_label"])):
+        bounds = _rows(a["cand_offsets"], local, 2).reshape(len(local), 2).astype(np.int64)
+        starts, counts = bounds[:, 0], bounds[:, 1] - bounds[:, 0]
+        if len(local) and ((counts < 0).any() or starts.min() < 0 or (starts + counts).max() > len(a["cand_label"])):
             raise UserError(f"{self.path}: the averaged positions are damaged (candidate offsets out of order); "
                             f"delete the file and resume: it is built again")
         # only these positions' candidates are read, not the whole arrays
-        local_starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        flat = np.repeat(starts - local_starts, counts) + np.arange(int(counts.sum()))
-        labels, probs, top = policy_targets(local_starts, counts, a["cand_label"][flat],
-                                            a["cand_prob"][flat].astype(np.float64),
+        local_starts = (np.cumsum(counts) - counts).astype(np.int64)
+        labels, probs, top = policy_targets(local_starts, counts, _rows(a["cand_label"], starts, counts),
+                                            _rows(a["cand_prob"], starts, counts).astype(np.float64),
                                             a["label"][local].astype(np.int64), None)
         result = np.asarray(a["result"][local], dtype=np.float32)
         lam = decoder.value_lambda

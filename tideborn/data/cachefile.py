@@ -158,29 +158,47 @@ class CacheArray:
         """Rows `indices` (any shape of int array), in that order; a copy."""
         indices = np.asarray(indices, dtype=np.int64)
         flat = indices.reshape(-1)
-        if len(flat) == 0:
-            return np.empty((*indices.shape, *self.row_shape), self.dtype)
+        rows = self.gather(flat, np.ones(len(flat), dtype=np.int64))
+        return rows.reshape(*indices.shape, *self.row_shape)
+
+    def gather(self, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Rows [starts[i], starts[i] + counts[i]) for each i, concatenated in that order (a copy): the
+        rows of a batch, pairs of CSR offsets, the candidates of a batch's positions. Ranges closer than
+        COALESCE_BYTES in the file come in one `pread`, so a batch costs about one read per distinct place."""
+        starts = np.asarray(starts, dtype=np.int64).reshape(-1)
+        counts = np.asarray(counts, dtype=np.int64).reshape(-1)
+        total = int(counts.sum()) if len(counts) else 0
+        if total == 0:
+            return np.empty((0, *self.row_shape), self.dtype)
+        ends = starts + counts
         n = self.shape[0]
-        if flat.min() < 0 or flat.max() >= n:
-            raise IndexError(f"index out of range for {self.name} of {n}")
-        wanted, inverse = np.unique(flat, return_inverse=True)
-        breaks = np.flatnonzero(np.diff(wanted) > max(1, COALESCE_BYTES // max(1, self.row_bytes))) + 1
-        starts = np.concatenate([[0], breaks])
-        first = wanted[starts]
-        last = wanted[np.concatenate([breaks - 1, [len(wanted) - 1]])]
+        if starts.min() < 0 or ends.max() > n or counts.min() < 0:
+            raise IndexError(f"rows out of range for {self.name} of {n}")
+        order = np.argsort(starts, kind="stable")
+        first, last = starts[order], ends[order]
+        reach = np.maximum.accumulate(last)
+        gap = max(1, COALESCE_BYTES // max(1, self.row_bytes))
+        opens = np.concatenate([[True], first[1:] > reach[:-1] + gap])
+        span_of_sorted = np.cumsum(opens) - 1
+        span_first = first[opens]
+        span_last = np.maximum.reduceat(last, np.flatnonzero(opens))
+        lengths = (span_last - span_first) * self.row_bytes
+        offsets = self.offset + span_first * self.row_bytes
         fd = self.cache.check_size()
-        lengths = (last - first + 1) * self.row_bytes
         pread = os.pread
-        data = b"".join([pread(fd, length, offset) for length, offset in
-                         zip(lengths.tolist(), (self.offset + first * self.row_bytes).tolist())])
+        data = b"".join([pread(fd, length, offset) for length, offset in zip(lengths.tolist(), offsets.tolist())])
         if len(data) != int(lengths.sum()):  # cut short under us since the size was checked
             data = b"".join([self.cache.read(offset, length, fd) for length, offset in
-                             zip(lengths.tolist(), (self.offset + first * self.row_bytes).tolist())])
-        span_base = np.concatenate([[0], np.cumsum(last - first + 1)[:-1]])
-        span_of = np.repeat(np.arange(len(starts)), np.diff(np.concatenate([starts, [len(wanted)]])))
-        rows = span_base[span_of] + wanted - first[span_of]
+                             zip(lengths.tolist(), offsets.tolist())])
         table = np.frombuffer(data, self.dtype).reshape(-1, *self.row_shape)
-        return table[rows][inverse.reshape(-1)].reshape(*indices.shape, *self.row_shape)
+        span_base = np.concatenate([[0], np.cumsum(span_last - span_first)[:-1]])
+        where = np.empty(len(starts), dtype=np.int64)  # each range's first row in `table`
+        where[order] = span_base[span_of_sorted] + first - span_first[span_of_sorted]
+        if total == len(starts):  # one row each (a batch's rows)
+            return table[where]
+        item_base = np.cumsum(counts) - counts
+        flat = np.repeat(where - item_base, counts) + np.arange(total)
+        return table[flat]
 
     def __array__(self, dtype: typing.Any = None, copy: typing.Any = None) -> np.ndarray:
         out = np.empty(self.shape, self.dtype)

@@ -33,7 +33,7 @@ from tideborn.data.game_index import (
     split_mismatch,
 )
 from tideborn.data.progress import Progress
-from tideborn.data.records import RECORD_DTYPES, readable_size, size_problem
+from tideborn.data.records import RECORD_DTYPES, ChangedWhileRead, readable_size, size_problem, stream_records
 from tideborn.errors import UserError
 
 CHUNK = 65536
@@ -91,8 +91,7 @@ def summarise(path: Path, kind: str, progress: Progress | None = None, done_befo
     if problem:
         summary.problem = problem
         return summary, np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-    records = np.memmap(path, dtype=RECORD_DTYPES[kind], mode="r")
-    summary.records = n = len(records)
+    summary.records = n = size // RECORD_DTYPES[kind].itemsize
     result_field = "gameResult" if kind == "hcpe" else "game_result"
     names = ({cshogi.BLACK_WIN: "black_win", cshogi.WHITE_WIN: "white_win", cshogi.DRAW: "draw"} if kind == "hcpe"
              else {1: "win", 0: "draw", -1: "loss"})
@@ -102,8 +101,7 @@ def summarise(path: Path, kind: str, progress: Progress | None = None, done_befo
     position_hashes, record_hashes = [], []
     ply_min, ply_max = None, None
     summary.eval_min, summary.eval_max = 32767, -32768
-    for start in range(0, n, CHUNK):
-        chunk = np.asarray(records[start:start + CHUNK])
+    for start, chunk in stream_records(path, kind, n, CHUNK):  # read, not mapped: see stream_records
         values, counts = np.unique(chunk[result_field].astype(np.int64), return_counts=True)
         for value, count in zip(values.tolist(), counts.tolist()):
             name = names.get(value, f"out of range ({value})")
@@ -266,9 +264,7 @@ def verify_files(paths: list[Path], kind: str, progress: bool = True) -> tuple[i
             if size < itemsize:
                 continue
         problems.extend(BadRecordReport(str(path), None, text) for text in pair_problems(path))
-        records = np.memmap(path, dtype=RECORD_DTYPES[kind], mode="r", shape=(size // itemsize,))
-        for start in range(0, len(records), CHUNK):
-            chunk = np.asarray(records[start:start + CHUNK])
+        for start, chunk in stream_records(path, kind, size // itemsize, CHUNK):  # read, not mapped
             for i, reason in record_problems(chunk, kind, decoder):
                 problems.append(BadRecordReport(str(path), start + i, reason))
             checked += len(chunk)
@@ -333,9 +329,16 @@ def _hcpe3_headers(path: Path, offsets: np.ndarray) -> np.ndarray:
     from tideborn.data.hcpe3 import HEADER_DTYPE, HEADER_SIZE
 
     out = np.zeros(len(offsets), HEADER_DTYPE)
-    with open(path, "rb") as handle:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
         for i, offset in enumerate(offsets.tolist()):
-            out[i] = np.frombuffer(os.pread(handle.fileno(), HEADER_SIZE, offset), HEADER_DTYPE)[0]
+            data = os.pread(fd, HEADER_SIZE, offset)
+            if len(data) < HEADER_SIZE:
+                raise ChangedWhileRead(f"{path}: changed while it was read: it ends at byte {os.fstat(fd).st_size:,} "
+                                       f"now, before game {i} (byte {offset:,}); was it truncated or rewritten?")
+            out[i] = np.frombuffer(data, HEADER_DTYPE)[0]
+    finally:
+        os.close(fd)
     return out
 
 
@@ -368,6 +371,8 @@ def verify_hcpe3(path: Path) -> list[BadRecordReport]:
 
     try:
         build_positions(path)
+    except ChangedWhileRead:
+        raise  # not a verdict on the file: one line, exit 2
     except UserError as exc:
         text = str(exc)
         prefix = f"{path}: "

@@ -58,7 +58,7 @@ from cshogi.dlshogi import make_move_label
 
 from tideborn.data.cachefile import CacheArray, HostileCache, offsets_consistent, open_cache
 from tideborn.data.features import POLICY_CLASSES, sane_kings
-from tideborn.data.records import readable_size, records_fingerprint
+from tideborn.data.records import ChangedWhileRead, readable_size, records_fingerprint
 from tideborn.errors import UserError
 
 HEADER_DTYPE = np.dtype([("hcp", np.uint8, 32), ("moveNum", "<u2"), ("result", "u1"), ("opponent", "u1")])
@@ -130,8 +130,9 @@ class _SourceReader:
         while len(data) < want:
             more = os.pread(self.fd, want - len(data), start + len(data))
             if not more:
-                raise UserError(f"{self.path}: changed while it was read: it ends at byte {start + len(data):,} now, "
-                                f"{self.size:,} bytes when reading began; was it truncated or rewritten?")
+                raise ChangedWhileRead(f"{self.path}: changed while it was read: it ends at byte "
+                                       f"{start + len(data):,} now, {self.size:,} bytes when reading began; was it "
+                                       f"truncated or rewritten?")
             data += more
         self.digest.update(data)
         self.buffer, self.base = keep + data, offset if keep else start
@@ -514,9 +515,9 @@ class Hcpe3Positions:
         """(starts, counts) of the candidates of positions `indices`, checked against the candidate arrays
         (a cache damaged in place is a `UserError` naming it, never an index past its end)."""
         indices = np.asarray(indices, dtype=np.int64)
-        bounds = np.asarray(self.cand_offsets[np.concatenate([indices, indices + 1])]).astype(np.int64)
-        starts, stops = bounds[:len(indices)], bounds[len(indices):]
-        if len(indices) and ((stops < starts).any() or stops.max() > len(self.cand_label)):
+        bounds = _rows(self.cand_offsets, indices, 2).reshape(len(indices), 2).astype(np.int64)
+        starts, stops = bounds[:, 0], bounds[:, 1]
+        if len(indices) and ((stops < starts).any() or starts.min() < 0 or stops.max() > len(self.cand_label)):
             raise UserError(f"{cache_path(self.path)}: the positions cache of {self.path} is damaged (candidate "
                             f"offsets out of order); delete it and resume: it is built again")
         return starts, stops - starts
@@ -525,15 +526,25 @@ class Hcpe3Positions:
         """(labels [n, K] int64, probabilities [n, K] float32, most visited label [n] int64) of `indices`."""
         indices = np.asarray(indices, dtype=np.int64)
         starts, counts = self.candidate_rows(indices)
-        # only the candidates of these positions are read (a few hundred rows, not the whole array)
-        flat = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64), counts) \
-            + np.arange(int(counts.sum()))
-        local_starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        return policy_targets(local_starts, counts, self.cand_label[flat], self.cand_visits[flat].astype(np.float64),
+        # only the candidates of these positions are read (a few thousand rows, not the whole arrays)
+        local_starts = (np.cumsum(counts) - counts).astype(np.int64)
+        return policy_targets(local_starts, counts, _rows(self.cand_label, starts, counts),
+                              _rows(self.cand_visits, starts, counts).astype(np.float64),
                               self.label[indices].astype(np.int64), temperature)
 
     def describe(self, index: int) -> str:
         return f"{self.path}: game {int(self.game[index])} move {int(self.ply[index])}"
+
+
+def _rows(array: np.ndarray | CacheArray, starts: np.ndarray, counts: np.ndarray | int) -> np.ndarray:
+    """Rows [start, start + count) of each start, concatenated: by `CacheArray.gather` (coalesced reads) from a
+    cache, by indexing from memory."""
+    counts = np.broadcast_to(np.asarray(counts, dtype=np.int64), np.shape(starts))
+    if isinstance(array, CacheArray):
+        return array.gather(starts, counts)
+    total = int(counts.sum())
+    flat = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(counts) - counts), counts) + np.arange(total)
+    return array[flat]
 
 
 def policy_targets(starts: np.ndarray, counts: np.ndarray, cand_labels: np.ndarray, weights: np.ndarray,

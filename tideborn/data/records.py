@@ -82,6 +82,11 @@ def expand_paths(patterns: typing.Sequence[str], data_root: str | os.PathLike = 
     return files
 
 
+class ChangedWhileRead(UserError):
+    """A file got shorter (or went away) while it was being read through: a problem of the moment, not of
+    the file's contents (`verify` says so and exits 2 rather than reporting the file as bad)."""
+
+
 COALESCE_BYTES = 1024
 """Records closer than this in a file are fetched by one `pread` with what lies between them (fewer calls
 for dense batches of small files; about the best of 0, 256, 1024 and 4096 measured)."""
@@ -156,6 +161,38 @@ def records_fingerprint(path: Path, samples: int = 64) -> str:
     finally:
         os.close(fd)
     return digest.hexdigest()
+
+
+def stream_records(path: Path, kind: str, count: int, chunk: int) -> typing.Iterator[tuple[int, np.ndarray]]:
+    """(first index, records) of the `count` records of `path`, `chunk` at a time, read by `pread` in order.
+
+    Not a memory map (a file truncated under one kills the process with SIGBUS): a file that gets shorter
+    while it is read is a `UserError` naming it; one opened as something else than a regular file (a FIFO
+    put in its place) is refused without waiting for a writer."""
+    itemsize = RECORD_DTYPES[kind].itemsize
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        facts = os.fstat(fd)
+        if not stat.S_ISREG(facts.st_mode):
+            raise UserError(f"{path}: is {file_type_name(facts.st_mode)}, not a {kind} file; name a regular file")
+        for start in range(0, count, chunk):
+            want = (min(count, start + chunk) - start) * itemsize
+            data = os.pread(fd, want, start * itemsize)
+            while len(data) < want:
+                more = os.pread(fd, want - len(data), start * itemsize + len(data))
+                if not more:
+                    raise ChangedWhileRead(f"{path}: changed while it was read: {os.fstat(fd).st_size:,} bytes now, "
+                                    f"{count * itemsize:,} ({count:,} records) when reading began; was it "
+                                    f"truncated or rewritten? Nothing was concluded about it")
+                data += more
+            yield start, np.frombuffer(data, dtype=RECORD_DTYPES[kind])
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
 
 
 def open_records(path: Path, kind: str) -> np.memmap:

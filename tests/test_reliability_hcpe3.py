@@ -12,6 +12,8 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ import pytest
 from conftest import (
     REPO_ROOT,
     assert_user_error,
+    child_env,
     describe,
     events_of,
     settings_args,
@@ -333,3 +336,76 @@ def test_candidate_offsets_damaged_in_place_under_a_run_are_named_not_an_index_e
         handle.write((10**12).to_bytes(8, "little"))
     with pytest.raises(UserError, match=r"\.a\.hcpe3\.positions: the positions cache of .*a\.hcpe3 is damaged"):
         positions.targets(np.arange(5, 15), 1.0)
+
+
+# -- 2. files truncated under a running `data verify` / `data inspect` -----------------------------------------
+
+@pytest.fixture(scope="module")
+def big_files(games, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Teacher files that take `verify` seconds: the sample games' positions as hcpe and psv records, and
+    as hcpe3 games, repeated (an hcpe3 file is its games one after another)."""
+    import cshogi
+
+    root = tmp_path_factory.mktemp("big")
+    write_hcpe3(root / "one.hcpe3", games, seed=200)
+    (root / "big.hcpe3").write_bytes((root / "one.hcpe3").read_bytes() * 24)
+    positions = build_positions(root / "one.hcpe3")["arrays"]
+    hcpe = np.zeros(len(positions["hcp"]), dtype=cshogi.HuffmanCodedPosAndEval)
+    hcpe["hcp"], hcpe["eval"] = positions["hcp"], positions["eval"]
+    hcpe["bestMove16"] = positions["move16"].view(np.int16)
+    hcpe["gameResult"] = (positions["result"] & 3).view(np.int8)
+    psv = np.zeros(len(hcpe), dtype=cshogi.PackedSfenValue)
+    board = cshogi.Board()
+    for i, record in enumerate(hcpe):
+        board.set_hcp(record["hcp"])
+        board.to_psfen(psv["sfen"][i])
+        psv["move"][i] = cshogi.move16_to_psv(int(positions["move16"][i]))
+        psv["score"][i] = record["eval"]
+        psv["game_result"][i] = 0
+    repeat = -(-700_000 // len(hcpe))  # about 11 of inspect's 65,536-record chunks
+    np.tile(hcpe, repeat).tofile(root / "big.hcpe")
+    np.tile(psv, repeat).tofile(root / "big.psv")
+    return {"hcpe": root / "big.hcpe", "psv": root / "big.psv", "hcpe3": root / "big.hcpe3"}
+
+
+def reading(pid: int, path: Path) -> bool:
+    """Whether process `pid` has `path` open or mapped (it is reading it)."""
+    target = str(path)
+    try:
+        if any(os.readlink(f"/proc/{pid}/fd/{fd}") == target for fd in os.listdir(f"/proc/{pid}/fd")):
+            return True
+        return target in Path(f"/proc/{pid}/maps").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+@pytest.mark.parametrize("kind", ["hcpe", "psv", "hcpe3"])
+def test_a_file_truncated_under_a_running_data_command_is_one_line_exit_2(big_files, tmp_path, command, kind):
+    """A memory map of the file killed verify and inspect with SIGBUS (exit -7, no message). Read in
+    chunks: one line naming the file, exit 2."""
+    path = tmp_path / big_files[kind].name
+    shutil.copyfile(big_files[kind], path)
+    process = subprocess.Popen([sys.executable, "-m", "tideborn.data", command, str(path), "--quiet"],
+                               cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        deadline = time.monotonic() + 120
+        seen = 0
+        while seen < 2:  # twice in a row: reading it, not the moment's open that checks its type and size
+            seen = seen + 1 if reading(process.pid, path) else 0
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the command never opened the file"
+            time.sleep(0.005)
+        # held still while the file is cut (a cleanup or a bad copy, mid-read), so that the cut lands before
+        # it has read everything whatever the machine's load
+        os.kill(process.pid, signal.SIGSTOP)
+        os.truncate(path, 4000)
+        os.kill(process.pid, signal.SIGCONT)
+        out, err = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 2, (process.returncode, out[-2000:], err[-2000:])
+    assert_user_error(err, rf"{re.escape(str(path))}: changed while it was read")

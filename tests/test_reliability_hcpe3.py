@@ -409,3 +409,36 @@ def test_a_file_truncated_under_a_running_data_command_is_one_line_exit_2(big_fi
             process.wait()
     assert process.returncode == 2, (process.returncode, out[-2000:], err[-2000:])
     assert_user_error(err, rf"{re.escape(str(path))}: changed while it was read")
+
+
+# -- 5. DDP: one decode a node ---------------------------------------------------------------------------------
+
+def test_under_torchrun_the_cache_is_built_once_and_training_matches_a_run_that_found_it(games, tmp_path):
+    """Two CPU ranks (gloo), no cache yet: local rank 0 decodes while rank 1 waits, then both read the
+    cache (one 'decoding' line, not one per rank). A second run that finds the cache trains to the same weights."""
+    import torch
+    from test_distributed import TORCHRUN, parameters
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_hcpe3(data / "train.hcpe3", games * 3, seed=300)
+
+    def run(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*TORCHRUN, "-m", "tideborn.trainer", "train", *settings_args(
+                tmp_path / name, f"paths.data_root={str(data)!r}", 'data.train=["train.hcpe3"]', "data.test=[]",
+                'data.kind="auto"', "data.workers=0", "optim.batch_size=16", "runtime.max_steps=4",
+                "runtime.checkpoint_every=4", "runtime.log_every=1", 'runtime.progress="plain"',
+                config=TEACHER_CONFIG)],
+            cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+
+    first = run("first")
+    assert first.returncode == 0, describe(first)
+    output = first.stdout + first.stderr
+    assert output.count("hcpe3: decoding") == 1, output
+    assert cache_path(data / "train.hcpe3").is_file()
+    second = run("second")
+    assert second.returncode == 0, describe(second)
+    assert "hcpe3: decoding" not in second.stdout + second.stderr
+    one, two = (parameters(tmp_path / name / "step-000000004.pt") for name in ("first", "second"))
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)

@@ -113,7 +113,9 @@ def command_train(args: argparse.Namespace) -> int:
         require_chosen_settings(args)
         resolved = resolve(args)
         env = dist_env()
-        preflight(resolved.settings, args.resume, args.fresh, args.stop_at_step)
+        # under torchrun hcpe3 files are only checked here: local rank 0 decodes them once the process group
+        # is up, while the other ranks wait (`loop._build_data_caches_once`)
+        preflight(resolved.settings, args.resume, args.fresh, args.stop_at_step, decode=not env.distributed)
         from tideborn.trainer.loop import run_training
 
         return run_training(resolved, resume=args.resume, fresh=args.fresh, stop_at_step=args.stop_at_step,

@@ -494,6 +494,25 @@ def _tell(text: str) -> None:
         pass  # stderr is on the full disk too: the exit status is all that is left to say it
 
 
+def _build_data_caches_once(resolved: Resolved, env: DistEnv) -> None:
+    """Under torchrun, local rank 0 of each node decodes the hcpe3 files (and builds the averaged set) into
+    their caches while the other ranks wait at a barrier, then they read what it wrote: one decode a node, not
+    one a process. Its failure (a malformed file) is raised after the barrier; the other ranks then meet the
+    same problem in their own checks. A decode longer than `runtime.dist_timeout_seconds` times the waiting
+    ranks out: build the caches first (`tideborn data inspect FILE.hcpe3`)."""
+    failure: UserError | None = None
+    if env.local_rank == 0:
+        from tideborn.data.sources import build_caches
+
+        try:
+            build_caches(resolved.settings)
+        except UserError as exc:
+            failure = exc
+    barrier(env)
+    if failure is not None:
+        raise failure
+
+
 def run_training(resolved: Resolved, resume: Path | None = None, fresh: bool = False,
                  stop_at_step: int | None = None, argv: list[str] | None = None,
                  stop: StopRequest | None = None, env: DistEnv = DistEnv()) -> int:
@@ -501,6 +520,8 @@ def run_training(resolved: Resolved, resume: Path | None = None, fresh: bool = F
     device = resolve_device(runtime, env.local_rank if env.distributed else None).device
     init_process_group(env, device, runtime.dist_timeout_seconds)
     try:
+        if env.distributed:
+            _build_data_caches_once(resolved, env)
         prepared = prepare(resolved, resume, fresh, stop_at_step, argv, env)
         # Every rank has read its start point before rank 0 may archive, prune or write anything.
         barrier(env)

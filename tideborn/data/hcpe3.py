@@ -11,7 +11,7 @@ File layout (dlshogi `cppshogi.h`, little-endian, no padding), one game after an
 The games have no index and the positions exist only by replaying the moves, so a file is decoded once
 (`build_positions`) into a **positions cache** beside it, `.NAME.positions` (e.g. `.selfplay.hcpe3.positions`):
 a 4096-byte JSON header (format version, the source's fingerprint: size, mtime and a digest of 64 pieces of
-it) and then flat arrays, memory-mapped when read:
+it) and then flat arrays, read with `pread` (`cachefile`, never a memory map):
 
 | array | per | meaning |
 | --- | --- | --- |

@@ -2,7 +2,7 @@
 
 A `TeacherSource` is a list of parts, each one kind: consecutive hcpe or psv files are one `RecordPart` (a
 `RecordSet`, read by `pread`), consecutive hcpe3 files one `Hcpe3Part` (their decoded positions caches,
-memory-mapped), and a duplicate-averaged set (`tideborn.data.average`) is one `AveragedPart`. Position `i`
+read with `pread`), and a duplicate-averaged set (`tideborn.data.average`) is one `AveragedPart`. Position `i`
 of the source is position `i - offsets[p]` of part `p`, so the data order (`dataset.ShardedOrder`) treats
 hcpe3 positions exactly like records.
 

@@ -29,7 +29,7 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_move_label
 
-from tideborn.data.cachefile import HostileCache
+from tideborn.data.cachefile import HostileCache, close_arrays
 from tideborn.data.features import (
     POLICY_CLASSES,
     BadRecord,
@@ -279,7 +279,7 @@ class AveragedPart:
         return f"{self.path}: averaged position {local}"
 
     def close(self) -> None:
-        pass
+        close_arrays(self.arrays.values())
 
 
 def averaged_source(source: TeacherSource, settings: Settings,

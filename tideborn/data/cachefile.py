@@ -217,6 +217,14 @@ class CacheArray:
             yield self._rows(start, min(self.shape[0], start + SCAN_ROWS))
 
 
+def close_arrays(arrays: typing.Iterable[typing.Any]) -> None:
+    """Close the cache files behind `arrays` (others are ignored); a later read opens the file again and
+    must find the same one."""
+    for array in arrays:
+        if isinstance(array, CacheArray):
+            array.cache.close()
+
+
 def _private_group(gid: int, uid: int) -> bool:
     from tideborn.rundir import _private_group as private
 

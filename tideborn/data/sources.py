@@ -103,7 +103,10 @@ class Hcpe3Part:
         return self.files[file_id].describe(int(local - self.offsets[file_id]))
 
     def close(self) -> None:
-        pass
+        from tideborn.data.cachefile import close_arrays
+
+        for positions in self.files:
+            close_arrays(positions.arrays.values())
 
 
 def _kept(n: int, skipped: list[tuple[int, str]]) -> np.ndarray:

@@ -58,6 +58,7 @@ def launched():
 def fresh_warnings():
     """Warnings are said once per cache path and process; each test starts with none said."""
     hcpe3_module._warned_unwritable.clear()
+    hcpe3_module._decoded_in_memory.clear()
 
 
 # -- 1. a cache truncated under a running trainer --------------------------------------------------------------
@@ -227,6 +228,25 @@ def test_a_hostile_cache_entry_is_left_alone_and_decoded_in_memory_with_one_warn
         assert entry_facts(cache_path(data / "a.hcpe3")) == before, "the entry is left as it was"
         assert Path("/etc/passwd").read_bytes() == passwd
         assert not [p for p in data.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_run_with_a_fifo_for_its_cache_trains_decoding_once_with_one_warning(games, tmp_path):
+    """End to end: the trainer's checks and its data loader share the positions decoded in memory (one
+    'decoding' line, one warning), and the FIFO is neither opened for good nor replaced."""
+    from conftest import run_trainer
+
+    write_hcpe3(tmp_path / "a.hcpe3", games[:6], seed=106)
+    os.mkfifo(cache_path(tmp_path / "a.hcpe3"))
+    done = run_trainer("train", *settings_args(
+        tmp_path / "run", f"paths.data_root={str(tmp_path)!r}", 'data.train=["a.hcpe3"]', "data.workers=0",
+        "optim.batch_size=16", "runtime.max_steps=2", "data.test=[]", 'data.kind="auto"', config=TEACHER_CONFIG),
+        cwd=tmp_path, timeout=120)  # a hang fails the test rather than the suite; a run takes seconds
+    assert done.returncode == 0, describe(done)
+    output = done.stdout + done.stderr
+    assert output.count("hcpe3: decoding") == 1, output
+    warnings = [line for line in done.stderr.splitlines() if "decoded in memory" in line]
+    assert len(warnings) == 1 and "is a FIFO" in warnings[0], done.stderr
+    assert stat.S_ISFIFO(os.lstat(cache_path(tmp_path / "a.hcpe3")).st_mode)
 
 
 def test_a_hostile_averaged_cache_is_left_alone_and_averaged_in_memory(games, tmp_path, no_hang):

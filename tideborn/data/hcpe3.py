@@ -79,6 +79,9 @@ READ_CHUNK = 1 << 22
 """Bytes of an hcpe3 file read at a time while it is replayed (`pread`, never a memory map)."""
 _ALIGN = 64
 _warned_unwritable: set[str] = set()
+_decoded_in_memory: dict[tuple, tuple[dict, dict[str, np.ndarray]]] = {}
+"""Positions this process decoded in memory (no usable cache), by file and fingerprint: the trainer's checks
+and its data loader ask for the same file, and should not decode it twice."""
 
 
 @dataclass
@@ -453,13 +456,17 @@ def load_or_build(path: Path, warn: typing.Callable[[str], None] | None = None,
         found, hostile = None, str(exc)
     if found is not None and _matches(found[0], path, fingerprint, identity):
         return found
+    memo_key = (str(path.resolve()), json.dumps(fingerprint, sort_keys=True), tuple(identity))
+    if memo_key in _decoded_in_memory:
+        return _decoded_in_memory[memo_key]
     if progress is None:  # in the trainer: say why the start takes a while (once per file and version)
-        target = "memory" if hostile else str(cache)
-        print(f"hcpe3: decoding {path} ({fingerprint['size']:,} bytes) into {target} (once)", flush=True)
+        target = "memory (its cache cannot be used)" if hostile else f"{cache} (once)"
+        print(f"hcpe3: decoding {path} ({fingerprint['size']:,} bytes) into {target}", flush=True)
     built, content = _build(path, progress)
     meta = {**built["meta"], "source": fingerprint, "identity": identity, "content": content}
     in_memory = {"format": CACHE_FORMAT, "version": CACHE_VERSION, **meta}, built["arrays"]
     if hostile:
+        _decoded_in_memory[memo_key] = in_memory
         _warn_once(str(cache), f"{path}: decoded in memory, the positions cache could not be written ({cache} "
                    f"{hostile}; it is not used or replaced); every run decodes it again until it is removed", warn)
         return in_memory
@@ -468,6 +475,7 @@ def load_or_build(path: Path, warn: typing.Callable[[str], None] | None = None,
     except UserError as exc:
         _warn_once(str(cache), f"{path}: decoded in memory, the positions cache could not be written ({exc}); "
                    f"every run decodes it again", warn)
+        _decoded_in_memory[memo_key] = in_memory
         return in_memory
     try:
         found = read_arrays(cache, CACHE_FORMAT, source, trusted_owners(path))

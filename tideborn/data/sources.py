@@ -282,9 +282,10 @@ def build_caches(settings: Settings) -> None:
     data = settings.data
     if data.resolved_kind == "synthetic" or not data.train:
         return
-    patterns = [*data.train, *data.test]
-    if not data.use_average and "hcpe3" not in {file_kind(p, data.kind) for p in
-                                                 expand_paths(patterns, settings.paths.data_root, "data.train")}:
+    paths = expand_paths(data.train, settings.paths.data_root, "data.train")
+    if data.test:
+        paths += expand_paths(data.test, settings.paths.data_root, "data.test")
+    if not data.use_average and "hcpe3" not in {file_kind(p, data.kind) for p in paths}:
         return  # hcpe and psv files have nothing to build
     source = training_source(settings)
     if settings.data.use_average:

@@ -23,10 +23,12 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from tideborn.config.schema import Settings
 from tideborn.data.dataset import ShardedOrder
+from tideborn.data.evalfix import ScaleFit, as_array, file_of, fit_files
 from tideborn.data.features import FEATURES1_NUM, BadRecord, Decoder
 from tideborn.data.records import RecordSet, training_records
 from tideborn.errors import UserError
 from tideborn.trainer.synthetic import Batch
+from tideborn.trainer.targets import value_lambda_decays
 
 SKIP_EXAMPLES = 5
 """How many recently skipped records `skipped_examples` keeps for the warning event."""
@@ -36,10 +38,12 @@ class _DecodedBatches(Dataset):
     """Maps a cursor (epoch, batch) to that decoded batch; runs in the workers, which also work out the
     batch's record indices, so the training process does nothing per batch but receive it."""
 
-    def __init__(self, records: RecordSet, order: ShardedOrder, decoder_args: tuple):
+    def __init__(self, records: RecordSet, order: ShardedOrder, decoder_args: tuple,
+                 file_scales: np.ndarray | None = None):
         self.records = records
         self.order = order
         self.decoder_args = decoder_args
+        self.file_scales = file_scales
         self._decoder: Decoder | None = None
 
     def __getstate__(self) -> dict:
@@ -53,7 +57,7 @@ class _DecodedBatches(Dataset):
         if self._decoder is None:
             self._decoder = Decoder(*self.decoder_args)
         in_worker = torch.utils.data.get_worker_info() is not None
-        return decode_indices(self.records, self._decoder, indices, in_worker)
+        return decode_indices(self.records, self._decoder, indices, in_worker, self.file_scales)
 
 
 def _shared_zeros(shape: tuple[int, ...]) -> torch.Tensor:
@@ -63,12 +67,15 @@ def _shared_zeros(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
 
 
-def decode_indices(records: RecordSet, decoder: Decoder, indices: np.ndarray, in_worker: bool = False) -> dict:
+def decode_indices(records: RecordSet, decoder: Decoder, indices: np.ndarray, in_worker: bool = False,
+                   file_scales: np.ndarray | None = None) -> dict:
     """Decode the records at `indices` into tensors. Errors come back as a message, not an exception:
-    an exception raised in a worker would reach the trainer as a multi-line worker traceback."""
+    an exception raised in a worker would reach the trainer as a multi-line worker traceback.
+    `file_scales`: each file's eval scale (`data.eval_scale_fit`), else the decoder's one scale."""
     planes = _shared_zeros((len(indices), FEATURES1_NUM, 9, 9)) if in_worker else None
+    scales = None if file_scales is None else file_scales[file_of(records, indices)]
     try:
-        decoded = decoder.decode(records.read(indices), None if planes is None else planes.numpy())
+        decoded = decoder.decode(records.read(indices), None if planes is None else planes.numpy(), scales)
     except BadRecord as bad:
         return {"error": f"{records.describe(int(indices[bad.position]))}: {bad.reason}"}
     except UserError as exc:  # a file that changed under the run (truncated, replaced), named by the reader
@@ -78,6 +85,7 @@ def decode_indices(records: RecordSet, decoder: Decoder, indices: np.ndarray, in
     return {
         "features1": torch.from_numpy(decoded.features1) if planes is None else planes[:len(decoded)],
         "features2": decoded.features2, "policy": decoded.policy, "value": decoded.value, "result": decoded.result,
+        "eval_value": decoded.eval_value,
         "skipped": [(records.describe(int(indices[pos])), reason) for pos, reason in decoded.skipped],
     }
 
@@ -105,7 +113,7 @@ def pins_memory(device: torch.device, settings: Settings) -> bool:
     return device.type == "cuda" and settings.runtime.pin_memory
 
 
-def to_device_batch(item: dict, device: torch.device, pinned: bool = True) -> Batch:
+def to_device_batch(item: dict, device: torch.device, pinned: bool = True, value_parts: bool = False) -> Batch:
     """Decoded uint8 planes to the float tensors the model takes, on `device`. On CUDA with `pinned`
     (`runtime.pin_memory`) the copies come from pinned memory and overlap the step.
 
@@ -127,8 +135,11 @@ def to_device_batch(item: dict, device: torch.device, pinned: bool = True) -> Ba
         hands = _to_device(hands, device, non_blocking).float()
     n = hands.shape[0]
     features2 = hands.view(n, -1, 1, 1).expand(n, hands.shape[1], 9, 9)
+    # `value_parts`: the result and eval parts of the value target too, which the trainer mixes itself when the
+    # mix weight decays (loss.value_lambda_decay_steps); otherwise they are not copied.
+    parts = [_to_device(item[key], device, non_blocking) if value_parts else None for key in ("result", "eval_value")]
     return Batch(features1, features2, _to_device(item["policy"], device, non_blocking),
-                 _to_device(item["value"], device, non_blocking))
+                 _to_device(item["value"], device, non_blocking), *parts)
 
 
 def _to_device(array: np.ndarray | torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
@@ -154,6 +165,10 @@ class TeacherBatches:
             raise UserError(f"data.train: {len(self.records)} records cannot be shared among {world_size} ranks")
         self.order = ShardedOrder(len(self.records), settings.runtime.seed, batch_size, rank, world_size)
         self.decoder_args = (self.kind, data.eval_scale, settings.loss.value_lambda, data.bad_records)
+        self.scale_fits: list[ScaleFit] = (fit_files(self.records, data.eval_scale)
+                                           if data.eval_scale_fit == "per_file" else [])
+        """`data.eval_scale_fit = "per_file"`: each training file's eval scale (dlshogi's evalfix)."""
+        self.value_parts = value_lambda_decays(settings.loss)
         self.epoch, self.batch_in_epoch = 0, 0
         self.batches_delivered = 0
         self.skipped_records = 0
@@ -170,7 +185,8 @@ class TeacherBatches:
 
     def _start(self) -> None:
         workers = self.settings.data.workers
-        dataset = _DecodedBatches(self.records, self.order, self.decoder_args)
+        dataset = _DecodedBatches(self.records, self.order, self.decoder_args,
+                                  as_array(self.scale_fits) if self.scale_fits else None)
         extra = {"prefetch_factor": self.settings.data.prefetch_batches} if workers else {}
         self._loader = DataLoader(
             dataset, batch_size=None, sampler=_CursorSampler(self.order, self.epoch, self.batch_in_epoch),
@@ -192,7 +208,7 @@ class TeacherBatches:
                 self.skipped_records += 1
                 self.skipped_examples.append(f"{where}: {reason}")
             if item["policy"].shape[0]:
-                return to_device_batch(item, self.device, self.pinned)
+                return to_device_batch(item, self.device, self.pinned, self.value_parts)
             # every record of this batch was skipped: take the next one rather than train on nothing
             empty_batches += 1
             if empty_batches >= self.order.batches_per_epoch:

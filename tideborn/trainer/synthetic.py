@@ -31,6 +31,10 @@ class Batch:
     """[N] int64 move labels in [0, 2187)."""
     value: torch.Tensor
     """[N] float value targets in [0, 1]."""
+    result: torch.Tensor | None = None
+    """[N] float game results (teacher data): with `eval_value`, what the trainer mixes when the mix decays."""
+    eval_value: torch.Tensor | None = None
+    """[N] float `sigmoid(eval / eval_scale)` (teacher data)."""
 
     def __len__(self) -> int:
         return int(self.policy.shape[0])

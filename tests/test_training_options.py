@@ -280,11 +280,18 @@ EXPLODING = ("optim.lr=100", "optim.warmup_steps=0", 'optim.schedule="constant"'
              "runtime.checkpoint_every=2", "runtime.log_every=1", "optim.batch_size=32", "watchdog.warmup_steps=1")
 
 
-def test_the_watchdog_halts_an_exploding_run_before_it_saves_the_broken_weights(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def exploded(tmp_path_factory):
+    """A run whose loss explodes under a huge learning rate, halted by the watchdog: (run_dir, its output)."""
+    work = tmp_path_factory.mktemp("exploded")
+    run_dir = work / "run"
+    return run_dir, train(run_dir, *EXPLODING, cwd=work, expect_rc=1)
+
+
+def test_the_watchdog_halts_an_exploding_run_before_it_saves_the_broken_weights(exploded, capsys):
     from tideborn.tools.train_run import main as train_run
 
-    run_dir = tmp_path / "run"
-    result = train(run_dir, *EXPLODING, cwd=tmp_path, expect_rc=1)
+    run_dir, result = exploded
     events = events_of(run_dir)
     (trip,) = [e for e in events if e["kind"] == "watchdog"]
     assert trip["reason"] == "grad_norm_spike" and trip["consecutive"] == 3
@@ -309,6 +316,26 @@ def test_the_watchdog_halts_an_exploding_run_before_it_saves_the_broken_weights(
     assert "! gradient: gradient norm" in capsys.readouterr().out
 
 
+async def test_the_monitor_shows_the_watchdogs_halt_as_its_own_rule(exploded):
+    from tui.app import create_app
+    from tui.options import TuiOptions
+    from tui.widgets.anomalies import AnomalyList
+
+    run_dir, _ = exploded
+    app = create_app(TuiOptions(run_dir=run_dir, use_nvml=False, follow=False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(500):
+            pane = pilot.app.screen.query("#anomalies")
+            if pane and any(a.rule == "gradient" for a in pane.first(AnomalyList).anomalies):
+                break
+            await pilot.pause(0.02)
+        pane = pilot.app.screen.query_one("#anomalies", AnomalyList)
+        (gradient,) = [a for a in pane.anomalies if a.rule == "gradient"]
+        prompt = pane._prompt(gradient).plain
+    assert " gradient: gradient norm " in prompt and "the watchdog halted the run" in prompt
+    assert "reason=\"grad_norm_spike\"" in prompt
+
+
 def test_with_the_watchdog_off_the_same_run_goes_on(tmp_path):
     run_dir = tmp_path / "run"
     train(run_dir, *EXPLODING, "watchdog.enabled=false", cwd=tmp_path)
@@ -328,3 +355,16 @@ def test_a_non_finite_gradient_norm_halts_the_run_with_the_default_thresholds(tm
     assert trip["reason"] == "nonfinite_grad_norm"
     assert "non-finite gradient norm" in events[-1]["error"]
     assert not list(run_dir.glob("step-*.pt"))
+
+
+def test_under_torchrun_every_rank_halts_together_at_the_trip(tmp_path):
+    from tests.test_distributed import torchrun
+
+    run_dir = tmp_path / "run"
+    result = torchrun(run_dir, *EXPLODING, cwd=tmp_path)
+    assert result.returncode != 0, result.stderr
+    events = events_of(run_dir)
+    (trip,) = [e for e in events if e["kind"] == "watchdog"]
+    assert [e["kind"] for e in events if e["kind"] in ("run_failed", "run_finished", "run_stopped")] == ["run_failed"]
+    assert "gradient watchdog" in events[-1]["error"]
+    assert all(e["step"] < trip["trip_step"] for e in events if e["kind"] == "checkpoint_saved")

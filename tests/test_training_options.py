@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from cshogi.dlshogi import make_move_label
 
 from tests.conftest import SMOKE_CONFIG, events_of, run_trainer, settings_args, step_events, train
-from tests.test_data_support import hcpe_records, random_positions, settings_for, write_records
+from tests.test_data_support import hcpe_records, psv_records, random_positions, settings_for, write_records
 from tideborn.config import load_settings
 from tideborn.config.schema import LossSettings, WatchdogSettings
 from tideborn.data.evalfix import as_array, fit_files, fit_scale
@@ -104,6 +104,23 @@ def test_training_mixes_the_value_target_with_the_steps_lambda(decaying_files):
         twin.close()
 
 
+def test_a_decaying_run_logs_its_lambda_and_resumes_exactly(decaying_files, tmp_path):
+    sets = (f"paths.data_root={str(decaying_files)!r}", 'data.train=["train.hcpe"]', 'data.kind="hcpe"',
+            "data.workers=0", "loss.value_lambda=0.6", "loss.value_lambda_decay_steps=4", "runtime.max_steps=6",
+            "runtime.log_every=1", "runtime.checkpoint_every=3", "optim.batch_size=16")
+    straight, pieces = tmp_path / "straight", tmp_path / "pieces"
+    train(straight, *sets, cwd=tmp_path)
+    train(pieces, *sets, cwd=tmp_path, extra=("--stop-at-step", "3"))
+    train(pieces, *sets, cwd=tmp_path)
+    steps = step_events(events_of(straight))
+    assert [e["value_lambda"] for e in steps] == pytest.approx([0.6, 0.45, 0.3, 0.15, 0.0, 0.0])
+
+    def losses(run_dir):
+        return {e["step"]: e["loss"] for e in step_events(events_of(run_dir))}
+
+    assert losses(pieces) == losses(straight) and len(losses(straight)) == 6
+
+
 def test_default_value_target_is_the_old_formula_bit_for_bit():
     records = hcpe_records(random_positions(40, seed=2), seed=2)
     settings = load_settings(None, [], environ={}).settings
@@ -162,6 +179,18 @@ def test_per_file_scales_are_fitted_and_used_by_the_decoder(evalfix_files):
         assert [fit.scale for fit in batches.scale_fits] == [fit.scale for fit in fits]
     finally:
         batches.close()
+
+
+def test_psv_files_are_fitted_from_their_scores_and_side_to_move_results(tmp_path):
+    records = psv_records(random_positions(600, seed=31), seed=31)
+    records = np.resize(records, 20_000)
+    rng = np.random.default_rng(31)
+    records["score"] = np.clip(rng.normal(0, 900, records.size).round(), -29_000, 29_000)
+    wins = rng.random(records.size) < 1 / (1 + np.exp(-records["score"] / 500.0))
+    records["game_result"] = np.where(wins, 1, -1)  # psv results are the side to move's already
+    write_records(tmp_path / "a.bin", records)
+    (fit,) = fit_files(RecordSet([tmp_path / "a.bin"], "psv"), 756.0)
+    assert fit.problem is None and fit.scale == pytest.approx(500.0, rel=0.1) and fit.positions == 20_000
 
 
 def test_a_run_logs_each_files_scale_and_warns_of_a_file_it_cannot_fit(evalfix_files, tmp_path):

@@ -345,6 +345,16 @@ def test_the_watchdog_halts_an_exploding_run_before_it_saves_the_broken_weights(
     assert "! gradient: gradient norm" in capsys.readouterr().out
 
 
+def test_a_trip_between_step_events_is_caught_before_the_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    train(run_dir, *EXPLODING, "runtime.log_every=50", cwd=tmp_path, expect_rc=1)
+    events = events_of(run_dir)
+    kinds = [(e["kind"], e["step"]) for e in events if e["kind"] != "run_started"]
+    assert kinds == [("checkpoint_saved", 2), ("step", 4), ("watchdog", 4), ("run_failed", 4)]
+    assert len(step_events(events)[0]["grad_norms"]) == 4  # the window's norms are written before it halts
+    assert sorted(p.name for p in run_dir.glob("step-*.pt")) == ["step-000000002.pt"]
+
+
 async def test_the_monitor_shows_the_watchdogs_halt_as_its_own_rule(exploded):
     from tui.app import create_app
     from tui.options import TuiOptions

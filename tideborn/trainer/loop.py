@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 import traceback
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -308,7 +309,9 @@ class Trainer:
             if state.evaluator is not None and (self.step % runtime.eval_every == 0 or final):
                 self._evaluate()
             if self.step % runtime.checkpoint_every == 0 or final:
-                if self._watchdog_tripped(watchdog, last_saved):  # never save the weights of the steps since a trip
+                # Never save the weights of the steps since a trip; their step event is written first, so that
+                # every step's norm is in the events.
+                if self._watchdog_tripped(watchdog, last_saved, log_window if window_steps else None):
                     stop_vote.drain()
                     return 1
                 if not self._finite_window(window, window_steps):
@@ -346,14 +349,18 @@ class Trainer:
         self.progress.message(f"stopped ({reason}) at step {self.step}; checkpoint {last_saved}")
         return 0
 
-    def _watchdog_tripped(self, watchdog: GradientWatchdog, last_saved: Path | None) -> bool:
-        """Judge the gradient norms since the last check (every rank: the decision is agreed); on a trip, write
-        the `watchdog` event and `run_failed` and say so. The caller then returns 1 without saving."""
+    def _watchdog_tripped(self, watchdog: GradientWatchdog, last_saved: Path | None,
+                          flush: typing.Callable[[], object] | None = None) -> bool:
+        """Judge the gradient norms since the last check (every rank: the decision is agreed); on a trip, call
+        `flush` (the pending step event), write the `watchdog` event and `run_failed`, and say so. The caller
+        then returns 1 without saving."""
         if not watchdog.enabled:
             return False
         trip = watchdog.check()
         if not any_rank(trip is not None, self.env, self.setup.device):
             return False
+        if flush is not None:
+            flush()
         text = trip.text() if trip is not None else "gradient watchdog tripped on another rank"
         if trip is not None:
             self.events.emit("watchdog", step=self.step, **trip.event_fields())

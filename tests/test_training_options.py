@@ -343,6 +343,9 @@ def test_the_watchdog_halts_an_exploding_run_before_it_saves_the_broken_weights(
     assert gradient["evidence"]["step"] == trip["trip_step"]
     code = train_run(["status", "--out-dir", str(run_dir)])
     assert "! gradient: gradient norm" in capsys.readouterr().out
+    assert train_run(["watch", "--out-dir", str(run_dir)]) == 1  # the run has ended: watch prints it all and exits
+    streamed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert any(e["kind"] == "anomaly" and e["rule"] == "gradient" for e in streamed)
 
 
 def test_a_trip_between_step_events_is_caught_before_the_checkpoint(tmp_path):

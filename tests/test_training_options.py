@@ -328,8 +328,11 @@ def test_the_watchdog_halts_an_exploding_run_before_it_saves_the_broken_weights(
     assert [s[0] for s in trip["spikes"]] == [trip["trip_step"] - 2, trip["trip_step"] - 1, trip["trip_step"]]
     assert events[-1]["kind"] == "run_failed" and "gradient watchdog" in events[-1]["error"]
     saved = [e["step"] for e in events if e["kind"] == "checkpoint_saved"]
-    assert all(step < trip["trip_step"] for step in saved)
-    assert sorted(p.name for p in run_dir.glob("step-*.pt")) == [f"step-{s:09d}.pt" for s in saved]
+    assert saved == [2] and trip["spikes"][0][0] == 2  # saved before the trip, but after the first spike's update
+    assert not list(run_dir.glob("step-*.pt"))  # so it is no resume point: moved aside, not deleted
+    (moved,) = run_dir.glob("archive/watchdog-*/step-000000002.pt")
+    assert any(e["kind"] == "warning" and "step-000000002.pt" in e["message"] for e in events)
+    assert "the last checkpoint before it (none yet)" in events[-1]["error"]
     assert "gradient watchdog" in result.stdout
     norms = [n for e in step_events(events) for n in e["grad_norms"]]
     assert len(norms) == trip["step"]  # every step's norm is in the events
@@ -348,14 +351,23 @@ def test_the_watchdog_halts_an_exploding_run_before_it_saves_the_broken_weights(
     assert any(e["kind"] == "anomaly" and e["rule"] == "gradient" for e in streamed)
 
 
-def test_a_trip_between_step_events_is_caught_before_the_checkpoint(tmp_path):
+def test_a_trip_between_step_events_is_caught_before_the_checkpoint_and_the_last_good_one_survives(tmp_path):
     run_dir = tmp_path / "run"
-    train(run_dir, *EXPLODING, "runtime.log_every=50", cwd=tmp_path, expect_rc=1)
+    train(run_dir, *EXPLODING, "runtime.log_every=50", "runtime.checkpoint_every=1", "runtime.keep_checkpoints=1",
+          cwd=tmp_path, expect_rc=1)
     events = events_of(run_dir)
     kinds = [(e["kind"], e["step"]) for e in events if e["kind"] != "run_started"]
-    assert kinds == [("checkpoint_saved", 2), ("step", 4), ("watchdog", 4), ("run_failed", 4)]
+    assert kinds == [("checkpoint_saved", 1), ("checkpoint_saved", 2), ("checkpoint_saved", 3), ("step", 4),
+                     ("watchdog", 4), ("warning", 4), ("run_failed", 4)]
     assert len(step_events(events)[0]["grad_norms"]) == 4  # the window's norms are written before it halts
-    assert sorted(p.name for p in run_dir.glob("step-*.pt")) == ["step-000000002.pt"]
+    # keep_checkpoints=1, but saves during the spikes pruned nothing: step 1, before them, is the resume point
+    assert [e["pruned"] for e in events if e["kind"] == "checkpoint_saved"] == [[], [], []]
+    assert sorted(p.name for p in run_dir.glob("step-*.pt")) == ["step-000000001.pt"]
+    assert sorted(p.name for p in run_dir.glob("archive/watchdog-*/*.pt")) == ["step-000000002.pt",
+                                                                               "step-000000003.pt"]
+    assert str(run_dir / "step-000000001.pt") in events[-1]["error"]
+    resumed = train(run_dir, *EXPLODING, "watchdog.enabled=false", "optim.lr=0.01", cwd=tmp_path)
+    assert f"resuming from {run_dir / 'step-000000001.pt'}" in resumed.stdout
 
 
 async def test_the_monitor_shows_the_watchdogs_halt_as_its_own_rule(exploded):

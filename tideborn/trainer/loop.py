@@ -29,9 +29,11 @@ from tideborn.rundir import (
     ARCHIVE_DIR,
     EVENTS_FILE,
     MATCH_REFERENCE_FILE,
+    WATCHDOG_ARCHIVE,
     check_run_dir,
     list_checkpoints,
     make_dirs,
+    move_to_archive,
     os_error_text,
     refuse_link,
     temp_checkpoints,
@@ -59,7 +61,7 @@ from tideborn.trainer.rundir_lock import RunDirLock
 from tideborn.trainer.signals import StopRequest
 from tideborn.trainer.state import TrainingState, versions
 from tideborn.trainer.targets import value_lambda_at
-from tideborn.trainer.watchdog import GradientWatchdog
+from tideborn.trainer.watchdog import GradientWatchdog, Trip
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,7 @@ class Trainer:
                     stop_vote.drain()
                     return self._fail_nonfinite(mean_over_ranks(window / window_steps, env).tolist())
                 with self.stop.saving():  # a repeated Ctrl-C never cuts a save short (trainer/signals.py)
-                    last_saved, saved_step = self._save(), self.step
+                    last_saved, saved_step = self._save(prune=not watchdog.streak_open), self.step
                 if runtime.match_every and last_saved is not None and not runtime.match_reference:
                     self._keep_first(last_saved)
                 if (runtime.match_every and last_saved is not None and self.step % runtime.match_every == 0
@@ -335,7 +337,7 @@ class Trainer:
             return 1
         if saved_step != self.step:
             with self.stop.saving():
-                last_saved = self._save()
+                last_saved = self._save(prune=not watchdog.streak_open)
         if self.step >= runtime.max_steps:
             if runtime.export_onnx and self.env.is_main:
                 self._export(last_saved)
@@ -364,11 +366,33 @@ class Trainer:
         text = trip.text() if trip is not None else "gradient watchdog tripped on another rank"
         if trip is not None:
             self.events.emit("watchdog", step=self.step, **trip.event_fields())
-        text += (f"; stopped without saving, the last checkpoint ({last_saved or 'none yet'}) is the one to resume "
-                 "from; settings: [watchdog]")
+        if self.env.is_main:
+            last_saved = self._set_aside_streak(trip, last_saved)
+        text += (f"; stopped without saving, the last checkpoint before it ({last_saved or 'none yet'}) is the one "
+                 "to resume from; settings: [watchdog]")
         self._terminal("run_failed", error=text, traceback=None)
         self.progress.message(f"run failed: {text}")
         return True
+
+    def _set_aside_streak(self, trip: Trip | None, last_saved: Path | None) -> Path | None:
+        """Move the checkpoints saved since the streak's first step (their weights took its updates) to
+        `archive/watchdog-STAMP/`, with a warning; returns the newest checkpoint left."""
+        first = int(trip.spikes[0][0]) if trip is not None and trip.spikes else self.step
+        run_dir = self.p.run_dir
+        tainted = [path for step, path in list_checkpoints(run_dir) if step >= first]
+        if tainted:
+            names = ", ".join(path.name for path in tainted)
+            try:
+                folder = move_to_archive(run_dir, tainted, WATCHDOG_ARCHIVE)
+                text = (f"moved {names}, saved during the gradient norm spikes since step {first}, to {folder}/: "
+                        "not a point to resume from")
+            except OSError as exc:
+                text = (f"could not move {names} (saved during the gradient norm spikes since step {first}) to "
+                        f"{run_dir}/archive/: {os_error_text(exc)}; do not resume from them")
+            self.events.emit("warning", step=self.step, message=text)
+            self.progress.message(f"warning: {text}")
+        remaining = list_checkpoints(run_dir)
+        return remaining[-1][1] if remaining else (None if tainted else last_saved)
 
     def _eval_scales(self) -> dict[str, float] | None:
         """`run_started.eval_scales`: each teacher file's eval scale with `data.eval_scale_fit = "per_file"`."""
@@ -465,13 +489,15 @@ class Trainer:
             self.events_lost = True
             _tell(f"could not write {kind} to {self.p.run_dir / EVENTS_FILE}: {exc}")
 
-    def _save(self) -> Path | None:
-        """Rank 0 writes the checkpoint; every rank returns its path (None on the others)."""
+    def _save(self, prune: bool = True) -> Path | None:
+        """Rank 0 writes the checkpoint; every rank returns its path (None on the others). `prune=False`: keep
+        the older ones (the gradient watchdog is counting spikes: the one before them may be needed)."""
         assert self.state is not None
         if not self.env.is_main:
             return None
         saved = save_checkpoint(self.p.run_dir, self.step, self.state.payload(self.step))
-        pruned = prune_checkpoints(self.p.run_dir, self.settings.runtime.keep_checkpoints, saved.path)
+        pruned = (prune_checkpoints(self.p.run_dir, self.settings.runtime.keep_checkpoints, saved.path)
+                  if prune else [])
         self.events.emit("checkpoint_saved", step=self.step, path=str(saved.path), bytes=saved.bytes,
                          seconds=saved.seconds, pruned=[str(path) for path in pruned])
         return saved.path

@@ -12,6 +12,9 @@ acts on it. A step trips it when its gradient norm (before clipping) is
 The norms stay on the device as the steps make them (`add`, no host sync); `check` reads them back in one
 transfer and judges them in step order. The loop checks at every `step` event and before every checkpoint,
 so no checkpoint is written after the step that tripped it: the last checkpoint is the one to resume from.
+A checkpoint saved while a streak of spikes is open prunes nothing (the one before the streak must survive),
+and if the streak trips the watchdog, the checkpoints saved since its first step are moved to
+`archive/watchdog-STAMP/`: their weights took exploding updates, so they are not the resume point.
 The history is not checkpointed: a resumed attempt gathers `warmup_steps` norms again before judging spikes.
 """
 
@@ -108,6 +111,11 @@ class GradientWatchdog:
         if not self.pending:
             self.first_pending_step = step
         self.pending.append(norm.detach().reshape(()).float())
+
+    @property
+    def streak_open(self) -> bool:
+        """Spikes are being counted (as of the last check): the weights may be taking exploding updates."""
+        return bool(self.judge.streak)
 
     def check(self) -> Trip | None:
         """Judge the norms added since the last check, in step order; the first trip, or None."""

@@ -21,8 +21,21 @@ def _optimizer_line(optim) -> str:
                 "step": f"step x{optim.decay_gamma:g} at {list(optim.decay_steps)}",
                 "constant": "constant"}[optim.schedule]
     clip = f"clip grad norm at {optim.grad_clip_norm:g}" if optim.grad_clip_norm else "no clipping"
-    return (f"{kind}, lr {optim.lr:g}, weight decay {optim.weight_decay:g}, "
+    decayed = "every parameter" if optim.weight_decay_policy == "all" else "weights only"
+    return (f"{kind}, lr {optim.lr:g}, weight decay {optim.weight_decay:g} ({decayed}), "
             f"warm-up {optim.warmup_steps} steps then {schedule}, {clip}")
+
+
+def _loss_line(s) -> str:
+    loss = s.loss
+    text = f"{loss.policy_weight:g} x policy cross-entropy + {loss.value_weight:g} x value BCE"
+    if s.optim.policy_entropy_beta:
+        text += f" - {s.optim.policy_entropy_beta:g} x policy entropy"
+    mix = f"lambda {loss.value_lambda:g}"
+    if loss.value_lambda_decay_steps:
+        mix += f" to {loss.value_lambda_final:g} over {loss.value_lambda_decay_steps:,} steps"
+    scale = "fitted per file" if s.data.eval_scale_fit == "per_file" else f"{s.data.eval_scale:g}"
+    return f"{text}; value target {mix}, eval scale {scale}"
 
 
 def summary_text(resolved: Resolved) -> str:
@@ -48,7 +61,10 @@ def summary_text(resolved: Resolved) -> str:
         ("Batch", f"{s.optim.batch_size} positions per step per rank = {s.optim.accumulation_steps} "
                   f"micro-batch(es) of {s.optim.micro_batch_size}"),
         ("Optimizer", _optimizer_line(s.optim)),
-        ("Loss", f"{s.loss.policy_weight:g} x policy cross-entropy + {s.loss.value_weight:g} x value BCE"),
+        ("Loss", _loss_line(s)),
+        ("Watchdog", (f"halt on a non-finite gradient norm, or one above {s.watchdog.factor:g} x its median of "
+                      f"{s.watchdog.window} for {s.watchdog.consecutive} steps after {s.watchdog.warmup_steps}")
+                     if s.watchdog.enabled else "off"),
         ("Device", f"{device}; tf32 {'on' if runtime.tf32 else 'off'}, "
                    f"compile {'on' if runtime.compile else 'off'}, torch {torch.__version__}"),
         ("Steps", f"{runtime.max_steps:,} (seed {runtime.seed}); log every {runtime.log_every}, checkpoint "

@@ -36,8 +36,13 @@ def shell_blocks() -> list[list[str]]:
 
 def commands() -> list[tuple[int, str]]:
     """Every command (`a && b` is two) with the index of its block."""
-    return [(index, part.strip()) for index, block in enumerate(shell_blocks()) for line in block
-            for part in line.split(" && ")]
+    found = []
+    for index, block in enumerate(shell_blocks()):
+        for line in block:
+            words = shlex.split(line)
+            cuts = [-1] + [at for at, word in enumerate(words) if word == "&&"] + [len(words)]
+            found += [(index, shlex.join(words[a + 1:b])) for a, b in zip(cuts, cuts[1:], strict=False) if b > a + 1]
+    return found
 
 
 def help_argv(command: str) -> list[str]:

@@ -55,6 +55,18 @@ def test_a_missing_teacher_file_names_its_setting_and_how_to_make_it(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_teacher_glob_that_matches_nothing_names_its_setting_and_how_to_make_the_files(tmp_path):
+    # the production config in a fresh clone: no teacher files in train/ yet
+    done = tideborn("train", "--config", str(REPO_ROOT / "configs" / "rtx4070ti.toml"), "--set",
+                    'runtime.device="cpu"', cwd=tmp_path)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("tideborn train: error: data.train: 'train/*.hcpe' matches no files (looked for ")
+    assert line.endswith("; make them with `tideborn data convert RECORDS --output ALL.hcpe` then `tideborn data "
+                         "split` (README, docs/data.md)")
+    assert tree(tmp_path) == {}
+
+
 @pytest.mark.parametrize(("args", "prefix"), [
     (["train", "--config", "missing.toml"], "tideborn train: error: "),
     (["data", "inspect", "missing.hcpe"], "tideborn data inspect: error: "),

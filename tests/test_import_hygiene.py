@@ -11,7 +11,7 @@ import pytest
 
 TORCH_FREE = ["tideborn.config", "tideborn.events", "tideborn.rundir", "tideborn.errors", "tideborn.cli",
               "tideborn.trainer.cli", "tideborn.trainer.preflight", "tideborn.trainer.signals", "tideborn.trainer.rank",
-              "tideborn.anomaly", "tideborn.runfiles", "tideborn.runstate", "tideborn.runcontrol",
+              "tideborn.anomaly", "tideborn.runfiles", "tideborn.runstate", "tideborn.runcontrol", "tideborn.cliparser",
               "tideborn.tools.train_run", "tideborn.humanize", "tideborn.tools.bench_tui", "tui.app",
               "tui.screens.dashboard", "tui.screens.override_editor", "tui.screens.run_picker", "tui.follow",
               "tui.history", "tui.plotting", "tui.overrides"]

@@ -185,8 +185,8 @@ def test_a_trainer_that_fails_before_training_is_reported_with_its_last_line(tmp
                             timeout=180, stdin=subprocess.DEVNULL)
     assert result.returncode == 1, describe(result)
     (line,) = result.stderr.strip().splitlines()
-    assert re.fullmatch(r"train_run: the trainer exited with status 1 before it started training: .*No space left "
-                        r"on device.* \(see .*train\.log\)", line), line
+    assert re.fullmatch(r"python -m tideborn\.tools\.train_run start: error: the trainer exited with status 1 "
+                        r"before it started training: .*No space left on device.* \(see .*train\.log\)", line), line
     assert result.stdout == ""
     record = read_pid_record(run_dir)
     assert record is not None and process_gone(record.pid)

@@ -13,13 +13,13 @@ import os
 import signal
 import sys
 import time
-import typing
 from pathlib import Path
 
 import psutil
 
 from tideborn.anomaly import Anomaly, AnomalyThresholds
-from tideborn.errors import UserError, report_user_error
+from tideborn.cliparser import OneLineParser
+from tideborn.errors import UserError, report_error, report_user_error
 from tideborn.events import as_float, encode_event
 from tideborn.humanize import clock, duration, number
 from tideborn.runcontrol import (
@@ -44,12 +44,6 @@ SAVE_TIMEOUT_SECONDS = 300.0
 WAIT_REPORT_SECONDS = 5.0
 WATCH_CHECK_MILLISECONDS = 1000
 """watch asks about the process (vanished? stalled?) at least this often while the files are quiet."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(USAGE)
 
 
 def _thresholds(parser: argparse.ArgumentParser) -> None:
@@ -247,6 +241,13 @@ def event_text(event: dict) -> str:
 
 # -- commands ---------------------------------------------------------------------------------------
 
+def fail(args: argparse.Namespace, message: str, exit_code: int) -> int:
+    """The one error line in every command's style, `PROG COMMAND: error: ...`, for the failures that are
+    not bad input (those are a `UserError`, exit 2): no run there (3), a trainer that crashed (1)."""
+    report_error(message, f"{args.prog} {args.command}")
+    return exit_code
+
+
 def command_start(args: argparse.Namespace, prog: str) -> int:
     extra: list[str] = ["--fresh"] if args.fresh else []
     if args.resume:
@@ -259,8 +260,7 @@ def command_start(args: argparse.Namespace, prog: str) -> int:
     try:
         launched = launch_run(request, wait_seconds=args.wait)
     except TrainerExited as exc:
-        print(f"{'train_run' if prog.endswith('train_run') else prog}: {exc}", file=sys.stderr)
-        return ANOMALY
+        return fail(args, str(exc), ANOMALY)
     run_dir = launched.run_dir
     pid = launched.record.pid
     step = f" at step {launched.started_step:,}" if launched.started_step is not None else ""
@@ -286,8 +286,7 @@ def command_status(args: argparse.Namespace) -> int:
     if problem := run_dir_problem(run_dir):
         if args.json:
             print(json.dumps({"run_dir": str(run_dir), "state": "not started", "error": problem, "anomalies": []}))
-        print(f"status: {problem}", file=sys.stderr)
-        return NO_RUN
+        return fail(args, problem, NO_RUN)
     tracker = RunTracker(run_dir, thresholds, start="tail")
     tracker.refresh(keep_events=False)
     tracker.finish_log()
@@ -299,22 +298,19 @@ def command_status(args: argparse.Namespace) -> int:
 def command_stop(args: argparse.Namespace) -> int:
     run_dir: Path = args.out_dir
     if problem := run_dir_problem(run_dir):
-        print(f"stop: {problem}", file=sys.stderr)
-        return NO_RUN
+        return fail(args, problem, NO_RUN)
     tracker = RunTracker(run_dir, start="end")
     tracker.refresh()
     if tracker.ended():
-        print(f"stop: {run_dir}: the run is not running: it already ended ({tracker.terminal['kind']} at step "
-              f"{tracker.terminal.get('step')}); nothing was signalled", file=sys.stderr)
-        return NO_RUN
+        return fail(args, f"{run_dir}: the run is not running: it already ended ({tracker.terminal['kind']} "
+                          f"at step {tracker.terminal.get('step')}); nothing was signalled", NO_RUN)
     stopping = tracker.stopping()
     try:
         # A stop in progress is waited for, never signalled again: the trainer would ignore a repeated
         # SIGTERM anyway, and an older one would have died of it in the middle of its checkpoint save.
         record = recorded_process(run_dir) if stopping is not None else signal_run(run_dir, signal.SIGTERM)
     except NotRunning as exc:
-        print(f"stop: {exc}; state: {tracker.state}", file=sys.stderr)
-        return NO_RUN
+        return fail(args, f"{exc}; state: {tracker.state}", NO_RUN)
     step = (tracker.last_step or {}).get("step")
     if stopping is not None:
         asked = as_float(stopping.get("requested_at")) or as_float(stopping.get("time")) or time.time()
@@ -461,8 +457,7 @@ def command_watch(args: argparse.Namespace) -> int:
     thresholds = thresholds_of(args)
     run_dir: Path = args.out_dir
     if problem := run_dir_problem(run_dir):
-        print(f"watch: {problem}", file=sys.stderr)
-        return NO_RUN
+        return fail(args, problem, NO_RUN)
     tracker = RunTracker(run_dir, thresholds, start="end" if args.follow_only else "beginning")
     text = args.format == "text"
     flagged = False
@@ -502,6 +497,7 @@ def _anomaly_line(anomaly: Anomaly, text: bool) -> str:
 
 def main(argv: list[str] | None = None, prog: str = "python -m tideborn.tools.train_run") -> int:
     args = build_parser(prog).parse_args(argv)
+    args.prog = prog
     try:
         if args.command == "start":
             return command_start(args, prog)

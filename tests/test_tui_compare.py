@@ -16,9 +16,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import SMOKE_CONFIG, TEMPLATE_SETS, copy_run, events_of, out_dir_set
+from test_reliability_support import launched_runs, process_gone
 from textual.notifications import Notify
 
-from tideborn.runfiles import PidRecord, this_host
+from tideborn.runfiles import PidRecord, read_pid_record, this_host
 from tideborn.tools.train_run import main as train_run_main
 from tui.app import create_app
 from tui.options import TuiOptions
@@ -396,3 +398,107 @@ async def test_export_asks_where_and_refuses_a_missing_directory(fixture_run, tm
         assert "no such directory" in str(box.query_one("#export-error").render())
         await pilot.press("escape")
         assert isinstance(pilot.app.screen, CheckpointScreen)
+
+
+# -- resuming and exporting for real (slow: a trainer, tideborn export) ------------------------------------
+
+@pytest.fixture
+def launched():
+    yield from launched_runs()
+
+
+def write_launch_file(run_dir: Path, *sets: str) -> None:
+    """launch.json as `train_run start` would have written it for the template run."""
+    overrides = [*sets, out_dir_set(run_dir)]
+    (run_dir / "launch.json").write_text(json.dumps({
+        "v": 1, "config": str(SMOKE_CONFIG), "config_path": str(SMOKE_CONFIG), "overrides": overrides,
+        "flags": {}, "trainer_args": [], "nproc_per_node": 1, "cwd": str(run_dir.parent),
+        "argv": [], "started_at": time.time(), "run_dir": str(run_dir)}))
+
+
+@pytest.mark.slow
+async def test_resume_from_a_chosen_checkpoint_starts_the_run_from_that_step(template_run, tmp_path, launched):
+    run_dir = copy_run(template_run, tmp_path / "run")  # finished at step 4; checkpoints at 2 and 4
+    launched.append(run_dir)
+    write_launch_file(run_dir, *TEMPLATE_SETS, "runtime.max_steps=6")
+    seen: list = []
+    app = create_app(options(run_dir=run_dir, clock=time.time))
+    async with app.run_test(size=(110, 32), message_hook=seen.append) as pilot:
+        await dashboard(pilot)
+        await pilot.press("k")
+        screen = pilot.app.screen
+        assert isinstance(screen, CheckpointScreen)
+        await pilot.pause()
+        assert [ck.path.name for ck in screen.checkpoints] == ["step-000000004.pt", "step-000000002.pt"]
+        assert footer(screen)["r"] == "resume"
+        await pilot.press("down", "enter")
+        assert isinstance(pilot.app.screen, ChoiceScreen)
+        await pilot.press("r")
+        question = await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen) and pilot.app.screen,
+                               "the start question", timeout=120)
+        assert "resumes from step-000000002.pt (step 2) to step 6" in question.question
+        assert "later checkpoint(s), to step 4, are abandoned" in question.question
+        await pilot.press("y")
+        started = await until(pilot, lambda: next((n for n in notices(seen) if n.notification.title == "start"),
+                                                  None), "the start notice", timeout=180)
+        assert "at step 2" in started.notification.message
+        record = read_pid_record(run_dir)
+        assert record is not None and f"pid {record.pid}" in started.notification.message
+        await until(pilot, lambda: process_gone(record.pid), "the trainer to train steps 3 to 6", timeout=180)
+    events = events_of(run_dir)
+    resumed = [e for e in events if e["kind"] == "run_started"][-1]
+    assert resumed["step"] == 2 and Path(resumed["resumed_from"]).name == "step-000000002.pt"
+    assert events[-1]["kind"] == "run_finished" and events[-1]["step"] == 6
+    assert list((run_dir / "archive").glob("branch-*/step-000000004.pt"))  # the abandoned branch, kept
+
+
+def export_result(notice: Notify) -> bool:
+    return (notice.notification.title in ("export", "export failed")
+            and not notice.notification.message.startswith("exporting"))
+
+
+@pytest.mark.slow
+async def test_export_from_the_checkpoint_list_writes_the_onnx_model(template_run, tmp_path, monkeypatch):
+    import onnx
+
+    run_dir = copy_run(template_run, tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    seen: list = []
+    app = create_app(options(run_dir=run_dir, clock=time.time))
+    async with app.run_test(size=(110, 32), message_hook=seen.append) as pilot:
+        await dashboard(pilot)
+        await pilot.press("k")
+        await pilot.pause()
+        await pilot.press("down", "enter", "x")  # step 2: not the newest
+        box = pilot.app.screen
+        assert isinstance(box, ExportScreen)
+        await pilot.press("enter")
+        assert isinstance(pilot.app.screen, CheckpointScreen)
+        await pilot.press("j")  # the UI goes on while the export runs
+        done = await until(pilot, lambda: next((n for n in notices(seen) if export_result(n)), None), "the export",
+                           timeout=300)
+    out = tmp_path / "run-step-000000002.onnx"
+    assert done.notification.title == "export", done.notification.message
+    assert done.notification.message.startswith(f"wrote {out}")
+    meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert meta["tideborn.step"] == "2"
+    assert not list(tmp_path.glob(".*.tmp-*"))
+
+
+@pytest.mark.slow
+async def test_export_failure_is_one_line(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    write_small_run(run_dir)  # its checkpoints are not checkpoints: tideborn export refuses them
+    monkeypatch.chdir(tmp_path)
+    seen: list = []
+    async with create_app(options(run_dir=run_dir)).run_test(size=(110, 32), message_hook=seen.append) as pilot:
+        await dashboard(pilot)
+        await pilot.press("k")
+        await pilot.pause()
+        await pilot.press("x", "enter")
+        failed = await until(pilot, lambda: next((n for n in notices(seen) if n.notification.title == "export failed"),
+                                                 None), "the export's refusal", timeout=300)
+    message = failed.notification.message
+    assert message.startswith("exit status 2: tideborn export: ") and "step-000000100.pt" in message, message
+    assert "\n" not in message
+    assert not (tmp_path / "run-step-000000100.onnx").exists()

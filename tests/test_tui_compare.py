@@ -328,7 +328,7 @@ async def test_help_names_every_key_of_the_new_screens(runs_folder, fixture_run)
         await until(pilot, lambda: isinstance(pilot.app.screen, CompareScreen) and pilot.app.screen.ready, "compare")
         await pilot.press("question_mark")
         body = pilot.app.screen.body.plain
-        for key, what in (("n", "Next metric"), ("p", "Previous metric"), ("m", "Smooth"), ("l", "Log"),
+        for key, what in (("n", "Next metric"), ("p", "Prev metric"), ("m", "Smooth"), ("l", "Log"),
                           ("r", "Reload"), ("esc", "Runs")):
             assert re.search(rf"^  {re.escape(key)}\s+{what}$", body, re.M), (key, body)
     async with create_app(options(run_dir=fixture_run)).run_test(size=(100, 30)) as pilot:

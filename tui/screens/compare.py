@@ -94,10 +94,10 @@ class CompareScreen(Screen):
             "switches to a log scale, r reads the runs again, Esc goes back to the picker.")
     BINDINGS = [
         Binding("n", "metric(1)", "Next metric"),
-        Binding("p", "metric(-1)", "Previous metric"),
+        Binding("p", "metric(-1)", "Prev metric"),
         Binding("m", "smooth", "Smooth"),
         Binding("l", "log_scale", "Log"),
-        Binding("r", "reload", "Reload"),
+        Binding("r", "reload", "Reload", show=False),
         Binding("escape", "back", "Runs"),
     ]
 

@@ -316,6 +316,21 @@ async def test_a_live_run_offers_stop_but_neither_start_nor_resume(live_run):
     assert not (live_run / "train.log").exists()
 
 
+async def test_resume_is_not_offered_without_a_plan_to_start_with(fixture_run):
+    seen: list = []
+    async with create_app(options(run_dir=fixture_run)).run_test(size=(100, 30), message_hook=seen.append) as pilot:
+        await dashboard(pilot)  # no --config, no launch.json
+        await pilot.press("k")
+        screen = pilot.app.screen
+        await pilot.pause()
+        assert "r" not in footer(screen) and footer(screen)["x"] == "export"
+        await pilot.press("r")
+        await pilot.pause()
+        assert pilot.app.screen is screen
+    refusal = next(n for n in notices(seen) if n.notification.title == "cannot resume")
+    assert refusal.notification.message.startswith(f"nothing to start: no launch.json in {fixture_run}")
+
+
 async def test_help_names_every_key_of_the_new_screens(runs_folder, fixture_run):
     async with create_app(options(runs_folder=runs_folder)).run_test(size=(100, 30)) as pilot:
         await picker_ready(pilot)
@@ -374,11 +389,11 @@ async def test_checkpoint_list_is_newest_first_with_step_size_and_age(tmp_path):
         rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
     # saved at their step's event time, 2 s a logged step of 5; the last event is a second after step 150
     assert rows == [
-        ["step-000000150.pt", "150", "1.1 KiB", "31s ago", "newest: a plain start resumes here"],
+        ["step-000000150.pt", "150", "1.1 KiB", "31s ago", "newest"],
         ["step-000000100.pt", "100", "1.1 KiB", "51s ago", ""],
         ["step-000000050.pt", "50", "1.0 KiB", "1m11s ago", ""],
     ]
-    assert table.border_title == "3 checkpoints"
+    assert table.border_title == "3 checkpoints, newest first (a plain start resumes from the newest)"
 
 
 async def test_export_asks_where_and_refuses_a_missing_directory(fixture_run, tmp_path, monkeypatch):

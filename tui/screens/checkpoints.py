@@ -152,17 +152,20 @@ class CheckpointScreen(Screen):
             "abandons the newer ones: the trainer moves them to archive/branch-*.")
     BINDINGS = [
         Binding("r", "resume", "Resume from"),
-        # While the run is live, r is not offered, and pressed, it says why (check_action).
+        # While the run is live, or without a plan to start with, r is not offered; pressed, it says why.
         Binding("r", "resume_refused", "Resume from", show=False),
         Binding("x", "export", "Export"),
         Binding("escape", "back", "Back"),
     ]
 
-    def __init__(self, run_dir: Path, options: TuiOptions, status: typing.Callable[[], dict | None]) -> None:
+    def __init__(self, run_dir: Path, options: TuiOptions, status: typing.Callable[[], dict | None],
+                 can_start: typing.Callable[[], bool] = lambda: True) -> None:
         super().__init__()
         self.run_dir = run_dir
         self.options = options
         self.status_of = status
+        self.can_start = can_start
+        """Is there a plan to start with (--config, the editor's, launch.json)? Resuming needs one."""
         self.checkpoints: list[CheckpointFile] = []
         self._shown_status: dict | None = None
         self._shown_files: list[CheckpointFile] | None = None
@@ -222,11 +225,14 @@ class CheckpointScreen(Screen):
         table.clear()
         self.checkpoints = files
         now = self.options.clock()
-        changed = (status.get("last_checkpoint") or {}).get("changed_since_saved")
+        newest = status.get("last_checkpoint") or {}
+        changed = {Path(str(newest.get("path"))).name} if newest.get("changed_since_saved") else set()
         for index, ck in enumerate(files):
             note = ""
             if index == 0:
-                note = "newest: a plain start resumes here" + ("; CHANGED since saved" if changed else "")
+                note = "newest"
+            if ck.path.name in changed:  # status flags it: its size is not the one its checkpoint_saved recorded
+                note += (", " if note else "") + "CHANGED since saved"
             table.add_row(ck.path.name, Text(f"{ck.step:,}", justify="right"),
                           Text(size_text(ck.size), justify="right"), f"{duration(now - ck.mtime)} ago", note,
                           key=str(ck.path))
@@ -234,7 +240,8 @@ class CheckpointScreen(Screen):
             steps = [ck.step for ck in files]
             row = steps.index(highlighted.step) if highlighted is not None and highlighted.step in steps else 0
             table.move_cursor(row=row)
-        table.border_title = f"{len(files)} checkpoints" if files else "no checkpoints yet"
+        table.border_title = (f"{len(files)} checkpoints, newest first (a plain start resumes from the newest)"
+                              if files else "no checkpoints yet")
 
     def highlighted(self) -> CheckpointFile | None:
         table = self.query_one("#checkpoints", DataTable)
@@ -246,9 +253,9 @@ class CheckpointScreen(Screen):
     # -- keys -----------------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "resume":
-            return self.state not in LIVE_STATES
+            return self.resume_refusal() is None
         if action == "resume_refused":
-            return self.state in LIVE_STATES
+            return self.resume_refusal() is not None
         return True
 
     @on(DataTable.RowSelected, "#checkpoints")
@@ -270,6 +277,9 @@ class CheckpointScreen(Screen):
         state = self.state
         if state in LIVE_STATES:
             return f"the run is {state}: stop it first (x in the dashboard), then resume from a checkpoint"
+        if not self.can_start():
+            return (f"nothing to start: no launch.json in {self.run_dir} and no --config given (start the TUI "
+                    "with --config FILE to resume from a checkpoint)")
         return None
 
     def action_resume_refused(self) -> None:

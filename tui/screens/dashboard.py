@@ -504,7 +504,7 @@ class DashboardScreen(Screen):
             if checkpoint is not None:
                 self.action_start(resume=checkpoint)
 
-        self.app.push_screen(CheckpointScreen(self.run_dir, self.options, lambda: self.status), picked)
+        self.app.push_screen(CheckpointScreen(self.run_dir, self.options, lambda: self.status, self.can_start), picked)
 
 
 def start_question(plan: LaunchPlan, checked: CheckedLaunch) -> str:

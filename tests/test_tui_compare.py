@@ -309,9 +309,14 @@ async def test_a_live_run_offers_stop_but_neither_start_nor_resume(live_run):
         assert refusal.notification.message.startswith("the run is running: stop it first")
         assert "\n" not in refusal.notification.message
         await pilot.press("enter")
-        assert isinstance(pilot.app.screen, ChoiceScreen)
-        await pilot.press("r")
+        choice = pilot.app.screen
+        assert isinstance(choice, ChoiceScreen)
+        assert "r" not in footer(choice) and "resume the run" not in str(choice.query_one("#choice-keys").render())
+        assert "no resuming: the run is running" in str(choice.query_one("#choice-note").render())
+        await pilot.press("r")  # not offered: nothing happens
         await pilot.pause()
+        assert pilot.app.screen is choice
+        await pilot.press("escape")
         assert pilot.app.screen is checkpoints
     assert not (live_run / "train.log").exists()
 

@@ -87,15 +87,22 @@ class ChoiceScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("r", "choose('resume')", "Resume from it"), Binding("x", "choose('export')", "Export it"),
                 Binding("escape,n", "choose('')", "Nothing")]
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str, resume_refusal: str | None = None) -> None:
         super().__init__()
         self.question = question
+        self.resume_refusal = resume_refusal
+        """Why resuming does not work now (the run is live, no plan): r is then not offered."""
 
     def compose(self) -> ComposeResult:
         with Vertical(id="choice-box"):
             yield Static(self.question, id="choice-question")
-            yield Static("[b]r[/b] resume the run from it    [b]x[/b] export it to ONNX    [b]Esc[/b] nothing",
-                         id="choice-keys")
+            if self.resume_refusal is not None:
+                yield Static(Text(f"(no resuming: {self.resume_refusal})", style="dim"), id="choice-note")
+            resume = "" if self.resume_refusal is not None else "[b]r[/b] resume the run from it    "
+            yield Static(f"{resume}[b]x[/b] export it to ONNX    [b]Esc[/b] nothing", id="choice-keys")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return not (action == "choose" and parameters == ("resume",) and self.resume_refusal is not None)
 
     def action_choose(self, what: str) -> None:
         self.dismiss(what or None)
@@ -271,7 +278,8 @@ class CheckpointScreen(Screen):
                 self.action_export()
 
         self.app.push_screen(ChoiceScreen(f"{ck.path.name}: step {ck.step:,}, {size_text(ck.size)}, saved "
-                                          f"{duration(self.options.clock() - ck.mtime)} ago"), chosen)
+                                          f"{duration(self.options.clock() - ck.mtime)} ago", self.resume_refusal()),
+                             chosen)
 
     def resume_refusal(self) -> str | None:
         state = self.state

@@ -173,8 +173,7 @@ def status_text(report: dict) -> str:
         lines[-1] += (f"; CHANGED since it was saved ({ck['bytes']:,} bytes, saved as {ck['saved_bytes']:,}): "
                       "the next train skips it if it does not load")
     if r["last_eval"]:
-        shown = {k: v for k, v in r["last_eval"].items() if k not in ("time", "kind")}
-        lines.append("eval        " + " ".join(f"{k} {number(v, '.4g')}" for k, v in shown.items()))
+        lines.append("eval        " + " ".join(f"{k} {v}" for k, v in eval_figures(r["last_eval"])))
     else:
         lines.append("eval        none")
     if r.get("elo_curve"):
@@ -202,6 +201,12 @@ def status_text(report: dict) -> str:
         if count > shown:
             lines.append(f"  ({count - shown} earlier {rule} lines in train.log not shown)")
     return "\n".join(lines)
+
+
+def eval_figures(last_eval: dict) -> list[tuple[str, str]]:
+    """The figures of a status report's `last_eval` as status prints them, (name, text) in the event's order;
+    the TUI's eval table shows the same."""
+    return [(k, number(v, '.4g')) for k, v in last_eval.items() if k not in ("time", "kind")]
 
 
 ELO_CURVE_SHOWN = 10

@@ -20,7 +20,7 @@ from tideborn.errors import UserError
 from tideborn.events import TERMINAL_KINDS
 from tideborn.humanize import duration
 from tideborn.runcontrol import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
-from tideborn.rundir import LAUNCH_FILE
+from tideborn.rundir import LAUNCH_FILE, list_checkpoints
 from tui.follow import RunFollower, follow
 from tui.history import RunHistory, load_history
 from tui.messages import (
@@ -63,9 +63,14 @@ class DashboardScreen(Screen):
     HELP = LOG_NOTES + "\n\n" + PLOT_NOTES
     BINDINGS = [
         Binding("s", "start", "Start"),
+        # While the run is live, Start is not offered; s only says so (check_action).
+        Binding("s", "start_while_live", "Start", show=False),
         Binding("x", "stop", "Stop"),
         # While a stop is in progress, x only says so: Stop is not offered again (check_action).
         Binding("x", "stop_in_progress", "Stop", show=False),
+        # Nor while the run is not running (finished, stopped, failed...): x says there is nothing to stop.
+        Binding("x", "stop_not_running", "Stop", show=False),
+        Binding("k", "checkpoints", "Checkpoints"),
         Binding("m", "smooth", "Smooth"),
         Binding("l", "log_scale", "Log"),
         Binding("n", "last_steps", "Last N"),
@@ -270,10 +275,11 @@ class DashboardScreen(Screen):
         plan = self.app.plan if self.app.plan is not None else LaunchPlan.from_launch_file(self.run_dir)
         return plan.aimed_at(self.run_dir) if plan is not None else None
 
-    def action_start(self) -> None:
-        """Check the plan as `train_run start` would (a refusal is shown, and nothing starts), then ask."""
+    def action_start(self, resume: Path | None = None) -> None:
+        """Check the plan as `train_run start` would (a refusal is shown, and nothing starts), then ask.
+        `resume`: a checkpoint picked in the checkpoint list, passed to the trainer as `--resume`."""
         if self.state in LIVE_STATES:
-            self.notify(f"the run is {self.state} already; stop it first (x)", severity="warning")
+            self.action_start_while_live()
             return
         try:
             plan = self.launch_plan()
@@ -284,6 +290,8 @@ class DashboardScreen(Screen):
             self.notify(f"nothing to start: no launch.json in {self.run_dir} and no --config given",
                         title="cannot start", severity="error", timeout=15)
             return
+        if resume is not None:
+            plan = plan.resuming_from(resume)
         self.header.note = "checking the settings..."
         self.header.show()
         self._check(plan)
@@ -345,14 +353,22 @@ class DashboardScreen(Screen):
         return self.app.plan is not None or (self.run_dir / LAUNCH_FILE).exists()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("start", "edit"):  # not offered where they could only refuse: nothing to start
+        # Only what works in the run's state is offered; the hidden twins of a key say why it does not.
+        live = self.state in LIVE_STATES
+        if action == "edit":  # not offered where it could only refuse: nothing to start
             return self.can_start()
+        if action == "start":
+            return self.can_start() and not live
+        if action == "start_while_live":
+            return self.can_start() and live
         if action == "no_plan":
             return not self.can_start()
         if action == "stop":
-            return self._stopping() is None
+            return live and self._stopping() is None
         if action == "stop_in_progress":
             return self._stopping() is not None
+        if action == "stop_not_running":
+            return not live and self._stopping() is None
         return True
 
     def _stopping(self) -> tuple[str, float] | None:
@@ -375,12 +391,18 @@ class DashboardScreen(Screen):
         self.notify(f"nothing to start: no launch.json in {self.run_dir} and no --config given",
                     title="cannot start", severity="error", timeout=15)
 
+    def action_start_while_live(self) -> None:
+        self.notify(f"the run is {self.state} already; stop it first (x)", severity="warning")
+
+    def action_stop_not_running(self) -> None:
+        self.notify(f"the run is not running ({self.state}); nothing to stop", severity="warning")
+
     def action_stop_in_progress(self) -> None:
         self.notify(self.stopping_note() or "", title="stopping", severity="warning", timeout=10)
 
     def action_stop(self) -> None:
         if self.state not in LIVE_STATES:
-            self.notify(f"the run is not running ({self.state}); nothing to stop", severity="warning")
+            self.action_stop_not_running()
             return
         pid = (self.status or {}).get("pid")
         question = (f"Stop the run in {self.run_dir}?\n\nSIGTERM to pid {pid}: it finishes its step, saves a "
@@ -474,6 +496,16 @@ class DashboardScreen(Screen):
         if self.from_picker:
             self.app.pop_screen()
 
+    def action_checkpoints(self) -> None:
+        """The last eval and the checkpoints; one picked there is resumed from through the start key's path."""
+        from tui.screens.checkpoints import CheckpointScreen
+
+        def picked(checkpoint: Path | None) -> None:
+            if checkpoint is not None:
+                self.action_start(resume=checkpoint)
+
+        self.app.push_screen(CheckpointScreen(self.run_dir, self.options, lambda: self.status, self.can_start), picked)
+
 
 def start_question(plan: LaunchPlan, checked: CheckedLaunch) -> str:
     """The start confirmation: where, with what, and from which step."""
@@ -487,6 +519,10 @@ def start_question(plan: LaunchPlan, checked: CheckedLaunch) -> str:
     elif checked.resumes_from is not None:
         path, step = checked.resumes_from
         where = f"resumes from {path.name} (step {step:,}) to step {max_steps:,}"
+        later = [s for s, _p in list_checkpoints(checked.run_dir) if s > step]
+        if "--resume" in plan.trainer_args and later:
+            where += (f"\n(--resume: the {len(later)} later checkpoint(s), to step {max(later):,}, are abandoned: "
+                      "the trainer moves them to archive/branch-*)")
     else:
         where = f"starts at step 0 (no checkpoint there), to step {max_steps:,}"
     return f"Start a run in {checked.run_dir}?\n\n{settings}\n{where}\n(from {plan.origin})"

@@ -102,8 +102,12 @@ async def test_plot_shows_losses_eval_nonfinite_and_axis_markers(fixture_run):
         screen = await attached(pilot)
         plot = screen.plot
         lines = plot.render().plain.split("\n")
-        assert {c.label for c in plot.curves()} == {"loss", "policy", "value", "eval-pol", "eval-val", "acc-pol",
-                                                    "acc-val"}
+        # 120x40 has no room for the grid: the losses chart alone, the others one key away
+        assert plot.chart_name() == "1/6 losses"
+        assert {c.label for c in plot.curves()} == {"loss", "policy", "value", "eval-pol", "eval-val"}
+        assert {c.label for chart in plot.charts() for c in chart.curves} == {
+            "loss", "policy", "value", "eval-pol", "eval-val", "acc-pol", "acc-val", "lr", "grad-norm", "pos/s",
+            "wait-share"}
         assert plot.history.series["loss"].segments == [0, 60]  # the resume at step 200 starts a segment
     assert "4 non-finite" in lines[0]
     axis = lines[-2]
@@ -269,10 +273,9 @@ async def test_plot_keys_toggle_smoothing_log_scale_windows_and_curves(fixture_r
         await pilot.press("a")
         assert plot.options.window is None
         await pilot.press("c")
-        assert plot.view == "losses" and "acc-pol" not in plot.render().plain.split("\n")[0]
+        assert plot.view == "train" and "eval-pol" not in plot.render().plain.split("\n")[0]
         await pilot.press("c")
-        assert plot.view == "eval" and {c.label for c in plot.curves()} == {"eval-pol", "eval-val", "acc-pol",
-                                                                            "acc-val"}
+        assert plot.view == "eval" and {c.label for c in plot.curves()} == {"eval-pol", "eval-val"}
 
 
 async def test_help_lists_the_keys_and_closes(fixture_run):

@@ -280,15 +280,20 @@ def format_step(step: float) -> str:
 def render_plot(curves: list[Curve], markers: list[Marker], options: PlotOptions, width: int,
                 height: int, title: str = "") -> Text:
     """The whole plot: a legend line, the canvas with y labels, the x axis with its markers, x labels."""
+    return Text("\n").join(plot_lines(curves, markers, options, width, height, title))
+
+
+def plot_lines(curves: list[Curve], markers: list[Marker], options: PlotOptions, width: int,
+               height: int, title: str = "") -> list[Text]:
+    """`render_plot`'s lines (at most `height`)."""
     legend = _legend(curves, options, width, title)
     if height < 5 or width < Y_LABEL_WIDTH + 8:
-        return legend
+        return [legend]
     plot_w, plot_h = width - Y_LABEL_WIDTH, height - 3
     span = options.x_range or x_range(curves, options.window, options.wall_time)
     if span is None or not curves:
         message = "no step events yet" if span is None else "nothing logged yet"
-        body = Text("\n" * (plot_h // 2) + message.center(width).rstrip(), no_wrap=True)
-        return Text("\n").join([legend, body])
+        return [legend, *(Text("") for _ in range(plot_h // 2)), Text(message.center(width).rstrip(), no_wrap=True)]
     x_lo, x_hi = span
     canvas = Canvas(plot_w, plot_h, braille=not options.ascii)
     layers: list[tuple[Curve, bool, list[tuple[Columns, np.ndarray]]]] = []
@@ -330,7 +335,7 @@ def render_plot(curves: list[Curve], markers: list[Marker], options: PlotOptions
         _cursor_line(lines, cursor_column, options)
     labelled = _with_y_labels(lines, scale, options)
     axis, ticks = _x_axis(markers, x_lo, x_hi, plot_w, options, cursor_column)
-    return Text("\n").join([legend, *labelled, axis, ticks])
+    return [legend, *labelled, axis, ticks]
 
 
 def grid_shape(count: int, width: int, height: int, min_width: int = 40, min_height: int = 9) -> tuple[int, int] | None:
@@ -375,8 +380,8 @@ def render_grid(charts: list[Chart], markers: list[Marker], options: PlotOptions
                 drawn.append([Text(" " * cell_w)] * cell_h)
                 continue
             chart = charts[number]
-            lines = render_plot(chart.curves, markers, shared, cell_w, cell_h, chart.title).split("\n")
-            lines = list(lines)[:cell_h] + [Text("")] * max(cell_h - len(lines), 0)
+            lines = plot_lines(chart.curves, markers, shared, cell_w, cell_h, chart.title)
+            lines = lines[:cell_h] + [Text("") for _ in range(cell_h - len(lines))]
             for line in lines:
                 line.no_wrap, line.overflow = True, "crop"
                 line.set_length(cell_w)

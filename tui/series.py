@@ -333,7 +333,8 @@ class Column:
         self.smoothed = spec.smoothed
         self.dtype = spec.dtype
         self.y = Growable(dtype=spec.dtype)
-        self.smooth = Growable(dtype=spec.dtype) if spec.smoothed else self.y
+        # the smoothed values are only drawn, never read out exactly: float32 is plenty
+        self.smooth = Growable(dtype=np.float32) if spec.smoothed else self.y
         self.bad_x = Growable(16)
         self.bad_sign = Growable(16)
         self.bad_at = Growable(16)
@@ -413,7 +414,7 @@ class Column:
         smoothed = np.empty(len(self.y))
         for begin, end in self.segment_bounds():
             smoothed[begin:end], self._ema = ema_debiased(self.y.view[begin:end].astype(np.float64), weight)
-        self.smooth = Growable(len(smoothed), dtype=self.dtype)
+        self.smooth = Growable(len(smoothed), dtype=np.float32)
         self.smooth.extend(smoothed)
         self.smooth_blocks = BlockExtremes()
         self.smooth_blocks.update(self.smooth.view)

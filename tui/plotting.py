@@ -535,6 +535,10 @@ def _legend(curves: list[Curve], options: PlotOptions, width: int, title: str) -
     if bad:
         flags.append(f"{bad} non-finite")
     right = Text(" [" + " | ".join(flags) + "]", style="bold red" if bad and options.colour else "")
+    if options.cursor is not None:  # the values come first; the view's flags get what room is left
+        line.append_text(right)
+        line.truncate(max(width, 0), overflow="ellipsis", pad=True)
+        return line
     room = width - right.cell_len
     if line.cell_len > room:
         line.truncate(max(room, 0), overflow="ellipsis")
@@ -555,7 +559,7 @@ def _readout(curve: Curve, options: PlotOptions) -> str:
         if average is not None and math.isfinite(average):
             text += f"~{format_value(average)}"
     span = options.x_range[1] - options.x_range[0] if options.x_range else 0.0
-    if abs(x - options.cursor) > max(span / 200, 0.5):
+    if x != options.cursor:  # a point of its own (eval points are sparse): say where
         text += "@" + format_x(x, span, options.wall_time)
     return text
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import numpy as np
 from rich.text import Text
 from textual import events
 from textual.widget import Widget
@@ -238,7 +239,7 @@ class LossPlot(Widget):
         if centre is None:
             centre = self.cursor if self.cursor is not None and lo <= self.cursor <= hi else (lo + hi) / 2
         width = max((hi - lo) / factor, 2.0)
-        if width >= full[1] - full[0]:
+        if width >= (full[1] - full[0]) * (1 - 1e-9):
             self.zoom = None
         else:
             share = (centre - lo) / (hi - lo) if hi > lo else 0.5
@@ -252,7 +253,7 @@ class LossPlot(Widget):
         if span is None or full is None:
             return None
         width = span[1] - span[0]
-        if width >= full[1] - full[0]:
+        if width >= (full[1] - full[0]) * (1 - 1e-9):
             return self.zoom
         self.zoom = self._clamped(span[0] + direction * width * PAN_FRACTION, width, full)
         self.refresh()
@@ -268,24 +269,51 @@ class LossPlot(Widget):
         self.refresh()
 
     def toggle_cursor(self) -> float | None:
+        """The cursor on, at the logged step nearest the middle of the view; or off."""
         span = self.span()
-        self.cursor = None if self.cursor is not None or span is None else (span[0] + span[1]) / 2
+        self.cursor = None if self.cursor is not None or span is None else self._snap((span[0] + span[1]) / 2)
         self.refresh()
         return self.cursor
 
     def move_cursor(self, direction: int) -> float | None:
-        """One cell left or right; past the edge of a zoomed view the view pans with it."""
+        """To the logged step nearest one cell left or right (at least the next one); past the edge of a
+        zoomed view the view pans with it."""
         span = self.span()
         if self.cursor is None or span is None:
             return None
         cells = max(self._chart_width() - Y_LABEL_WIDTH, 1)
-        step = (span[1] - span[0]) / cells
-        full = self.full_range() or span
-        self.cursor = min(max(self.cursor + direction * step, full[0]), full[1])
+        moved = self._snap(self.cursor + direction * (span[1] - span[0]) / cells)
+        if (moved - self.cursor) * direction <= 0:
+            moved = self._snap(self.cursor, direction)
+        self.cursor = moved
         if not span[0] <= self.cursor <= span[1]:
             self.pan(direction)
         self.refresh()
         return self.cursor
+
+    def _snap(self, at: float, beyond: int = 0) -> float:
+        """The x of the logged step nearest `at` (beyond: the first strictly right (+1) or left (-1) of
+        it), so the readout is of a real point; `at` itself where there is none."""
+        table = self.history.steps
+        xs = table.t.view if self.options.wall_time else table.x.view
+        found: list[float] = []
+        for begin, end in table.segment_bounds():
+            part = xs[begin:end]
+            if part.size == 0:
+                continue
+            if beyond > 0:
+                i = int(np.searchsorted(part, at, "right"))
+                found += [float(part[i])] if i < part.size else []
+            elif beyond < 0:
+                i = int(np.searchsorted(part, at, "left")) - 1
+                found += [float(part[i])] if i >= 0 else []
+            else:
+                i = int(np.searchsorted(part, at))
+                found += [float(part[j]) for j in (i - 1, i) if 0 <= j < part.size]
+        found = [x for x in found if np.isfinite(x)]
+        if not found:
+            return at
+        return min(found, key=lambda x: abs(x - at))
 
     def _chart_width(self) -> int:
         shape, width, _height = self._layout

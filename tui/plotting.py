@@ -537,12 +537,24 @@ def _legend(curves: list[Curve], options: PlotOptions, width: int, title: str) -
     right = Text(" [" + " | ".join(flags) + "]", style="bold red" if bad and options.colour else "")
     if options.cursor is not None:  # the values come first; the view's flags get what room is left
         line.append_text(right)
-        line.truncate(max(width, 0), overflow="ellipsis", pad=True)
+        _cut(line, width, options.ascii)
+        line.pad_right(width - line.cell_len)
         return line
     room = width - right.cell_len
     if line.cell_len > room:
-        line.truncate(max(room, 0), overflow="ellipsis")
+        _cut(line, room, options.ascii)
     return Text.assemble(line, Text(" " * max(room - line.cell_len, 0)), right)
+
+
+def _cut(line: Text, width: int, ascii: bool) -> None:
+    """Cut a line to `width` cells with an ellipsis: "..." in ASCII mode, where everything is ASCII."""
+    if line.cell_len <= width:
+        return
+    if not ascii:
+        line.truncate(max(width, 0), overflow="ellipsis")
+        return
+    line.truncate(max(width - 3, 0), overflow="crop")
+    line.append("..."[: max(width, 0)])
 
 
 def _readout(curve: Curve, options: PlotOptions) -> str:

@@ -74,7 +74,7 @@ class DashboardScreen(Screen):
         Binding("a", "all_steps", "All", show=False),
         Binding("c", "curves", "Curves: all, train, eval", show=False),
         Binding("g", "next_chart", "Chart"),
-        Binding("plus,equals_sign", "zoom_in", "Zoom in (x axis)", show=False),
+        Binding("plus", "zoom_in", "Zoom in (x axis)", show=False),
         Binding("minus", "zoom_out", "Zoom out", show=False),
         Binding("left_square_bracket", "pan_left", "Pan left (cursor left while it is on)", show=False),
         Binding("right_square_bracket", "pan_right", "Pan right (cursor right while it is on)", show=False),

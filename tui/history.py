@@ -23,10 +23,8 @@ from tui.series import Column, ColumnSpec, Series, StepTable
 STEP_SERIES = ("loss", "policy_loss", "value_loss")
 STEP_METRICS = ("grad_norm", "lr", "positions_per_second", "data_wait_fraction")
 """From `step` events too: data_wait_fraction is data_wait_seconds / (data_wait_seconds + compute_seconds)."""
-STEP_COLUMNS = (ColumnSpec("loss"), ColumnSpec("policy_loss"), ColumnSpec("value_loss"),
-                # shown to a few digits: float32 halves their memory on a long run
-                ColumnSpec("grad_norm", np.float32), ColumnSpec("lr", np.float32, smoothed=False),
-                ColumnSpec("positions_per_second", np.float32), ColumnSpec("data_wait_fraction", np.float32))
+STEP_COLUMNS = (ColumnSpec("loss"), ColumnSpec("policy_loss"), ColumnSpec("value_loss"), ColumnSpec("grad_norm"),
+                ColumnSpec("lr", smoothed=False), ColumnSpec("positions_per_second"), ColumnSpec("data_wait_fraction"))
 """The learning rate is a schedule, not a noisy measurement: it is never smoothed."""
 COLUMN_NAMES = tuple(spec.name for spec in STEP_COLUMNS)
 EVAL_SERIES = ("policy_loss", "value_loss", "policy_accuracy", "value_accuracy")

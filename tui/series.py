@@ -243,7 +243,9 @@ class Series:
 @dataclass(frozen=True)
 class ColumnSpec:
     name: str
-    dtype: type = np.float64
+    dtype: type = np.float32
+    """Values are drawn and read out to three or four digits: float32 halves a long run's memory (the
+    steps and times stay float64; non-finite values are noted before they are stored)."""
     smoothed: bool = True
 
 

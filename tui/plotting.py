@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from rich.text import Text
 
-from tui.decimate import Columns, decimate
+from tui.decimate import Columns, column_bounds, decimate
 from tui.series import Series
 
 BRAILLE_BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.uint16)
@@ -284,8 +284,10 @@ def render_plot(curves: list[Curve], markers: list[Marker], options: PlotOptions
 
 
 def plot_lines(curves: list[Curve], markers: list[Marker], options: PlotOptions, width: int,
-               height: int, title: str = "") -> list[Text]:
-    """`render_plot`'s lines (at most `height`)."""
+               height: int, title: str = "", bounds_cache: dict | None = None) -> list[Text]:
+    """`render_plot`'s lines (at most `height`). `bounds_cache`: column bounds already found for a step
+    array (the step metrics share one), kept across the charts of a grid."""
+    bounds_cache = {} if bounds_cache is None else bounds_cache
     legend = _legend(curves, options, width, title)
     if height < 5 or width < Y_LABEL_WIDTH + 8:
         return [legend]
@@ -310,7 +312,11 @@ def plot_lines(curves: list[Curve], markers: list[Marker], options: PlotOptions,
             decimated = []
             for begin, end in s.segment_bounds():
                 x = xs[begin:end]
-                cols = decimate(x, values[begin:end], x_lo, x_hi, canvas.dot_width, blocks, base=begin)
+                key = (id(s.t if options.wall_time else s.x), begin, end, x_lo, x_hi, canvas.dot_width)
+                if key not in bounds_cache:
+                    bounds_cache[key] = column_bounds(x, x_lo, x_hi, canvas.dot_width)
+                cols = decimate(x, values[begin:end], x_lo, x_hi, canvas.dot_width, blocks, base=begin,
+                                bounds=bounds_cache[key])
                 if len(cols):
                     decimated.append((cols, x))
                     lows.append(cols.low)
@@ -371,6 +377,7 @@ def render_grid(charts: list[Chart], markers: list[Marker], options: PlotOptions
     shared = replace(options, x_range=span) if span is not None else options
     cell_w = (width - (columns - 1)) // columns
     out: list[Text] = []
+    bounds_cache: dict = {}
     for row in range(rows):
         cell_h = height // rows + (1 if row < height % rows else 0)
         drawn = []
@@ -380,7 +387,7 @@ def render_grid(charts: list[Chart], markers: list[Marker], options: PlotOptions
                 drawn.append([Text(" " * cell_w)] * cell_h)
                 continue
             chart = charts[number]
-            lines = plot_lines(chart.curves, markers, shared, cell_w, cell_h, chart.title)
+            lines = plot_lines(chart.curves, markers, shared, cell_w, cell_h, chart.title, bounds_cache)
             lines = lines[:cell_h] + [Text("") for _ in range(cell_h - len(lines))]
             for line in lines:
                 line.no_wrap, line.overflow = True, "crop"

@@ -246,6 +246,29 @@ async def test_nothing_is_redrawn_while_nothing_changes(fixture_run):
         assert screen.header.shown_text == header
 
 
+async def test_status_refreshes_redraw_the_footer_only_when_what_it_offers_changes(fixture_run):
+    """Status arrives about once a second while a run is followed; redrawing the footer each time
+    restyled all its keys (most of the TUI's CPU use while following). Only a change of what it offers
+    (Stop, or only the stopping note; Start) redraws it."""
+    from tui.messages import RunRefreshed
+
+    async with app_for(fixture_run).run_test(size=(100, 30)) as pilot:
+        screen = await attached(pilot)
+        calls = []
+        screen.refresh_bindings = lambda: calls.append(1)
+        status = {**screen.status, "state": "running", "terminal": None}
+        for number in range(5):
+            screen.post_message(RunRefreshed({**status, "last_step": 400 + number}))
+            await pilot.pause()
+        assert calls == []
+        # a stop sent from elsewhere (stop_requested): Stop leaves the footer, once
+        stopping = {**status, "stop_requested": {"signal": "SIGTERM", "time": FIXTURE_NOW}}
+        for _ in range(3):
+            screen.post_message(RunRefreshed(stopping))
+            await pilot.pause()
+        assert calls == [1] and not screen.check_action("stop", ())
+
+
 async def test_a_directory_that_does_not_exist_yet_is_waited_for(tmp_path):
     run_dir = tmp_path / "later"
     async with app_for(run_dir, follow=True, clock=time.time).run_test(size=(100, 30)) as pilot:

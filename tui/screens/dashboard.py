@@ -109,6 +109,8 @@ class DashboardScreen(Screen):
         self._generation = 0
         self._events_seen = False
         self._launched: list[subprocess.Popen] = []
+        self._offered: tuple[bool, bool] | None = None
+        """What the footer last offered: (a stop in progress, a plan to start)."""
 
     # -- layout ---------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -232,7 +234,13 @@ class DashboardScreen(Screen):
         if pane.add_anomalies([a for a in holding if a.rule not in (STALLED, VANISHED) or a.rule not in listed]):
             pane.alert()
         pane.hold(bool(holding))
-        self.refresh_bindings()  # Stop is offered, or not, by whether a stop is in progress
+        # Stop is offered, or not, by whether a stop is in progress (and Start by whether there is a plan).
+        # Only when that changes: redrawing the footer restyles all its keys (while a run is followed,
+        # status arrives about once a second, and that restyling was most of the TUI's CPU use).
+        offered = (self._stopping() is not None, self.can_start())
+        if offered != self._offered:
+            self._offered = offered
+            self.refresh_bindings()
 
     def on_anomalies_found(self, message: AnomaliesFound) -> None:
         pane = self.query_one("#anomalies", AnomalyList)

@@ -531,10 +531,8 @@ def _legend(curves: list[Curve], options: PlotOptions, width: int, title: str) -
             line.append(_readout(curve, options) + " ", style="bold" if options.colour else "")
     flags = []
     weights = {c.series.weight for c in curves if smoothed(c, options)}
-    if weights:
+    if weights:  # only where something is smoothed: eval points and the learning rate never are
         flags.append("EMA " + "/".join(f"{w:g}" for w in sorted(weights)))
-    elif options.smooth and any(getattr(c.series, "smoothed", True) for c in curves):
-        flags.append("EMA")
     if options.log:
         flags.append("log")
     flags.append(options.view_label or ("all" if options.window is None else f"last {format_step(options.window)}"))

@@ -449,6 +449,25 @@ async def test_smoothing_weight_keys_and_eval_points_never_smoothed(fixture_run)
         assert not history.series["lr"].smoothed
 
 
+async def test_view_keys_on_a_run_without_steps_change_nothing_harmful(tmp_path):
+    """An empty run directory: every chart says so, and each view key (zoom, pan, cursor, wall time,
+    smoothing, chart, curves) leaves it so, in the grid and one chart at a time."""
+    run_dir = tmp_path / "empty"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text("")
+    for size in ((200, 50), (80, 24)):
+        async with app_for(run_dir).run_test(size=size) as pilot:
+            screen = await attached(pilot)
+            keys = ["plus", "minus", "left_square_bracket", "right_square_bracket", "0", "k",
+                    "right_square_bracket", "t", "less_than_sign", "greater_than_sign", "g", "c", "m", "l",
+                    "n", "a", "k"]
+            for key in keys:
+                await pilot.press(key)
+            text = screen.plot.render().plain
+            assert "no step events yet" in text and screen.plot.zoom is None
+            assert pilot.app.is_running
+
+
 async def test_help_lists_the_keys_and_closes(fixture_run):
     async with app_for(fixture_run).run_test(size=(100, 30)) as pilot:
         await attached(pilot)

@@ -297,6 +297,8 @@ def plot_lines(curves: list[Curve], markers: list[Marker], options: PlotOptions,
         message = "no step events yet" if span is None else "nothing logged yet"
         return [legend, *(Text("") for _ in range(plot_h // 2)), Text(message.center(width).rstrip(), no_wrap=True)]
     x_lo, x_hi = span
+    if not x_hi > x_lo:  # one step shown (or a range given empty): room around it, as x_range gives
+        x_lo, x_hi = x_lo - 1, x_lo + 1
     canvas = Canvas(plot_w, plot_h, braille=not options.ascii)
     layers: list[tuple[Curve, bool, list[tuple[Columns, np.ndarray]]]] = []
     lows, highs = [], []

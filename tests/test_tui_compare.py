@@ -191,7 +191,7 @@ async def test_compare_overlays_three_runs_with_a_legend(runs_folder, size):
         assert all(name in drawn.plain.split("\n")[0] for name in ("alpha", "bravo", "charlie"))
         assert drawn.plain.split("\n")[-1].split() == ["5", "78", "150"]  # x is the step, to the longest run
         title = str(screen.query_one("#compare-title").render())
-        assert "compare 3 runs: loss (1/7)" in title and len(title) <= size[0]
+        assert "compare 3 runs: loss (1/9)" in title and len(title) <= size[0]
 
 
 async def test_compare_in_ascii_gives_each_run_its_own_glyph(runs_folder):
@@ -212,12 +212,13 @@ async def test_compare_metric_keys_cycle_through_the_metrics_the_runs_have(runs_
     async with create_app(options(runs_folder=runs_folder)).run_test(size=(100, 30)) as pilot:
         screen = await open_compare(pilot)
         seen = [screen.metric[0]]
-        for _ in range(7):
+        for _ in range(9):
             await pilot.press("n")
             seen.append(screen.metric[0])
+        # the fixture's step events carry lr and positions/s, not grad_norm or data wait
         assert seen == ["loss", "policy_loss", "value_loss", "eval_policy_loss", "eval_value_loss",
-                        "eval_policy_accuracy", "eval_value_accuracy", "loss"]
-        await pilot.press("p")
+                        "eval_policy_accuracy", "eval_value_accuracy", "lr", "positions_per_second", "loss"]
+        await pilot.press("p", "p", "p")
         assert screen.metric[0] == "eval_value_accuracy"
         plot = screen.chart.render().plain
         assert plot.startswith("eval value accuracy")
@@ -234,7 +235,8 @@ async def test_compare_shows_only_metrics_some_run_has(tmp_path):
     write_small_run(folder / "two", last_step=45)
     async with create_app(options(runs_folder=folder)).run_test(size=(100, 30)) as pilot:
         screen = await open_compare(pilot, count=2)
-        assert [name for name, _label in screen.metrics()] == ["loss", "policy_loss", "value_loss"]
+        assert [name for name, _label in screen.metrics()] == ["loss", "policy_loss", "value_loss", "lr",
+                                                               "positions_per_second"]
 
 
 # -- keys offered where they work, and named in help ----------------------------------------------------

@@ -31,6 +31,10 @@ METRICS = (  # series name (tui.history), what people call it
     ("eval_value_loss", "eval value loss"),
     ("eval_policy_accuracy", "eval policy accuracy"),
     ("eval_value_accuracy", "eval value accuracy"),
+    ("lr", "learning rate"),
+    ("grad_norm", "gradient norm"),
+    ("positions_per_second", "positions/s"),
+    ("data_wait_fraction", "data wait"),
 )
 RUN_STYLES = ("#e5c07b", "#61afef", "#e06c75", "#98c379", "#c678dd", "#56b6c2", "#d19a66", "#abb2bf")
 RUN_GLYPHS = ("#", "o", "*", "@", "%", "&", "=", "$")

@@ -47,9 +47,11 @@ from tui.widgets.anomalies import AnomalyList, clock_text, evidence_text
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.header import RunHeader
 from tui.widgets.log_pane import LogPane
-from tui.widgets.loss_plot import LossPlot
+from tui.widgets.loss_plot import ZOOM_FACTOR, LossPlot
 
 LIVE_STATES = ("running", "stalled")
+SMOOTHING_WEIGHTS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
+"""What < and > step through (0: off)."""
 
 
 LOG_NOTES = """\
@@ -75,7 +77,17 @@ class DashboardScreen(Screen):
         Binding("l", "log_scale", "Log"),
         Binding("n", "last_steps", "Last N"),
         Binding("a", "all_steps", "All", show=False),
-        Binding("c", "curves", "Curves", show=False),
+        Binding("c", "curves", "Curves: all, train, eval", show=False),
+        Binding("g", "next_chart", "Chart"),
+        Binding("plus", "zoom_in", "Zoom in (x axis)", show=False),
+        Binding("minus", "zoom_out", "Zoom out", show=False),
+        Binding("left_square_bracket", "pan_left", "Pan left (cursor left while it is on)", show=False),
+        Binding("right_square_bracket", "pan_right", "Pan right (cursor right while it is on)", show=False),
+        Binding("0", "reset_zoom", "Zoom: all", show=False),
+        Binding("v", "cursor", "Cursor: values at a step", show=False),
+        Binding("t", "wall_time", "x axis: step / wall time", show=False),
+        Binding("less_than_sign", "smoothing_down", "Less smoothing (0 is off)", show=False),
+        Binding("greater_than_sign", "smoothing_up", "More smoothing", show=False),
         Binding("e", "edit", "Overrides"),
         # Without a plan (no --config, no launch.json) s and e are not offered; pressed, they say why.
         Binding("s,e", "no_plan", "Start / Overrides (needs --config)", show=False),
@@ -102,6 +114,8 @@ class DashboardScreen(Screen):
         self._generation = 0
         self._events_seen = False
         self._launched: list[subprocess.Popen] = []
+        self._offered: tuple[bool, bool] | None = None
+        """What the footer last offered: (a stop in progress, a plan to start)."""
 
     # -- layout ---------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -193,11 +207,14 @@ class DashboardScreen(Screen):
         if message.generation != self._generation:
             return  # read from a file that has since been replaced
         continues = self._first_event_kind != "run_started"
+        if message.history.weight != self.history.weight:  # the weight was changed while it was read
+            message.history.set_weight(self.history.weight)
         earlier = message.history.nonfinite_anomalies()
         self.history.prepend(message.history, continues)
         if earlier:  # NaNs before the tail read first: listed and marked as those in the tail are
             self.query_one("#anomalies", AnomalyList).add_anomalies(earlier, earlier=True)
-            self.plot.anomaly_markers[:0] = [Marker(float(a.evidence["step"]), "anomaly") for a in earlier]
+            self.plot.anomaly_markers[:0] = [Marker(float(a.evidence["step"]), "anomaly", a.time or None)
+                                             for a in earlier]
         self.plot.data_changed()
         self.header.note = ""
         self.header.show()
@@ -222,7 +239,13 @@ class DashboardScreen(Screen):
         if pane.add_anomalies([a for a in holding if a.rule not in (STALLED, VANISHED) or a.rule not in listed]):
             pane.alert()
         pane.hold(bool(holding))
-        self.refresh_bindings()  # Stop is offered, or not, by whether a stop is in progress
+        # Stop is offered, or not, by whether a stop is in progress (and Start by whether there is a plan).
+        # Only when that changes: redrawing the footer restyles all its keys (while a run is followed,
+        # status arrives about once a second, and that restyling was most of the TUI's CPU use).
+        offered = (self._stopping() is not None, self.can_start())
+        if offered != self._offered:
+            self._offered = offered
+            self.refresh_bindings()
 
     def on_anomalies_found(self, message: AnomaliesFound) -> None:
         pane = self.query_one("#anomalies", AnomalyList)
@@ -230,7 +253,7 @@ class DashboardScreen(Screen):
         for anomaly in new:
             step = anomaly.evidence.get("step")
             if isinstance(step, int):
-                self.plot.anomaly_markers.append(Marker(float(step), "anomaly"))
+                self.plot.anomaly_markers.append(Marker(float(step), "anomaly", anomaly.time or None))
         if new:
             self.plot.data_changed()
             pane.alert()
@@ -456,6 +479,60 @@ class DashboardScreen(Screen):
     def action_curves(self) -> None:
         view = self.plot.next_view()
         self.notify(f"curves: {view}", timeout=2)
+
+    def action_next_chart(self) -> None:
+        self.plot.next_chart()  # the chart's title says which it is (2/6 accuracy): no notification over it
+
+    def action_zoom_in(self) -> None:
+        self.plot.zoom_by(ZOOM_FACTOR)
+
+    def action_zoom_out(self) -> None:
+        self.plot.zoom_by(1 / ZOOM_FACTOR)
+
+    def action_pan_left(self) -> None:
+        self._pan(-1)
+
+    def action_pan_right(self) -> None:
+        self._pan(1)
+
+    def _pan(self, direction: int) -> None:
+        if self.plot.cursor is not None:
+            self.plot.move_cursor(direction)
+        else:
+            self.plot.pan(direction)
+
+    def action_reset_zoom(self) -> None:
+        self.plot.reset_zoom()
+
+    def action_cursor(self) -> None:
+        on = self.plot.toggle_cursor() is not None
+        self.notify("cursor on: [ and ] move it, the legends read the values there" if on else "cursor off",
+                    timeout=3)
+
+    def action_wall_time(self) -> None:
+        wall = self.plot.toggle_wall_time()
+        self.notify(f"x axis: {'wall time' if wall else 'step'}", timeout=2)
+
+    def action_smoothing_down(self) -> None:
+        self._smoothing(-1)
+
+    def action_smoothing_up(self) -> None:
+        self._smoothing(1)
+
+    def _smoothing(self, direction: int) -> None:
+        """The next EMA weight down or up (0 is off); train curves only, eval points are never smoothed."""
+        current = self.options.smoothing if self.plot.options.smooth else 0.0
+        if direction > 0:
+            weight = next((w for w in SMOOTHING_WEIGHTS if w > current), SMOOTHING_WEIGHTS[-1])
+        else:
+            weight = next((w for w in reversed(SMOOTHING_WEIGHTS) if w < current), 0.0)
+        if weight > 0:
+            self.options.smoothing = weight
+            if self.history.weight != weight:
+                self.history.set_weight(weight)
+        self.plot.set_smoothing(weight > 0)
+        self.notify(f"smoothing {weight:g} (train curves; eval points are never smoothed)" if weight
+                    else "smoothing off", timeout=2)
 
     def action_edit(self) -> None:
         from tui.screens.override_editor import OverrideEditorScreen

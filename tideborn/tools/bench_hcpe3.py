@@ -1,0 +1,204 @@
+"""hcpe3 throughput: tideborn's loader against dlshogi's C++ one on the same file (figures, never pass/fail).
+
+    python -m tideborn.tools.bench_hcpe3 pipeline [--file X.hcpe3] [--dlshogi-build DIR]
+    python -m tideborn.tools.bench_hcpe3 check X.hcpe3 [--dlshogi-build DIR]
+    python -m tideborn.tools.bench_hcpe3 make OUT.hcpe3 [--games DIR ...] [--copies N]
+
+`pipeline` times, alternating, several repetitions in one run: tideborn's first open of the file (the
+cold index/cache build), then its steady-state positions/s into ready tensors with each worker count
+(`TeacherBatches`, what the trainer uses); and, given `--dlshogi-build`, dlshogi's `load_hcpe3` (the
+whole file replayed into memory) and its `hcpe3_decode_with_value` batches, in a child process per
+OpenMP thread count (`OMP_THREAD_LIMIT`; dlshogi asks for 2 threads). Without `--file` it writes the
+games under `--games` (default `samples/games`) as hcpe3 with made-up search statistics
+(`bench_hcpe3_file`).
+
+`check` reads a file with tideborn's reader, dlshogi's and a plain cshogi replay, and names the first
+game and ply where positions, distributions, values or results differ.
+
+dlshogi's module is not a dependency: build it from its public source with the Python that runs tideborn
+(same version), outside this repository:
+
+    git clone https://github.com/TadaoYamaoka/DeepLearningShogi /tmp/dlshogi && cd /tmp/dlshogi
+    python -m venv /tmp/dlvenv && /tmp/dlvenv/bin/pip install cython "numpy>=2" setuptools
+    /tmp/dlvenv/bin/python setup.py build_ext --inplace   # dlshogi/cppshogi*.so: C++17, -O3, AVX2, OpenMP
+
+and pass `--dlshogi-build /tmp/dlshogi` (the tree, or any folder holding a `cppshogi*.so`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+
+from tideborn.errors import UserError, report_user_error
+from tideborn.tools.bench_hcpe3_file import write_hcpe3_from_games
+from tideborn.trainer.cli import OneLineParser
+
+DLSHOGI_POLICY = 27 * 81
+DLSHOGI_FEATURES = (62, 57)
+"""dlshogi's input planes as built by default (without NYUGYOKU_FEATURES): the same as cshogi's."""
+DEFAULT_GAMES = Path(__file__).resolve().parents[2] / "samples" / "games"
+
+
+def load_cppshogi(build: Path) -> types.ModuleType:
+    """dlshogi's compiled `cppshogi` module from a built source tree (or a folder holding the .so)."""
+    found = sorted(build.glob("dlshogi/cppshogi*.so")) or sorted(build.glob("cppshogi*.so"))
+    if not found:
+        raise UserError(f"--dlshogi-build {build}: no cppshogi*.so there or in {build / 'dlshogi'}; build it "
+                        f"with `python setup.py build_ext --inplace` in dlshogi's source tree (see --help)")
+    spec = importlib.util.spec_from_file_location("cppshogi", found[0])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as exc:  # built for another Python or numpy
+        raise UserError(f"{found[0]}: cannot load ({exc}); build it with this Python ({sys.version.split()[0]})") \
+            from None
+    return module
+
+
+class DlshogiData:
+    """A file loaded with dlshogi's `load_hcpe3` (no duplicate averaging, temperature 1, evals as
+    written), and batches decoded by its `hcpe3_decode_with_value` into preallocated arrays."""
+
+    def __init__(self, cppshogi: types.ModuleType, path: Path, batch_size: int):
+        self.cppshogi = cppshogi
+        started = time.perf_counter()
+        total, self.positions = cppshogi.load_hcpe3(str(path), False, 0.0, 1.0)
+        self.load_seconds = time.perf_counter() - started
+        if total != self.positions:
+            raise UserError(f"{path}: dlshogi's module already held {total - self.positions} positions; "
+                            "load one file per process")
+        self.features1 = np.zeros((batch_size, DLSHOGI_FEATURES[0], 9, 9), np.float32)
+        self.features2 = np.zeros((batch_size, DLSHOGI_FEATURES[1], 9, 9), np.float32)
+        self.probability = np.zeros((batch_size, DLSHOGI_POLICY), np.float32)
+        self.result = np.zeros(batch_size, np.float32)
+        self.value = np.zeros(batch_size, np.float32)
+
+    def decode(self, indices: np.ndarray) -> int:
+        n = len(indices)
+        self.cppshogi.hcpe3_decode_with_value(np.ascontiguousarray(indices, dtype=np.uint64), self.features1[:n],
+                                              self.features2[:n], self.probability[:n], self.result[:n],
+                                              self.value[:n])
+        return n
+
+    def hcp(self, index: int) -> bytes:
+        """The packed position of entry `index` (through `hcpe3_get_hcpe`)."""
+        record = np.zeros(38, np.uint8)
+        self.cppshogi.hcpe3_get_hcpe(index, record)
+        return record[:32].tobytes()
+
+
+def dlshogi_figures(build: Path, path: Path, batch_size: int, batches: int, seed: int) -> dict:
+    """Load `path` with dlshogi's module in this process and time batches in a shuffled order, as its
+    `Hcpe3DataLoader` draws them (`np.arange` shuffled)."""
+    data = DlshogiData(load_cppshogi(build), path, batch_size)
+    order = np.random.default_rng(seed).permutation(data.positions).astype(np.uint64)
+    batches = min(batches, max(1, data.positions // batch_size - 1))
+    data.decode(order[:batch_size])  # first touch of the arrays and the threads is not throughput
+    started = time.perf_counter()
+    positions = 0
+    for b in range(1, batches + 1):
+        positions += data.decode(order[b * batch_size:(b + 1) * batch_size])
+    seconds = time.perf_counter() - started
+    return {"load_seconds": data.load_seconds, "positions": data.positions,
+            "positions_per_second": positions / seconds}
+
+
+def dlshogi_in_child(build: Path, path: Path, threads: int, batch_size: int, batches: int, seed: int) -> dict:
+    """`dlshogi_figures` in a fresh process limited to `threads` OpenMP threads (the limit is read when
+    libgomp starts, and dlshogi's decode asks for 2 threads whatever OMP_NUM_THREADS says)."""
+    command = [sys.executable, "-m", "tideborn.tools.bench_hcpe3", "dlshogi", str(path), "--dlshogi-build", str(build),
+               "--batch-size", str(batch_size), "--batches", str(batches), "--seed", str(seed)]
+    env = {**os.environ, "OMP_THREAD_LIMIT": str(threads)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    if done.returncode != 0:
+        raise UserError(f"dlshogi's loader on {path} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _spread(values: list[float], unit: str = "pos/s", digits: int = 0) -> str:
+    return (f"{statistics.median(values):11,.{digits}f} {unit}  "
+            f"({min(values):,.{digits}f}..{max(values):,.{digits}f})")
+
+
+def benchmark_file(args: argparse.Namespace, scratch: Path) -> Path:
+    if args.file is not None:
+        if not args.file.is_file():
+            raise UserError(f"--file {args.file}: no such file")
+        return args.file
+    path = scratch / "games.hcpe3"
+    summary = write_hcpe3_from_games(args.games or [DEFAULT_GAMES], path, copies=args.copies, seed=0)
+    if summary.games == 0:
+        raise UserError(f"no readable games with a result under {', '.join(map(str, args.games or [DEFAULT_GAMES]))}")
+    return path
+
+
+def command_dlshogi(args: argparse.Namespace) -> int:
+    print(json.dumps(dlshogi_figures(args.dlshogi_build, args.file, args.batch_size, args.batches, args.seed)))
+    return 0
+
+
+def command_make(args: argparse.Namespace) -> int:
+    summary = write_hcpe3_from_games(args.games or [DEFAULT_GAMES], args.output, copies=args.copies, seed=args.seed,
+                                     warn=lambda line: print(f"skipped: {line}", file=sys.stderr))
+    print(f"{args.output}: {summary.games:,} games, {summary.moves:,} moves, {summary.with_candidates:,} with "
+          f"candidates, {summary.bytes:,} bytes")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="python -m tideborn.tools.bench_hcpe3", description=__doc__.split("\n\n")[0],
+                           epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+
+    pipeline = sub.add_parser("pipeline", help="positions/s of tideborn's hcpe3 loader (and dlshogi's)")
+    pipeline.add_argument("--file", type=Path, help="hcpe3 file to read (default: --games written as hcpe3)")
+    pipeline.add_argument("--games", type=Path, action="append", help="game records for the default file "
+                          "(repeatable; default samples/games)")
+    pipeline.add_argument("--copies", type=int, default=1, help="write the games this many times (a larger file)")
+    pipeline.add_argument("--dlshogi-build", type=Path, help="dlshogi source tree with cppshogi built (see --help)")
+    pipeline.add_argument("--dlshogi-threads", default="1,2", help="OpenMP thread limits for dlshogi's decode")
+    pipeline.add_argument("--batch-size", type=int, default=1024)
+    pipeline.add_argument("--batches", type=int, default=8, help="timed batches per run")
+    pipeline.add_argument("--repeats", type=int, default=3)
+    pipeline.add_argument("--workers", default="0,1,2", help="tideborn worker counts, comma-separated")
+
+    check = sub.add_parser("check", help="compare tideborn's reading of a file with dlshogi's and a plain replay")
+    check.add_argument("file", type=Path)
+    check.add_argument("--dlshogi-build", type=Path)
+
+    make = sub.add_parser("make", help="write game records as hcpe3 with made-up search statistics")
+    make.add_argument("output", type=Path)
+    make.add_argument("--games", type=Path, action="append")
+    make.add_argument("--copies", type=int, default=1)
+    make.add_argument("--seed", type=int, default=0)
+
+    dlshogi = sub.add_parser("dlshogi", help="dlshogi's loader alone, in this process (one JSON line)")
+    dlshogi.add_argument("file", type=Path)
+    dlshogi.add_argument("--dlshogi-build", type=Path, required=True)
+    dlshogi.add_argument("--batch-size", type=int, default=1024)
+    dlshogi.add_argument("--batches", type=int, default=8)
+    dlshogi.add_argument("--seed", type=int, default=0)
+
+    args = parser.parse_args(argv)
+    commands = {"pipeline": command_pipeline, "check": command_check, "make": command_make, "dlshogi": command_dlshogi}
+    try:
+        return commands[args.command](args)
+    except UserError as exc:
+        return report_user_error(exc, "bench_hcpe3")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Writes hcpe3 files (dlshogi's self-play format) from real games, with made-up but consistent search data.
+
+Each move of each game gets a MoveInfo (the move played as selectedMove16, an eval for the side to move)
+and, except for the first `book_plies` moves (candidateNum 0, as an opening book writes), a few legal
+candidates with visit counts, the move played among them. The visit counts are drawn from a seeded RNG, so
+a file is the same every time; `expected` records what was written, for read-back checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cshogi
+import numpy as np
+
+from tideborn.data.games import find_game_files, read_games
+from tideborn.data.hcpe3 import HEADER_DTYPE, MOVE_INFO_DTYPE, MOVE_VISITS_DTYPE
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_GAMES = REPO / "samples" / "games"
+
+
+@dataclass
+class WrittenGame:
+    start_hcp: np.ndarray
+    result: int
+    moves: list[int]
+    """cshogi moves of the game."""
+    infos: np.ndarray
+    candidates: list[np.ndarray]
+    positions: list[np.ndarray] = field(default_factory=list)
+    """The hcp before each move (replayed while writing)."""
+
+
+def sample_games(limit: int | None = None) -> list:
+    """Real games (samples/games, WCSC28) that have a result and start from the standard position."""
+    games = [g for path in find_game_files([SAMPLE_GAMES]) for g in read_games(path)
+             if g.result is not None and g.moves]
+    return games[:limit] if limit else games
+
+
+def made_up_search(board: cshogi.Board, move: int, rng: np.random.Generator, width: int = 6) -> np.ndarray:
+    """A few legal candidates with visit counts, the move played among them (usually the most visited)."""
+    legal = [m for m in board.legal_moves if m != move]
+    others = rng.choice(len(legal), size=min(width - 1, len(legal)), replace=False) if legal else []
+    moves = [move] + [legal[i] for i in others]
+    visits = rng.integers(1, 200, size=len(moves))
+    visits[0] = visits.max() + rng.integers(0, 300)
+    out = np.empty(len(moves), MOVE_VISITS_DTYPE)
+    out["move16"] = [cshogi.move16(m) for m in moves]
+    out["visitNum"] = visits
+    order = rng.permutation(len(moves))  # the played move is not always first
+    return out[order]
+
+
+def write_hcpe3(path: Path, games: list, seed: int = 0, book_plies: int = 2, max_moves: int | None = None,
+                result_flags: int = 0) -> list[WrittenGame]:
+    """Write `games` (tideborn.data.games.Game) as hcpe3 to `path`; returns what was written."""
+    rng = np.random.default_rng(seed)
+    board = cshogi.Board()
+    written: list[WrittenGame] = []
+    with open(path, "wb") as handle:
+        for game in games:
+            moves = game.moves[:max_moves] if max_moves else game.moves
+            board.set_sfen(game.sfen)
+            header = np.zeros(1, HEADER_DTYPE)
+            board.to_hcp(header["hcp"][0])
+            result = int(game.result) | (0x4 if getattr(game, "endgame", "") == "%SENNICHITE" else 0) | result_flags
+            header["moveNum"], header["result"], header["opponent"] = len(moves), result, 0
+            infos = np.zeros(len(moves), MOVE_INFO_DTYPE)
+            record = WrittenGame(header["hcp"][0].copy(), result, list(moves), infos, [])
+            for ply, move in enumerate(moves):
+                hcp = np.empty(32, np.uint8)
+                board.to_hcp(hcp)
+                record.positions.append(hcp)
+                infos[ply]["selectedMove16"] = cshogi.move16(move)
+                infos[ply]["eval"] = int(rng.integers(-2000, 2000))
+                candidates = np.empty(0, MOVE_VISITS_DTYPE) if ply < book_plies else made_up_search(board, move, rng)
+                infos[ply]["candidateNum"] = len(candidates)
+                record.candidates.append(candidates)
+                board.push(move)
+            handle.write(header.tobytes())
+            for info, candidates in zip(infos, record.candidates):
+                handle.write(info.tobytes())
+                handle.write(candidates.tobytes())
+            written.append(record)
+    return written

@@ -31,6 +31,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,7 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from tideborn.errors import UserError, report_user_error
-from tideborn.tools.bench_hcpe3_file import write_hcpe3_from_games
+from tideborn.tools.bench_hcpe3_check import cross_check
+from tideborn.tools.bench_hcpe3_file import reference_moves, write_hcpe3_from_games
 from tideborn.trainer.cli import OneLineParser
 
 DLSHOGI_POLICY = 27 * 81
@@ -143,6 +145,121 @@ def benchmark_file(args: argparse.Namespace, scratch: Path) -> Path:
     if summary.games == 0:
         raise UserError(f"no readable games with a result under {', '.join(map(str, args.games or [DEFAULT_GAMES]))}")
     return path
+
+
+def tideborn_open_seconds(source: Path, scratch: Path) -> tuple[float, float, int]:
+    """(cold, warm, positions): opening a fresh copy of `source` (no positions cache yet: every game
+    replayed with cshogi and the cache written beside it), then opening it again (the cache mapped)."""
+    from tideborn.data.hcpe3 import Hcpe3File
+
+    folder = Path(tempfile.mkdtemp(dir=scratch))
+    copy = folder / source.name
+    shutil.copyfile(source, copy)
+    started = time.perf_counter()
+    positions = len(Hcpe3File(copy).positions())
+    cold = time.perf_counter() - started
+    started = time.perf_counter()
+    len(Hcpe3File(copy).positions())
+    warm = time.perf_counter() - started
+    shutil.rmtree(folder)
+    return cold, warm, positions
+
+
+def tideborn_positions_per_second(path: Path, workers: int, batch_size: int, batches: int, seed: int) -> float:
+    """Steady-state positions/s of `TeacherBatches` (the trainer's loader) on `path` into ready CPU tensors:
+    input planes widened to float, value targets, sparse policy distributions."""
+    import torch
+
+    from tideborn.config import load_settings
+    from tideborn.data.loader import TeacherBatches
+
+    settings = load_settings(None, [f"data.train={json.dumps([str(path)])}", f"data.workers={workers}",
+                                    f"optim.batch_size={batch_size}", f"runtime.seed={seed}",
+                                    "data.prefetch_batches=4"], environ={}).settings
+    with TeacherBatches(settings, torch.device("cpu")) as data:
+        data.next_batch()  # worker start-up (and opening the file) is not throughput
+        started = time.perf_counter()
+        positions = sum(len(data.next_batch()) for _ in range(batches))
+        return positions / (time.perf_counter() - started)
+
+
+def command_pipeline(args: argparse.Namespace) -> int:
+    worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
+    thread_counts = [int(t) for t in args.dlshogi_threads.split(",") if t.strip()] if args.dlshogi_build else []
+    if args.dlshogi_build is not None:
+        load_cppshogi(args.dlshogi_build)  # refuse a bad build before any timing
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
+        path = benchmark_file(args, scratch)
+        moves = reference_moves(path)
+        games = len({m.game for m in moves})
+        cold, warm, counts = [], [], set()
+        results: dict[str, list[float]] = {f"tideborn, {w} worker{'s' if w != 1 else ''}": [] for w in worker_counts}
+        load_seconds: dict[int, list[float]] = {t: [] for t in thread_counts}
+        dlshogi_rates: dict[int, list[float]] = {t: [] for t in thread_counts}
+        dlshogi_positions = set()
+        # The benchmark reads a copy in the scratch folder, so that no cache is left beside the user's file.
+        working = scratch / "timed" / path.name
+        working.parent.mkdir()
+        shutil.copyfile(path, working)
+        positions = len(_open_positions(working))
+        batches = min(args.batches, max(1, positions // args.batch_size - 1))
+        print(f"{path.name}: {path.stat().st_size:,} bytes, {games:,} games, {len(moves):,} moves, "
+              f"{positions:,} tideborn positions; batches of {args.batch_size}, {batches} timed batches per run, "
+              f"{args.repeats} repetitions alternating; cpus {os.cpu_count()}, load average "
+              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        for repeat in range(args.repeats):
+            c, w, n = tideborn_open_seconds(path, scratch)
+            cold.append(c)
+            warm.append(w)
+            counts.add(n)
+            for workers in worker_counts:
+                results[f"tideborn, {workers} worker{'s' if workers != 1 else ''}"].append(
+                    tideborn_positions_per_second(working, workers, args.batch_size, batches, seed=repeat))
+            for threads in thread_counts:
+                figures = dlshogi_in_child(args.dlshogi_build, working, threads, args.batch_size, batches, repeat)
+                load_seconds[threads].append(figures["load_seconds"])
+                dlshogi_rates[threads].append(figures["positions_per_second"])
+                dlshogi_positions.add(figures["positions"])
+        print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"{'tideborn, cold open (replay, cache)':40s} {_spread(cold, 's', 3)}  "
+          f"{positions / statistics.median(cold):,.0f} pos/s")
+    print(f"{'tideborn, warm open (cache mapped)':40s} {_spread(warm, 's', 3)}")
+    for name, values in results.items():
+        print(f"{name:40s} {_spread(values)}  {1000 * args.batch_size / statistics.median(values):6.1f} ms/batch")
+    for threads in thread_counts:
+        dl_positions = next(iter(dlshogi_positions))
+        print(f"{'dlshogi load_hcpe3 (replay into RAM)':40s} {_spread(load_seconds[threads], 's', 3)}  "
+              f"{dl_positions / statistics.median(load_seconds[threads]):,.0f} pos/s ({threads} thread limit)")
+        rates = dlshogi_rates[threads]
+        name = f"dlshogi decode, {threads} OpenMP thread{'s' if threads != 1 else ''}"
+        print(f"{name:40s} {_spread(rates)}  {1000 * args.batch_size / statistics.median(rates):6.1f} ms/batch")
+    if dlshogi_positions:
+        print(f"positions: tideborn {positions:,}, dlshogi {', '.join(f'{n:,}' for n in sorted(dlshogi_positions))} "
+              f"(dlshogi skips moves without candidates; `check` compares them)")
+    return 0
+
+
+def _open_positions(path: Path):
+    from tideborn.data.hcpe3 import Hcpe3File
+
+    return Hcpe3File(path).positions()
+
+
+def command_check(args: argparse.Namespace) -> int:
+    if not args.file.is_file():
+        raise UserError(f"{args.file}: no such file")
+    moves = reference_moves(args.file)
+    print(f"{args.file}: {len({m.game for m in moves}):,} games, {len(moves):,} moves, "
+          f"{sum(len(m.candidates) > 0 for m in moves):,} with candidates, "
+          f"{sum(m.repetition is not None for m in moves):,} into a repetition, "
+          f"{sum(m.dlshogi_keeps for m in moves):,} positions by dlshogi's rules (plain cshogi replay)")
+    dlshogi = None
+    if args.dlshogi_build is not None:
+        dlshogi = DlshogiData(load_cppshogi(args.dlshogi_build), args.file, 512)
+    lines, agree = cross_check(args.file, moves, dlshogi)
+    print("\n".join(lines))
+    return 0 if agree else 1
 
 
 def command_dlshogi(args: argparse.Namespace) -> int:

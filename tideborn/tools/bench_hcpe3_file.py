@@ -137,49 +137,57 @@ def walk_hcpe3(path: Path) -> typing.Iterator[tuple[int, int, int, bytes, np.nda
 
 
 @dataclass
-class ReferencePosition:
+class ReferenceMove:
+    """One move of an hcpe3 file, replayed with cshogi: the position before it and what it trains."""
+
     game: int
     ply: int
     hcp: bytes
+    move16: int
+    candidates: np.ndarray
+    """MoveVisits as stored."""
     policy: dict[int, float]
-    """move16 -> probability (visits over their sum: dlshogi's temperature 1)."""
+    """move16 -> probability (dlshogi's temperature 1: one candidate is one-hot, else visits over their
+    sum; a repeated move16 keeps its last value, as dlshogi's map does)."""
     eval: int
     """As written: the side to move's."""
+    result_byte: int
     result: float
     """1 win, 0.5 draw, 0 loss for the side to move."""
+    repetition: str | None
+    """Why dlshogi leaves the position out as a repetition, or None."""
+
+    @property
+    def dlshogi_keeps(self) -> bool:
+        """`load_hcpe3` trains on the position: it has candidates and its move makes no repetition."""
+        return len(self.candidates) > 0 and self.repetition is None
 
 
-_DLSHOGI_DROPS = {cshogi.REPETITION_DRAW: "repetition draw", cshogi.REPETITION_SUPERIOR: "superior repetition",
-                  cshogi.REPETITION_INFERIOR: "inferior repetition"}
+_REPETITIONS = {cshogi.REPETITION_DRAW: "repetition draw", cshogi.REPETITION_SUPERIOR: "superior repetition",
+                cshogi.REPETITION_INFERIOR: "inferior repetition"}
 
 
-def reference_positions(path: Path) -> tuple[list[ReferencePosition], list[tuple[int, int, str]]]:
-    """The training positions of `path` by a plain cshogi replay under dlshogi's `load_hcpe3` rules, and the
-    moves left out as (game, ply, why): a move without candidates, and a move into a repetition (a draw,
-    or the same board with one side's hand superior or inferior, within 16 plies) are not positions."""
-    kept: list[ReferencePosition] = []
-    dropped: list[tuple[int, int, str]] = []
+def reference_moves(path: Path) -> list[ReferenceMove]:
+    """Every move of `path` by a plain cshogi replay, with dlshogi's `load_hcpe3` rules worked out: the
+    move's position is left out when it has no candidates or when the move repeats a position (a draw,
+    or the same board with one side's hand superior or inferior) within 16 plies (`moveIsDraw(move, 16)`)."""
+    moves: list[ReferenceMove] = []
     board, packed, current = cshogi.Board(), np.zeros(32, np.uint8), -1
     for game, ply, result, start, info, visits in walk_hcpe3(path):
         if game != current:
             board.set_hcp(np.frombuffer(start, np.uint8))
             current = game
-        move = board.move_from_move16(int(info["selectedMove16"]))
+        move16 = int(info["selectedMove16"])
+        move = board.move_from_move16(move16)
         board.to_hcp(packed)
         hcp, turn = packed.tobytes(), board.turn
         board.push(move)
-        if len(visits) == 0:
-            dropped.append((game, ply, "no candidates"))
-            continue
-        draw = board.is_draw(16)
-        if draw in _DLSHOGI_DROPS:
-            dropped.append((game, ply, _DLSHOGI_DROPS[draw]))
-            continue
+        repetition = _REPETITIONS.get(board.is_draw(16))
         total = float(visits["visitNum"].astype(np.int64).sum())
-        policy: dict[int, float] = {}
-        for move16, count in zip(visits["move16"].tolist(), visits["visitNum"].tolist()):
-            policy[move16] = 1.0 if len(visits) == 1 else count / total  # a repeated move16: the last one counts
+        policy = {m: (1.0 if len(visits) == 1 else count / total)
+                  for m, count in zip(visits["move16"].tolist(), visits["visitNum"].tolist())}
         winner = result & 3
         side_result = 0.5 if winner == cshogi.DRAW else float((winner == cshogi.BLACK_WIN) == (turn == cshogi.BLACK))
-        kept.append(ReferencePosition(game, ply, hcp, policy, int(info["eval"]), side_result))
-    return kept, dropped
+        moves.append(ReferenceMove(game, ply, hcp, move16, visits.copy(), policy, int(info["eval"]), result,
+                                   side_result, repetition))
+    return moves

@@ -18,7 +18,7 @@ OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "step", "constant")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 PROGRESS_STYLES = ("auto", "line", "plain", "off")
-DATA_KINDS = ("auto", "synthetic", "hcpe", "psv")
+DATA_KINDS = ("auto", "synthetic", "hcpe", "psv", "hcpe3")
 ENGINE_TYPES = ("dl",)
 MODES = ("scratch", "finetune")
 MAX_STEPS_LIMIT = 999_999_999
@@ -112,8 +112,8 @@ class ModelSettings:
 @dataclass(frozen=True)
 class DataSettings:
     kind: str = "auto"
-    """`synthetic` (random batches, for smoke runs), `hcpe` or `psv` teacher files, or `auto`: synthetic without
-    `data.train`, else from the files' extension (.hcpe; .bin/.psv)."""
+    """`synthetic` (random batches, for smoke runs), `hcpe`, `psv` or `hcpe3` teacher files, or `auto`: synthetic
+    without `data.train`, else each file's kind from its extension (.hcpe; .bin/.psv; .hcpe3), kinds may be mixed."""
     train: tuple[str, ...] = ()
     """Training files or globs (teacher data kinds only)."""
     test: tuple[str, ...] = ()
@@ -129,6 +129,12 @@ class DataSettings:
     """Batches each worker prepares ahead of the training step."""
     eval_positions: int = 8192
     """At most this many `data.test` positions per evaluation."""
+    policy_temperature: float = 1.0
+    """hcpe3 policy target: the visit distribution p ∝ N^(1/T) (dlshogi's `--temperature`, default 1); 0: one-hot
+    on the most visited move."""
+    use_average: bool = False
+    """Merge identical positions across all `data.train` files into one, averaging policy distributions, value
+    and result (dlshogi's `--use_average`); the merged set is cached beside the first file."""
 
     def __post_init__(self) -> None:
         _one_of(self.kind, DATA_KINDS, "data.kind")
@@ -137,26 +143,31 @@ class DataSettings:
         _check(self.workers >= 0, "data.workers", f"must be >= 0; got {self.workers}")
         _check(self.prefetch_batches >= 1, "data.prefetch_batches", f"must be >= 1; got {self.prefetch_batches}")
         _check(self.eval_positions >= 1, "data.eval_positions", f"must be >= 1; got {self.eval_positions}")
+        _check(self.policy_temperature >= 0 and self.policy_temperature != float("inf"), "data.policy_temperature",
+               f"must be a finite number >= 0; got {self.policy_temperature}")
         _check(self.resolved_kind != "unknown", "data.train",
-               "cannot tell the format from the file extensions (.hcpe for hcpe; .bin or .psv for psv); "
-               "set data.kind=\"hcpe\" or \"psv\"")
-        if self.kind in ("hcpe", "psv"):
+               "cannot tell the format from the file extensions (.hcpe for hcpe; .bin or .psv for psv; .hcpe3 for "
+               "hcpe3); set data.kind=\"hcpe\", \"psv\" or \"hcpe3\"")
+        if self.kind in ("hcpe", "psv", "hcpe3"):
             _check(bool(self.train), "data.train", f"must list at least one file when data.kind is {self.kind!r}")
 
     @property
     def resolved_kind(self) -> str:
-        """`synthetic`, `hcpe` or `psv`: what `auto` means for these files."""
+        """`synthetic`, `hcpe`, `psv`, `hcpe3`, or `mixed` (files of several kinds): what `auto` means for these
+        files; `unknown` when an extension does not tell."""
         if self.kind != "auto":
             return self.kind
         if not self.train:
             return "synthetic"
         kinds = {_kind_from_extension(p) for p in (*self.train, *self.test)}
-        return kinds.pop() if len(kinds) == 1 else "unknown"
+        if "unknown" in kinds:
+            return "unknown"
+        return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
 def _kind_from_extension(path: str) -> str:
     suffix = path.lower().rsplit(".", 1)[-1] if "." in path else ""
-    return {"hcpe": "hcpe", "bin": "psv", "psv": "psv"}.get(suffix, "unknown")
+    return {"hcpe": "hcpe", "bin": "psv", "psv": "psv", "hcpe3": "hcpe3"}.get(suffix, "unknown")
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from tideborn.config.schema import Settings
-from tideborn.data.features import BadRecord, Decoder
+from tideborn.data.features import BadRecord
 from tideborn.data.loader import pins_memory, to_device_batch
 from tideborn.data.records import RecordSet, held_out_records
+from tideborn.data.sources import BatchDecoder, TeacherSource, as_source
 from tideborn.errors import UserError
+from tideborn.trainer.losses import policy_loss as policy_cross_entropy
 
 DECODE_CHUNK = 4096
 
@@ -35,22 +37,23 @@ class Evaluator:
     """Decodes the evaluation sample once; `run(model)` evaluates a model on it."""
 
     def __init__(self, settings: Settings, device: torch.device, batch_size: int | None = None,
-                 records: RecordSet | None = None):
+                 records: RecordSet | TeacherSource | None = None):
         records = records if records is not None else held_out_records(settings)
         if records is None:
             raise UserError("data.test: no files given; evaluation needs held-out data")
+        records = as_source(records)
         data = settings.data
         self.device = torch.device(device)
         self.pinned = pins_memory(self.device, settings)
         self.batch_size = batch_size or settings.optim.micro_batch_size
-        decoder = Decoder(records.kind, data.eval_scale, settings.loss.value_lambda, data.bad_records)
+        decoder = BatchDecoder(data.eval_scale, settings.loss.value_lambda, data.bad_records, data.policy_temperature)
         indices = evaluation_indices(len(records), data.eval_positions, settings.runtime.seed)
         parts = []
         self.skipped_records = 0
         for start in range(0, len(indices), DECODE_CHUNK):
             chunk = indices[start:start + DECODE_CHUNK]
             try:
-                parts.append(decoder.decode(records.read(chunk)))
+                parts.append(decoder.decode(records, chunk))
             except BadRecord as bad:
                 raise UserError(f"{records.describe(int(chunk[bad.position]))}: {bad.reason}") from None
             self.skipped_records += len(parts[-1].skipped)
@@ -60,6 +63,10 @@ class Evaluator:
         self.policy = torch.from_numpy(np.concatenate([p.policy for p in parts]))
         self.value = torch.from_numpy(np.concatenate([p.value for p in parts]))
         self.result = torch.from_numpy(np.concatenate([p.result for p in parts]))
+        self.policy_labels = self.policy_probs = None
+        if any(p.policy_probs is not None for p in parts):  # distributions (hcpe3): one padded [n, K] target
+            labels, probs = _padded_targets(parts)
+            self.policy_labels, self.policy_probs = torch.from_numpy(labels), torch.from_numpy(probs)
         if self.pinned:  # pinned once: each batch's copy is then asynchronous
             self.features1, self.features2 = self.features1.pin_memory(), self.features2.pin_memory()
             self.policy, self.value = self.policy.pin_memory(), self.value.pin_memory()
@@ -89,6 +96,9 @@ class Evaluator:
                     stop = start + self.batch_size
                     item = {"features1": self.features1[start:stop], "features2": self.features2[start:stop],
                             "policy": self.policy[start:stop], "value": self.value[start:stop]}
+                    if self.policy_probs is not None:
+                        item["policy_labels"] = self.policy_labels[start:stop]
+                        item["policy_probs"] = self.policy_probs[start:stop]
                     batch = to_device_batch(item, self.device, self.pinned)
                     result = self.result[start:stop].to(self.device)
                     policy_logits, value_logit = model(batch.features1, batch.features2)
@@ -96,7 +106,7 @@ class Evaluator:
                     decisive = result != 0.5
                     agree = (value_logit > 0) == (result > 0.5)
                     totals += torch.stack([
-                        F.cross_entropy(policy_logits, batch.policy, reduction="sum"),
+                        policy_cross_entropy(policy_logits, batch, reduction="sum"),
                         F.binary_cross_entropy_with_logits(value_logit, batch.value, reduction="sum"),
                         (policy_logits.argmax(dim=1) == batch.policy).sum(),
                         (agree & decisive).sum(),
@@ -111,6 +121,23 @@ class Evaluator:
             "value_accuracy": value_hits / decisive if decisive else None,
             "positions": n, "skipped_records": self.skipped_records,
         }
+
+
+def _padded_targets(parts: list) -> tuple[np.ndarray, np.ndarray]:
+    """The decoded chunks' policy targets as one [n, K] pair (one-hot chunks: probability 1 in column 0)."""
+    width = max(p.policy_labels.shape[1] if p.policy_labels is not None else 1 for p in parts)
+    total = sum(len(p) for p in parts)
+    labels, probs = np.zeros((total, width), np.int64), np.zeros((total, width), np.float32)
+    start = 0
+    for p in parts:
+        stop = start + len(p)
+        if p.policy_probs is None:
+            labels[start:stop, 0], probs[start:stop, 0] = p.policy, 1.0
+        else:
+            labels[start:stop, :p.policy_labels.shape[1]] = p.policy_labels
+            probs[start:stop, :p.policy_labels.shape[1]] = p.policy_probs
+        start = stop
+    return labels, probs
 
 
 def evaluate(model: torch.nn.Module, settings: Settings, device: torch.device,

@@ -132,6 +132,11 @@ class DecodedBatch:
     """[n] float32 game result for the side to move (1, 0.5, 0)."""
     skipped: list[tuple[int, str]]
     """(position in the input, reason) of records left out for an empty or illegal move."""
+    policy_labels: np.ndarray | None = None
+    """[n, K] int64: with `policy_probs`, a policy distribution per position (hcpe3 visits, averaged
+    duplicates; see `sources`); None: `policy` is a one-hot target."""
+    policy_probs: np.ndarray | None = None
+    """[n, K] float32 probabilities of `policy_labels` (each row sums to 1; padding is label 0, probability 0)."""
 
     def __len__(self) -> int:
         return int(self.policy.shape[0])

@@ -23,8 +23,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from tideborn.config.schema import Settings
 from tideborn.data.dataset import ShardedOrder
-from tideborn.data.features import FEATURES1_NUM, BadRecord, Decoder
-from tideborn.data.records import RecordSet, training_records
+from tideborn.data.features import FEATURES1_NUM, BadRecord
+from tideborn.data.records import training_records
+from tideborn.data.sources import BatchDecoder, TeacherSource
 from tideborn.errors import UserError
 from tideborn.trainer.synthetic import Batch
 
@@ -36,11 +37,11 @@ class _DecodedBatches(Dataset):
     """Maps a cursor (epoch, batch) to that decoded batch; runs in the workers, which also work out the
     batch's record indices, so the training process does nothing per batch but receive it."""
 
-    def __init__(self, records: RecordSet, order: ShardedOrder, decoder_args: tuple):
+    def __init__(self, records: TeacherSource, order: ShardedOrder, decoder_args: tuple):
         self.records = records
         self.order = order
         self.decoder_args = decoder_args
-        self._decoder: Decoder | None = None
+        self._decoder: BatchDecoder | None = None
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_decoder": None}
@@ -51,7 +52,7 @@ class _DecodedBatches(Dataset):
     def __getitem__(self, cursor: tuple[int, int]) -> dict:
         indices = self.order.batch_indices(*cursor)
         if self._decoder is None:
-            self._decoder = Decoder(*self.decoder_args)
+            self._decoder = BatchDecoder(*self.decoder_args)
         in_worker = torch.utils.data.get_worker_info() is not None
         return decode_indices(self.records, self._decoder, indices, in_worker)
 
@@ -63,23 +64,26 @@ def _shared_zeros(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
 
 
-def decode_indices(records: RecordSet, decoder: Decoder, indices: np.ndarray, in_worker: bool = False) -> dict:
+def decode_indices(records: TeacherSource, decoder: BatchDecoder, indices: np.ndarray, in_worker: bool = False) -> dict:
     """Decode the records at `indices` into tensors. Errors come back as a message, not an exception:
     an exception raised in a worker would reach the trainer as a multi-line worker traceback."""
     planes = _shared_zeros((len(indices), FEATURES1_NUM, 9, 9)) if in_worker else None
     try:
-        decoded = decoder.decode(records.read(indices), None if planes is None else planes.numpy())
+        decoded = decoder.decode(records, indices, None if planes is None else planes.numpy())
     except BadRecord as bad:
         return {"error": f"{records.describe(int(indices[bad.position]))}: {bad.reason}"}
     except UserError as exc:  # a file that changed under the run (truncated, replaced), named by the reader
         return {"error": str(exc)}
     # The planes go as one shared-memory tensor; the small arrays as numpy, pickled by value through the
     # worker's queue (a tensor each would cost a file-descriptor handshake per batch).
-    return {
+    item = {
         "features1": torch.from_numpy(decoded.features1) if planes is None else planes[:len(decoded)],
         "features2": decoded.features2, "policy": decoded.policy, "value": decoded.value, "result": decoded.result,
         "skipped": [(records.describe(int(indices[pos])), reason) for pos, reason in decoded.skipped],
     }
+    if decoded.policy_probs is not None:  # a distribution target (hcpe3 visits, averaged duplicates)
+        item["policy_labels"], item["policy_probs"] = decoded.policy_labels, decoded.policy_probs
+    return item
 
 
 def _as_decoded(item: dict) -> dict:
@@ -127,8 +131,12 @@ def to_device_batch(item: dict, device: torch.device, pinned: bool = True) -> Ba
         hands = _to_device(hands, device, non_blocking).float()
     n = hands.shape[0]
     features2 = hands.view(n, -1, 1, 1).expand(n, hands.shape[1], 9, 9)
+    labels = probs = None
+    if item.get("policy_probs") is not None:
+        labels = _to_device(item["policy_labels"], device, non_blocking)
+        probs = _to_device(item["policy_probs"], device, non_blocking)
     return Batch(features1, features2, _to_device(item["policy"], device, non_blocking),
-                 _to_device(item["value"], device, non_blocking))
+                 _to_device(item["value"], device, non_blocking), labels, probs)
 
 
 def _to_device(array: np.ndarray | torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
@@ -148,12 +156,19 @@ class TeacherBatches:
         self.device = torch.device(device)
         self.pinned = pins_memory(self.device, settings)
         self.records = training_records(settings)
-        self.kind = self.records.kind
+        self.averaging: dict | None = None
+        """With `data.use_average`: inputs, merged positions and the cache (`average.AveragedSet.summary`)."""
+        if data.use_average:
+            from tideborn.data.average import averaged_source
+
+            self.records = averaged_source(self.records, settings)
+            self.averaging = self.records.note.get("average")
+        self.kind = data.resolved_kind
         batch_size = micro_batch_size or settings.optim.micro_batch_size
         if len(self.records) < world_size:
             raise UserError(f"data.train: {len(self.records)} records cannot be shared among {world_size} ranks")
         self.order = ShardedOrder(len(self.records), settings.runtime.seed, batch_size, rank, world_size)
-        self.decoder_args = (self.kind, data.eval_scale, settings.loss.value_lambda, data.bad_records)
+        self.decoder_args = (data.eval_scale, settings.loss.value_lambda, data.bad_records, data.policy_temperature)
         self.epoch, self.batch_in_epoch = 0, 0
         self.batches_delivered = 0
         self.skipped_records = 0
@@ -204,16 +219,16 @@ class TeacherBatches:
             "kind": self.kind, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
             "position": self.batches_delivered, "skipped_records": self.skipped_records,
             "records": len(self.records), "batch_size": self.order.batch_size,
-            "world_size": self.order.world_size, "seed": self.order.seed,
+            "world_size": self.order.world_size, "seed": self.order.seed, "use_average": self.averaging is not None,
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a saved cursor. The order is only the same for the same records, seed, micro-batch
         size and world size, so a change in any of them is an error rather than a silent reshuffle."""
-        expected = {"kind": self.kind, "records": len(self.records), "batch_size": self.order.batch_size,
-                    "world_size": self.order.world_size, "seed": self.order.seed}
-        names = {"kind": "data.kind", "records": "data.train's record count", "batch_size": "the micro-batch size",
-                 "world_size": "the world size", "seed": "runtime.seed"}
+        expected = {"kind": self.kind, "use_average": self.averaging is not None, "records": len(self.records),
+                    "batch_size": self.order.batch_size, "world_size": self.order.world_size, "seed": self.order.seed}
+        names = {"kind": "data.kind", "use_average": "data.use_average", "records": "data.train's record count",
+                 "batch_size": "the micro-batch size", "world_size": "the world size", "seed": "runtime.seed"}
         for key, now in expected.items():
             if key in state and state[key] != now:
                 raise UserError(f"cannot resume the data order: {names[key]} was {state[key]!r} when the "

@@ -23,6 +23,7 @@ from tideborn.outputs import file_type_name
 
 if typing.TYPE_CHECKING:
     from tideborn.config.schema import Settings
+    from tideborn.data.sources import TeacherSource
 
 RECORD_DTYPES: dict[str, np.dtype] = {
     "hcpe": np.dtype(cshogi.HuffmanCodedPosAndEval),  # dlshogi: hcp[32], eval, bestMove16, gameResult, pad
@@ -278,21 +279,16 @@ def _identity(facts: os.stat_result) -> tuple[int, int]:
     return facts.st_dev, facts.st_ino
 
 
-def training_records(settings: Settings) -> RecordSet:
-    """The `data.train` files as one record set (every file checked; `UserError` names a bad one)."""
-    data = settings.data
-    paths = expand_paths(data.train, settings.paths.data_root, "data.train")
-    return RecordSet(paths, resolve_kind(paths, data.resolved_kind, "data.kind"))
+def training_records(settings: Settings) -> TeacherSource:
+    """The `data.train` files as one source of positions (every file checked; `UserError` names a bad one);
+    see `sources`: hcpe, psv and hcpe3 files, mixed."""
+    from tideborn.data.sources import training_source
+
+    return training_source(settings)
 
 
-def held_out_records(settings: Settings) -> RecordSet | None:
+def held_out_records(settings: Settings) -> TeacherSource | None:
     """The `data.test` files, or None when there are none; a file also in `data.train` is an error."""
-    data = settings.data
-    if not data.test:
-        return None
-    paths = expand_paths(data.test, settings.paths.data_root, "data.test")
-    train = {p.resolve() for p in expand_paths(data.train, settings.paths.data_root, "data.train")}
-    for path in paths:
-        if path.resolve() in train:
-            raise UserError(f"data.test: {path} is also in data.train; held-out data must not be trained on")
-    return RecordSet(paths, resolve_kind(paths, data.resolved_kind, "data.kind"))
+    from tideborn.data.sources import held_out_source
+
+    return held_out_source(settings)

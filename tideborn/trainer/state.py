@@ -21,6 +21,7 @@ from tideborn.trainer.checkpoint import FORMAT, FORMAT_VERSION
 from tideborn.trainer.device import DeviceSetup, apply_global_switches
 from tideborn.trainer.distributed import AllReduceCounter, check_ranks_in_sync
 from tideborn.trainer.ema import WeightAverage
+from tideborn.trainer.losses import policy_loss as policy_cross_entropy
 from tideborn.trainer.model import build_model
 from tideborn.trainer.optim import (
     build_optimizer,
@@ -155,7 +156,7 @@ class TrainingState:
             with self.ddp.no_sync() if skip_sync else contextlib.nullcontext():
                 with setup.autocast():
                     policy_logits, value_logit = self.forward(x1, x2)
-                policy_loss = F.cross_entropy(policy_logits.float(), batch.policy)
+                policy_loss = policy_cross_entropy(policy_logits, batch)
                 value_loss = F.binary_cross_entropy_with_logits(value_logit.float(), batch.value)
                 loss = s.loss.policy_weight * policy_loss + s.loss.value_weight * value_loss
                 scaled = loss / micro_steps

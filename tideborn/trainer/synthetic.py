@@ -31,6 +31,11 @@ class Batch:
     """[N] int64 move labels in [0, 2187)."""
     value: torch.Tensor
     """[N] float value targets in [0, 1]."""
+    policy_labels: torch.Tensor | None = None
+    """[N, K] int64: with `policy_probs`, a policy target distribution per position (hcpe3 visit counts,
+    averaged duplicates); None: `policy` is the one-hot target."""
+    policy_probs: torch.Tensor | None = None
+    """[N, K] float probabilities of `policy_labels` (rows sum to 1; padding has probability 0)."""
 
     def __len__(self) -> int:
         return int(self.policy.shape[0])

@@ -1,0 +1,289 @@
+"""Duplicate-position averaging (`data.use_average`, dlshogi's `--use_average`): identical positions across
+all training files become one, whose targets are the averages of the duplicates'.
+
+Key: the packed position, HuffmanCodedPos (what dlshogi keys by). hcpe and hcpe3 positions are hcp already;
+psv positions are converted with cshogi (`set_psfen`, `to_hcp`), so a position in a psv file and the same
+position in an hcpe file merge. Per merged position, as in dlshogi's `load_hcpe3` + `hcpe3_decode_with_value`:
+
+- policy: the sum of the duplicates' distributions divided by their count (hcpe/psv records count as
+  one-hot on their move; hcpe3 positions as their visit distribution at `data.policy_temperature`);
+- value: the mean of `sigmoid(eval / data.eval_scale)`; result: the mean of the side to move's result. The
+  value target is `(1 - lambda) * mean result + lambda * mean sigmoid`, the mean of the duplicates' targets.
+
+Records that training would skip (an empty or illegal move; `data.bad_records`) are left out (or stop the
+run, with `error`). The merged set is written once as a cache beside the first training file,
+`.NAME.average-DIGEST.positions`, DIGEST covering every input's fingerprint (size, mtime, content digest) and
+the options it depends on (temperature, eval scale, bad-record handling), so a changed input or option
+builds a new one; the training process reports inputs and merged positions in `run_started` (`data`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import typing
+from pathlib import Path
+
+import cshogi
+import numpy as np
+from cshogi.dlshogi import make_move_label
+
+from tideborn.data.features import (
+    POLICY_CLASSES,
+    BadRecord,
+    DecodedBatch,
+    evals_for_side_to_move,
+    packed_positions,
+    results_for_side_to_move,
+    sane_kings,
+    stored_move,
+)
+from tideborn.data.hcpe3 import RESULT_MASK, policy_targets, read_arrays, source_fingerprint, write_arrays
+from tideborn.errors import UserError
+
+if typing.TYPE_CHECKING:
+    from tideborn.config.schema import Settings
+    from tideborn.data.sources import BatchDecoder, TeacherSource
+
+CACHE_FORMAT = "tideborn-averaged-positions"
+CHUNK = 65536
+
+
+def _sigmoid(evals: np.ndarray, eval_scale: float) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(evals, dtype=np.float64) / eval_scale))
+
+
+class _Entries:
+    """Per input position: key, result, win probability; per policy entry: position, label, move16, prob."""
+
+    def __init__(self) -> None:
+        self.hcp: list[np.ndarray] = []
+        self.result: list[np.ndarray] = []
+        self.winprob: list[np.ndarray] = []
+        self.entry_pos: list[np.ndarray] = []
+        self.entry_label: list[np.ndarray] = []
+        self.entry_move16: list[np.ndarray] = []
+        self.entry_prob: list[np.ndarray] = []
+        self.count = 0
+        self.skipped = 0
+
+    def add(self, hcp, result, winprob, entry_pos, entry_label, entry_move16, entry_prob) -> None:
+        self.hcp.append(np.asarray(hcp, dtype=np.uint8).reshape(-1, 32))
+        self.result.append(np.asarray(result, dtype=np.float64))
+        self.winprob.append(np.asarray(winprob, dtype=np.float64))
+        self.entry_pos.append(np.asarray(entry_pos, dtype=np.int64) + self.count)
+        self.entry_label.append(np.asarray(entry_label, dtype=np.int64))
+        self.entry_move16.append(np.asarray(entry_move16, dtype=np.uint16))
+        self.entry_prob.append(np.asarray(entry_prob, dtype=np.float64))
+        self.count += len(self.hcp[-1])
+
+
+def _add_records(entries: _Entries, part, settings: Settings) -> None:
+    """hcpe or psv records: one-hot on the move; psv positions re-packed as hcp."""
+    data = settings.data
+    records_set = part.records
+    kind = part.kind
+    board = cshogi.Board()
+    set_position = board.set_hcp if kind == "hcpe" else board.set_psfen
+    from_stored = board.move_from_move16 if kind == "hcpe" else board.move_from_psv
+    for start in range(0, len(records_set), CHUNK):
+        indices = np.arange(start, min(start + CHUNK, len(records_set)), dtype=np.int64)
+        records = records_set.read(indices)
+        packed = packed_positions(records)
+        results = results_for_side_to_move(records, kind)
+        kings = sane_kings(packed)
+        moves = stored_move(records, kind).tolist()
+        keep = np.zeros(len(records), dtype=bool)
+        hcp = np.zeros((len(records), 32), dtype=np.uint8)
+        labels = np.zeros(len(records), dtype=np.int64)
+        moves16 = np.zeros(len(records), dtype=np.uint16)
+        for i in range(len(records)):
+            where = records_set.describe(int(indices[i]))
+            if not kings[i] or np.isnan(results[i]):
+                reason = "undecodable position (king squares off the board)" if not kings[i] else \
+                    "game result out of range"
+                raise UserError(f"{where}: {reason}")
+            try:
+                set_position(packed[i])
+            except RuntimeError as exc:
+                raise UserError(f"{where}: undecodable position ({exc})") from None
+            move = from_stored(moves[i]) if moves[i] else 0
+            if not move or not board.is_legal(move):
+                if data.bad_records == "error":
+                    raise UserError(f"{where}: {'empty move' if not moves[i] else 'illegal move'} "
+                                    f"(data.bad_records=\"error\")")
+                entries.skipped += 1
+                continue
+            keep[i] = True
+            if kind == "hcpe":
+                hcp[i] = packed[i]
+            else:
+                board.to_hcp(hcp[i])
+            labels[i] = make_move_label(move, board.turn)
+            moves16[i] = cshogi.move16(move)
+        rows = np.flatnonzero(keep)
+        entries.add(hcp[rows], results[rows], _sigmoid(evals_for_side_to_move(records, kind)[rows], data.eval_scale),
+                    np.arange(len(rows)), labels[rows], moves16[rows], np.ones(len(rows)))
+
+
+def _add_hcpe3(entries: _Entries, part, settings: Settings) -> None:
+    """hcpe3 positions: their visit distributions at `data.policy_temperature`."""
+    data = settings.data
+    for positions in part.files:
+        for start in range(0, len(positions), CHUNK):
+            index = np.arange(start, min(start + CHUNK, len(positions)), dtype=np.int64)
+            hcp = np.asarray(positions.hcp[index])
+            turn = (hcp[:, 0] & 1).astype(np.int64)
+            stored = (np.asarray(positions.result[index]) & RESULT_MASK).astype(np.int64)
+            result = np.where(stored == cshogi.DRAW, 0.5,
+                              np.where((stored == cshogi.BLACK_WIN) == (turn == cshogi.BLACK), 1.0, 0.0))
+            starts, stops = positions.cand_offsets[index], positions.cand_offsets[index + 1]
+            counts = stops - starts
+            labels, probs, _ = policy_targets(starts, counts, positions.cand_label,
+                                              positions.cand_visits.astype(np.float64),
+                                              positions.label[index].astype(np.int64), data.policy_temperature)
+            # move16 of each target column: the candidate's; the selected move's in a one-hot fallback row
+            width = labels.shape[1]
+            column = np.arange(width)
+            present = column[None, :] < counts[:, None]
+            flat = (starts[:, None] + column[None, :])[present]
+            move16 = np.zeros((len(index), width), dtype=np.uint16)
+            visits = np.zeros((len(index), width), dtype=np.float64)
+            move16[present], visits[present] = positions.cand_move16[flat], positions.cand_visits[flat]
+            fallback = visits.sum(axis=1) == 0
+            move16[fallback] = 0
+            move16[fallback, 0] = positions.move16[index][fallback]
+            nonzero = probs > 0
+            pos = np.broadcast_to(np.arange(len(index))[:, None], labels.shape)
+            entries.add(hcp, result, _sigmoid(positions.eval[index], data.eval_scale), pos[nonzero],
+                        labels[nonzero], move16[nonzero], probs[nonzero])
+
+
+def average_key(source: TeacherSource, settings: Settings) -> str:
+    data = settings.data
+    inputs = [[str(Path(p).resolve()), source_fingerprint(Path(p))] for p in source.paths]
+    text = json.dumps({"inputs": inputs, "temperature": data.policy_temperature, "eval_scale": data.eval_scale,
+                       "bad_records": data.bad_records, "version": 1}, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def average_cache_path(source: TeacherSource, key: str) -> Path:
+    first = Path(source.paths[0])
+    return first.with_name(f".{first.name}.average-{key[:16]}.positions")
+
+
+def build_average(source: TeacherSource, settings: Settings) -> tuple[dict, dict[str, np.ndarray]]:
+    """(meta, arrays) of the merged set of `source`'s positions."""
+    entries = _Entries()
+    for part in source.parts:
+        if part.kind == "hcpe3":
+            _add_hcpe3(entries, part, settings)
+        else:
+            _add_records(entries, part, settings)
+    if entries.count == 0:
+        raise UserError("data.train: no usable position to average (every record was skipped)")
+    hcp = np.concatenate(entries.hcp)
+    keys = np.ascontiguousarray(hcp).view(np.dtype((np.void, 32))).reshape(-1)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    # merged positions in the order of their first occurrence (stable under adding files at the end)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    group = rank[inverse.reshape(-1)]
+    merged = len(order)
+    count = np.bincount(group, minlength=merged).astype(np.float64)
+    result = np.bincount(group, weights=np.concatenate(entries.result), minlength=merged) / count
+    winprob = np.bincount(group, weights=np.concatenate(entries.winprob), minlength=merged) / count
+    entry_group = group[np.concatenate(entries.entry_pos)]
+    entry_label = np.concatenate(entries.entry_label)
+    combined = entry_group * POLICY_CLASSES + entry_label
+    unique, first_entry, inverse_entry = np.unique(combined, return_index=True, return_inverse=True)
+    probs = np.bincount(inverse_entry.reshape(-1), weights=np.concatenate(entries.entry_prob),
+                        minlength=len(unique))
+    cand_group, cand_label = unique // POLICY_CLASSES, unique % POLICY_CLASSES
+    cand_move16 = np.concatenate(entries.entry_move16)[first_entry]
+    cand_prob = probs / count[cand_group]
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(cand_group, minlength=merged))]).astype(np.int64)
+    # the most likely move (first of equals by label): the top-1 reference and the move the decoder checks
+    best = np.lexsort((-cand_prob, cand_group))
+    top_entry = best[offsets[:-1]]
+    arrays = {
+        "hcp": hcp[first[order]], "result": result.astype(np.float32), "winprob": winprob.astype(np.float32),
+        "count": count.astype(np.int32), "label": cand_label[top_entry].astype(np.uint16),
+        "move16": cand_move16[top_entry].astype(np.uint16), "cand_offsets": offsets,
+        "cand_label": cand_label.astype(np.uint16), "cand_prob": cand_prob.astype(np.float32),
+    }
+    meta = {"inputs": int(entries.count), "positions": merged, "merged": int(entries.count - merged),
+            "skipped": int(entries.skipped)}
+    return meta, arrays
+
+
+class AveragedPart:
+    """The merged positions (memory-mapped cache arrays), decoded like hcpe with averaged targets."""
+
+    kind = "average"
+
+    def __init__(self, path: Path, paths: list[Path], header: dict, arrays: dict[str, np.ndarray]):
+        self.path = path
+        self.paths = paths
+        self.header = header
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return int(self.header["positions"])
+
+    def decode(self, decoder: BatchDecoder, local: np.ndarray, planes: np.ndarray | None) -> DecodedBatch:
+        a = self.arrays
+        records = np.zeros(len(local), dtype=cshogi.HuffmanCodedPosAndEval)
+        records["hcp"] = a["hcp"][local]
+        records["bestMove16"] = a["move16"][local].view(np.int16)
+        try:
+            batch = decoder.decoder("hcpe").decode(records, planes)
+        except BadRecord as bad:
+            raise BadRecord(bad.position, f"averaged position: {bad.reason}") from None
+        if batch.skipped:
+            raise BadRecord(batch.skipped[0][0], f"averaged position: {batch.skipped[0][1]}; delete {self.path}")
+        starts, stops = a["cand_offsets"][local], a["cand_offsets"][local + 1]
+        labels, probs, top = policy_targets(starts, stops - starts, a["cand_label"], a["cand_prob"].astype(np.float64),
+                                            a["label"][local].astype(np.int64), None)
+        result = np.asarray(a["result"][local], dtype=np.float32)
+        lam = decoder.value_lambda
+        value = ((1.0 - lam) * result.astype(np.float64) + lam * a["winprob"][local]).astype(np.float32)
+        return DecodedBatch(batch.features1, batch.features2, a["label"][local].astype(np.int64), value, result, [],
+                            labels, probs)
+
+    def describe(self, local: int) -> str:
+        return f"{self.path}: averaged position {local}"
+
+    def close(self) -> None:
+        pass
+
+
+def averaged_source(source: TeacherSource, settings: Settings,
+                    warn: typing.Callable[[str], None] | None = None) -> TeacherSource:
+    """`source`'s positions with duplicates merged: read from the cache when it is there, else built (and
+    written beside the first training file; in memory, with a warning, where that cannot be written)."""
+    from tideborn.data.sources import TeacherSource
+
+    key = average_key(source, settings)
+    path = average_cache_path(source, key)
+    found = read_arrays(path, CACHE_FORMAT)
+    if found is None or found[0].get("key") != key:
+        meta, arrays = build_average(source, settings)
+        meta["key"] = key
+        try:
+            write_arrays(path, meta, arrays, CACHE_FORMAT)
+            found = read_arrays(path, CACHE_FORMAT)
+        except UserError as exc:
+            (warn or (lambda line: print(f"warning: {line}", file=sys.stderr)))(
+                f"{path}: the averaged positions could not be cached ({exc}); averaged in memory")
+            found = None
+        if found is None:
+            found = (meta, arrays)
+    header, arrays = found
+    summary = {"inputs": int(header["inputs"]), "positions": int(header["positions"]),
+               "merged": int(header["merged"]), "skipped": int(header["skipped"]), "cache": str(path)}
+    note = {**source.note, "positions": int(header["positions"]), "average": summary}
+    source.close()
+    return TeacherSource([AveragedPart(path, list(source.paths), header, arrays)], source.kind, note)

@@ -1,0 +1,264 @@
+"""Teacher positions from files of several kinds (hcpe, psv, hcpe3) as one numbered sequence, decoded in batches.
+
+A `TeacherSource` is a list of parts, each one kind: consecutive hcpe or psv files are one `RecordPart` (a
+`RecordSet`, read by `pread`), consecutive hcpe3 files one `Hcpe3Part` (their decoded positions caches,
+memory-mapped), and a duplicate-averaged set (`tideborn.data.average`) is one `AveragedPart`. Position `i`
+of the source is position `i - offsets[p]` of part `p`, so the data order (`dataset.ShardedOrder`) treats
+hcpe3 positions exactly like records.
+
+`BatchDecoder.decode(source, indices)` decodes the positions of a batch, grouped by part (in part order, each
+group in the order given: deterministic, so a resumed run sees the same batches). Policy targets are the move
+label (`policy`, int64) for one-hot data; where a batch holds a distribution (hcpe3 with `data.policy_temperature`
+> 0, or averaged positions) it also carries padded sparse targets, `policy_labels` [n, K] int64 and
+`policy_probs` [n, K] float32, one-hot rows being a 1.0 in the first column. `policy` is then the most
+likely move (the most visited one), what the top-1 accuracy is measured against.
+"""
+
+from __future__ import annotations
+
+import os
+import typing
+from pathlib import Path
+
+import numpy as np
+
+from tideborn.data.features import BadRecord, DecodedBatch, Decoder
+from tideborn.data.records import RecordSet, expand_paths
+from tideborn.errors import UserError
+
+if typing.TYPE_CHECKING:
+    from tideborn.config.schema import Settings
+    from tideborn.data.hcpe3 import Hcpe3Positions
+
+FILE_KINDS = ("hcpe", "psv", "hcpe3")
+EXTENSION_KINDS = {".hcpe": "hcpe", ".bin": "psv", ".psv": "psv", ".hcpe3": "hcpe3"}
+
+
+def file_kind(path: str | os.PathLike, kind: str = "auto", what: str = "data.kind") -> str:
+    """`hcpe`, `psv` or `hcpe3`: `kind` itself unless `auto`/`mixed`, else from `path`'s extension."""
+    if kind in FILE_KINDS:
+        return kind
+    found = EXTENSION_KINDS.get(Path(path).suffix.lower())
+    if found is None:
+        raise UserError(f"{path}: cannot tell the record format from the extension (.hcpe for hcpe; .bin or "
+                        f".psv for psv; .hcpe3 for hcpe3); set {what}")
+    return found
+
+
+class RecordPart:
+    def __init__(self, records: RecordSet):
+        self.records = records
+        self.kind = records.kind
+        self.paths = list(records.paths)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def decode(self, decoder: BatchDecoder, local: np.ndarray, planes: np.ndarray | None) -> DecodedBatch:
+        return decoder.decoder(self.kind).decode(self.records.read(local), planes)
+
+    def describe(self, local: int) -> str:
+        return self.records.describe(local)
+
+    def close(self) -> None:
+        self.records.close()
+
+
+class Hcpe3Part:
+    """Consecutive hcpe3 files' decoded positions."""
+
+    kind = "hcpe3"
+
+    def __init__(self, files: list[Hcpe3Positions]):
+        self.files = files
+        self.paths = [f.path for f in files]
+        self.offsets = np.concatenate([[0], np.cumsum([len(f) for f in files])]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def decode(self, decoder: BatchDecoder, local: np.ndarray, planes: np.ndarray | None) -> DecodedBatch:
+        file_ids = np.searchsorted(self.offsets, local, side="right") - 1
+        pieces, done = [], 0
+        for file_id in np.unique(file_ids):
+            rows = np.flatnonzero(file_ids == file_id)
+            positions = self.files[int(file_id)]
+            within = local[rows] - self.offsets[file_id]
+            try:
+                part = decoder.decoder("hcpe").decode(positions.hcpe_records(within),
+                                                      None if planes is None else planes[done:done + len(rows)])
+            except BadRecord as bad:
+                raise BadRecord(int(rows[bad.position]), bad.reason) from None
+            kept = _kept(len(rows), part.skipped)
+            labels, probs, top = positions.targets(within[kept], decoder.temperature)
+            part.policy = top
+            if decoder.temperature != 0:
+                part.policy_labels, part.policy_probs = labels, probs
+            pieces.append((rows, part))
+            done += len(part)
+        return _join(pieces, planes)
+
+    def describe(self, local: int) -> str:
+        file_id = int(np.searchsorted(self.offsets, local, side="right") - 1)
+        return self.files[file_id].describe(int(local - self.offsets[file_id]))
+
+    def close(self) -> None:
+        pass
+
+
+def _kept(n: int, skipped: list[tuple[int, str]]) -> np.ndarray:
+    keep = np.ones(n, dtype=bool)
+    keep[[pos for pos, _ in skipped]] = False
+    return np.flatnonzero(keep)
+
+
+def _join(pieces: list[tuple[np.ndarray, DecodedBatch]], planes: np.ndarray | None) -> DecodedBatch:
+    """One batch from decoded pieces (rows: each piece's positions in the batch handed to `decode`). The
+    board planes of each piece were written right after the previous piece's kept rows."""
+    if len(pieces) == 1:
+        rows, batch = pieces[0]
+        if not np.array_equal(rows, np.arange(len(rows))):
+            batch.skipped = [(int(rows[pos]), reason) for pos, reason in batch.skipped]
+        return batch
+    total = sum(len(b) for _, b in pieces)
+    features1 = planes[:total] if planes is not None else np.concatenate([b.features1 for _, b in pieces])
+    sparse = any(b.policy_probs is not None for _, b in pieces)
+    labels = probs = None
+    if sparse:
+        width = max(b.policy_labels.shape[1] if b.policy_labels is not None else 1 for _, b in pieces)
+        labels = np.zeros((total, width), dtype=np.int64)
+        probs = np.zeros((total, width), dtype=np.float32)
+        start = 0
+        for _, b in pieces:
+            stop = start + len(b)
+            if b.policy_probs is None:
+                labels[start:stop, 0], probs[start:stop, 0] = b.policy, 1.0
+            else:
+                k = b.policy_labels.shape[1]
+                labels[start:stop, :k], probs[start:stop, :k] = b.policy_labels, b.policy_probs
+            start = stop
+    return DecodedBatch(
+        features1, np.concatenate([b.features2 for _, b in pieces]), np.concatenate([b.policy for _, b in pieces]),
+        np.concatenate([b.value for _, b in pieces]), np.concatenate([b.result for _, b in pieces]),
+        [(int(rows[pos]), reason) for rows, b in pieces for pos, reason in b.skipped], labels, probs)
+
+
+class BatchDecoder:
+    """One per process: a `Decoder` per record kind, and the policy temperature for hcpe3 visit counts."""
+
+    def __init__(self, eval_scale: float, value_lambda: float, bad_records: str = "skip", temperature: float = 1.0):
+        self.eval_scale, self.value_lambda, self.bad_records = eval_scale, value_lambda, bad_records
+        self.temperature = temperature
+        self._decoders: dict[str, Decoder] = {}
+
+    def decoder(self, kind: str) -> Decoder:
+        if kind not in self._decoders:
+            self._decoders[kind] = Decoder(kind, self.eval_scale, self.value_lambda, self.bad_records)
+        return self._decoders[kind]
+
+    def decode(self, source: TeacherSource, indices: np.ndarray, planes: np.ndarray | None = None) -> DecodedBatch:
+        """Decode source positions `indices`. `BadRecord.position` is a position in `indices`; skipped
+        positions are listed by their position in `indices` too. `planes`: as for `Decoder.decode`."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(source.parts) == 1:
+            return source.parts[0].decode(self, indices, planes)
+        part_ids = np.searchsorted(source.offsets, indices, side="right") - 1
+        pieces, done = [], 0
+        for part_id in np.unique(part_ids):
+            rows = np.flatnonzero(part_ids == part_id)
+            part = source.parts[int(part_id)]
+            try:
+                batch = part.decode(self, indices[rows] - source.offsets[part_id],
+                                    None if planes is None else planes[done:done + len(rows)])
+            except BadRecord as bad:
+                raise BadRecord(int(rows[bad.position]), bad.reason) from None
+            pieces.append((rows, batch))
+            done += len(batch)
+        return _join(pieces, planes)
+
+
+class TeacherSource:
+    """Teacher files of any kinds as one sequence of positions (see the module docstring)."""
+
+    def __init__(self, parts: list, kind: str, note: dict | None = None):
+        self.parts = parts
+        self.kind = kind
+        """What the positions came from: `hcpe`, `psv`, `hcpe3`, `mixed`; the settings' `data.kind` when resolved."""
+        self.paths = [p for part in parts for p in part.paths]
+        self.offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+        self.note = note or {}
+        """Facts for the run_started event (hcpe3 games and repetitions left out, averaging)."""
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted({part.kind for part in self.parts})
+
+    def describe(self, index: int) -> str:
+        part_id = int(np.searchsorted(self.offsets, index, side="right") - 1)
+        return self.parts[part_id].describe(int(index - self.offsets[part_id]))
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
+
+
+def open_source(paths: typing.Sequence[Path], kind: str = "auto", warn: typing.Callable[[str], None] | None = None,
+                what: str = "data.kind") -> TeacherSource:
+    """The files `paths` (each checked; hcpe3 ones decoded into their caches) as one `TeacherSource`."""
+    from tideborn.data.hcpe3 import Hcpe3File
+
+    kinds = [file_kind(path, kind, what) for path in paths]
+    parts: list = []
+    repetitions = games = 0
+    start = 0
+    while start < len(paths):
+        stop = start
+        while stop < len(paths) and kinds[stop] == kinds[start]:
+            stop += 1
+        group = list(paths[start:stop])
+        if kinds[start] == "hcpe3":
+            files = [Hcpe3File(p, warn=warn).positions() for p in group]
+            for f in files:
+                if len(f) == 0:
+                    raise UserError(f"{f.path}: holds no training position ({f.games} games)")
+                repetitions += f.repetitions
+                games += f.games
+            parts.append(Hcpe3Part(files))
+        else:
+            parts.append(RecordPart(RecordSet(group, kinds[start])))
+        start = stop
+    found = sorted(set(kinds))
+    note = {"positions": 0, "files": len(paths), "kinds": found}
+    if "hcpe3" in found:
+        note["hcpe3"] = {"games": games, "repetitions_left_out": repetitions}
+    source = TeacherSource(parts, found[0] if len(found) == 1 else "mixed", note)
+    source.note["positions"] = len(source)
+    return source
+
+
+def as_source(records: RecordSet | TeacherSource) -> TeacherSource:
+    """A `RecordSet` as a one-part source (what `Evaluator` and tests may hand over)."""
+    if isinstance(records, TeacherSource):
+        return records
+    return TeacherSource([RecordPart(records)], records.kind, {"positions": len(records)})
+
+
+def training_source(settings: Settings, warn: typing.Callable[[str], None] | None = None) -> TeacherSource:
+    data = settings.data
+    paths = expand_paths(data.train, settings.paths.data_root, "data.train")
+    return open_source(paths, data.kind, warn)
+
+
+def held_out_source(settings: Settings, warn: typing.Callable[[str], None] | None = None) -> TeacherSource | None:
+    data = settings.data
+    if not data.test:
+        return None
+    paths = expand_paths(data.test, settings.paths.data_root, "data.test")
+    train = {p.resolve() for p in expand_paths(data.train, settings.paths.data_root, "data.train")}
+    for path in paths:
+        if path.resolve() in train:
+            raise UserError(f"data.test: {path} is also in data.train; held-out data must not be trained on")
+    return open_source(paths, data.kind, warn)

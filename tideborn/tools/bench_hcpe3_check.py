@@ -14,8 +14,8 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_input_features, make_move_label
 
-from tideborn.data.features import Decoder
 from tideborn.data.hcpe3 import Hcpe3File
+from tideborn.data.sources import BatchDecoder, Hcpe3Part, TeacherSource
 from tideborn.tools.bench_hcpe3_file import ReferenceMove
 
 POLICY = 27 * 81
@@ -98,17 +98,19 @@ def check_tideborn(path: Path, moves: list[ReferenceMove], findings: Findings) -
 def check_dlshogi(data, path: Path, moves: list[ReferenceMove], findings: Findings, batch_size: int = 512) -> str:
     """dlshogi's loaded file (`DlshogiData`) against the plain replay (its rules) and tideborn's positions:
     per dlshogi entry the position, input planes (cshogi's), distribution, result and value; tideborn's
-    through its trainer path (`Decoder` on `hcpe_records`, `targets`)."""
+    decoded as the trainer's workers decode them (`sources.BatchDecoder` on a one-file source)."""
     kept = [m for m in moves if m.dlshogi_keeps]
     if data.positions != len(kept):
         findings.add("dlshogi's count differs from the plain replay by its rules",
                      f"dlshogi {data.positions:,}, replay {len(kept):,}")
     positions = Hcpe3File(path, cache=False).positions()
+    source = TeacherSource([Hcpe3Part([positions])], "hcpe3")
     ours = {(g, p): i for i, (g, p) in enumerate(zip(positions.game.tolist(), positions.ply.tolist()))}
     board = cshogi.Board()
     planes1 = np.zeros((62, 9, 9), np.float32)
     planes2 = np.zeros((57, 9, 9), np.float32)
-    decoder = Decoder("hcpe", eval_scale=DLSHOGI_EVAL_SCALE, value_lambda=1.0)  # value target = sigmoid(eval / a)
+    # value_lambda 1: the value target is sigmoid(eval / scale) alone, what dlshogi's `value` holds
+    decoder = BatchDecoder(DLSHOGI_EVAL_SCALE, value_lambda=1.0, bad_records="error", temperature=1.0)
     count = min(data.positions, len(kept))
     for start in range(0, count, batch_size):
         stop = min(start + batch_size, count)
@@ -116,8 +118,8 @@ def check_dlshogi(data, path: Path, moves: list[ReferenceMove], findings: Findin
         refs = kept[start:stop]
         present = [k for k, ref in enumerate(refs) if (ref.game, ref.ply) in ours]
         mine = np.array([ours[(refs[k].game, refs[k].ply)] for k in present], dtype=np.int64)
-        decoded = decoder.decode(positions.hcpe_records(mine))
-        labels, probabilities, _ = positions.targets(mine, 1.0)
+        decoded = decoder.decode(source, mine)
+        labels, probabilities = decoded.policy_labels, decoded.policy_probs
         row_of = {k: r for r, k in enumerate(present)}
         for k, ref in enumerate(refs):
             where = f"dlshogi entry {start + k}, {_named(ref)}"

@@ -165,6 +165,24 @@ def tideborn_open_seconds(source: Path, scratch: Path) -> tuple[float, float, in
     return cold, warm, positions
 
 
+def tideborn_decode_positions_per_second(path: Path, batch_size: int, batches: int, seed: int) -> float:
+    """Positions/s of one worker's share alone: the batch decode a loader worker runs (`BatchDecoder` on the
+    file's cached positions, in the trainer's shuffled order: uint8 planes, values, sparse distributions),
+    without the hand-over to the training process or the widening to float. What to multiply by workers."""
+    from tideborn.config.schema import DataSettings, LossSettings
+    from tideborn.data.dataset import ShardedOrder
+    from tideborn.data.sources import BatchDecoder, open_source
+
+    data, loss = DataSettings(), LossSettings()
+    source = open_source([path])
+    order = ShardedOrder(len(source), seed, batch_size)
+    decoder = BatchDecoder(data.eval_scale, loss.value_lambda, data.bad_records, data.policy_temperature)
+    decoder.decode(source, order.batch_indices(0, 0))  # first touch of the map and the scratch planes
+    started = time.perf_counter()
+    positions = sum(len(decoder.decode(source, order.batch_indices(0, 1 + b))) for b in range(batches))
+    return positions / (time.perf_counter() - started)
+
+
 def tideborn_positions_per_second(path: Path, workers: int, batch_size: int, batches: int, seed: int) -> float:
     """Steady-state positions/s of `TeacherBatches` (the trainer's loader) on `path` into ready CPU tensors:
     input planes widened to float, value targets, sparse policy distributions."""
@@ -194,7 +212,8 @@ def command_pipeline(args: argparse.Namespace) -> int:
         moves = reference_moves(path)
         games = len({m.game for m in moves})
         cold, warm, counts = [], [], set()
-        results: dict[str, list[float]] = {f"tideborn, {w} worker{'s' if w != 1 else ''}": [] for w in worker_counts}
+        results: dict[str, list[float]] = {"tideborn, one worker's decode alone": []}
+        results.update({f"tideborn, {w} worker{'s' if w != 1 else ''}": [] for w in worker_counts})
         load_seconds: dict[int, list[float]] = {t: [] for t in thread_counts}
         dlshogi_rates: dict[int, list[float]] = {t: [] for t in thread_counts}
         dlshogi_positions = set()
@@ -213,6 +232,8 @@ def command_pipeline(args: argparse.Namespace) -> int:
             cold.append(c)
             warm.append(w)
             counts.add(n)
+            results["tideborn, one worker's decode alone"].append(
+                tideborn_decode_positions_per_second(working, args.batch_size, batches, seed=repeat))
             for workers in worker_counts:
                 results[f"tideborn, {workers} worker{'s' if workers != 1 else ''}"].append(
                     tideborn_positions_per_second(working, workers, args.batch_size, batches, seed=repeat))

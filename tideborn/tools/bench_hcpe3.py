@@ -255,6 +255,12 @@ def command_pipeline(args: argparse.Namespace) -> int:
         rates = dlshogi_rates[threads]
         name = f"dlshogi decode, {threads} OpenMP thread{'s' if threads != 1 else ''}"
         print(f"{name:40s} {_spread(rates)}  {1000 * args.batch_size / statistics.median(rates):6.1f} ms/batch")
+    if thread_counts:
+        # Both measured within each repetition, so their ratio is steadier than either figure on a busy machine.
+        ours = results["tideborn, one worker's decode alone"]
+        ratios = [a / b for a, b in zip(ours, dlshogi_rates[thread_counts[0]])]
+        print(f"tideborn's one worker / dlshogi at {thread_counts[0]} thread{'s' if thread_counts[0] != 1 else ''}, "
+              f"per repetition: {statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f})")
     if dlshogi_positions:
         print(f"positions: tideborn {positions:,}, dlshogi {', '.join(f'{n:,}' for n in sorted(dlshogi_positions))} "
               f"(dlshogi skips moves without candidates; `check` compares them)")

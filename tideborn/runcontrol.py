@@ -125,7 +125,8 @@ def check_launch(request: LaunchRequest, cwd: Path | None = None,
     environ = os.environ if env is None else env
     resolved = load_settings(request.config, request.overrides, request.flags, cwd=cwd, environ=environ)
     options = build_parser().parse_args(["train", *request.trainer_args])
-    preflight(resolved.settings, options.resume, options.fresh, options.stop_at_step, environ=environ, cwd=cwd)
+    preflight(resolved.settings, options.resume, options.fresh, options.stop_at_step, environ=environ, cwd=cwd,
+              decode=False)  # the trainer decodes hcpe3 files (and names a malformed one) when it starts
     run_dir = run_dir_of(resolved.settings)
     run_dir = run_dir if run_dir.is_absolute() else cwd / run_dir
     if run_dir.is_dir() and (holder := live_holder(run_dir)):

@@ -230,6 +230,22 @@ class AveragedPart:
         self.header = header
         self.arrays = arrays
 
+    def __getstate__(self) -> dict:
+        """Pickles without the arrays when they are mapped from the cache (the other process maps it too)."""
+        state = dict(self.__dict__)
+        if all(isinstance(a, np.memmap) or a.size == 0 for a in self.arrays.values()):
+            state["arrays"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.arrays is None:
+            found = read_arrays(self.path, CACHE_FORMAT)
+            if found is None or found[0].get("key") != self.header.get("key"):
+                raise UserError(f"{self.path}: the averaged positions changed or went away while the run used "
+                                f"them; restart the run")
+            self.arrays = found[1]
+
     def __len__(self) -> int:
         return int(self.header["positions"])
 

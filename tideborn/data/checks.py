@@ -6,6 +6,7 @@ training would, and adds the checks training skips for speed (impossible materia
 
 from __future__ import annotations
 
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -274,3 +275,101 @@ def verify_files(paths: list[Path], kind: str, progress: bool = True) -> tuple[i
             bar.update(checked, f"{len(problems):,} bad")
     bar.finish()
     return checked, problems
+
+
+def summarise_hcpe3(path: Path, progress: bool = True) -> dict:
+    """An hcpe3 file's games, positions and search data (decoding it, through its positions cache)."""
+    from tideborn.data.hcpe3 import RESULT_FLAGS, RESULT_MASK, Hcpe3File
+
+    bar = Progress("inspect", readable_size(path, "hcpe3"), "bytes", enabled=progress)
+    positions = Hcpe3File(path).positions(progress=lambda done, total: bar.update(done))
+    bar.finish()
+    n = len(positions)
+    game_ids = np.asarray(positions.game)
+    # game headers: read back from the file at the indexed offsets (the positions cache keeps the offsets)
+    headers = _hcpe3_headers(path, np.asarray(positions.game_offsets))
+    results = headers["result"].astype(np.int64)
+    stored = results & RESULT_MASK
+    names = {cshogi.BLACK_WIN: "black_win", cshogi.WHITE_WIN: "white_win", cshogi.DRAW: "draw"}
+    by_result = {name: int((stored == value).sum()) for value, name in names.items()}
+    flags = {name: int((results & bit).astype(bool).sum()) for name, bit in RESULT_FLAGS.items()}
+    opponents = {str(k): int(v) for k, v in zip(*np.unique(headers["opponent"], return_counts=True))}
+    move_nums = headers["moveNum"].astype(np.int64)
+    counts = np.diff(np.asarray(positions.cand_offsets))
+    visits = np.asarray(positions.cand_visits).astype(np.int64)
+    summary: dict = {"path": str(path), "kind": "hcpe3", "bytes": readable_size(path, "hcpe3"),
+                     "games": positions.games, "moves": int(move_nums.sum()), "positions": n,
+                     "repetitions_left_out": positions.repetitions, "results": by_result, "result_flags": flags,
+                     "opponents": opponents,
+                     "plies": {"min": int(move_nums.min()) if len(move_nums) else 0,
+                               "max": int(move_nums.max()) if len(move_nums) else 0}}
+    if n:
+        records = positions.hcpe_records(np.arange(n))
+        result = results_for_side_to_move(records, "hcpe")
+        summary["side_to_move"] = {"win": int((result == 1).sum()), "draw": int((result == 0.5).sum()),
+                                   "loss": int((result == 0).sum())}
+        evals = records["eval"].astype(np.int64)
+        summary.update(evals_zero=int((evals == 0).sum()), eval_min=int(evals.min()), eval_max=int(evals.max()),
+                       eval_histogram=np.histogram(evals, bins=EVAL_EDGES)[0].tolist())
+        with_candidates = counts > 0
+        candidate_of = np.repeat(np.arange(n), counts)  # the position of each candidate
+        best = np.zeros(n, np.int64)
+        np.maximum.at(best, candidate_of, visits)
+        is_selected = np.asarray(positions.cand_move16) == np.asarray(positions.move16)[candidate_of]
+        selected = np.full(n, -1, np.int64)
+        np.maximum.at(selected, candidate_of[is_selected], visits[is_selected])
+        top_is_selected = int(((selected == best) & with_candidates).sum())
+        summary["candidates"] = {
+            "positions_without": int((~with_candidates).sum()), "mean": float(counts.mean()), "max": int(counts.max()),
+            "visits_mean": float(visits.mean()) if len(visits) else 0.0,
+            "selected_is_most_visited": top_is_selected}
+        hashes = packed_hashes(np.ascontiguousarray(np.asarray(positions.hcp)))
+        summary["duplicate_positions"] = int(n - len(np.unique(hashes)))
+        summary["games_with_positions"] = int(len(np.unique(game_ids)))
+    return summary
+
+
+def _hcpe3_headers(path: Path, offsets: np.ndarray) -> np.ndarray:
+    from tideborn.data.hcpe3 import HEADER_DTYPE, HEADER_SIZE
+
+    out = np.zeros(len(offsets), HEADER_DTYPE)
+    with open(path, "rb") as handle:
+        for i, offset in enumerate(offsets.tolist()):
+            out[i] = np.frombuffer(os.pread(handle.fileno(), HEADER_SIZE, offset), HEADER_DTYPE)[0]
+    return out
+
+
+def format_hcpe3(f: dict) -> str:
+    n = f["positions"]
+    lines = [f"{f['path']}: hcpe3, {f['games']:,} games, {f['moves']:,} moves, {n:,} positions "
+             f"({f['repetitions_left_out']:,} repetitions left out; {f['bytes']:,} bytes)"]
+    games = f["games"]
+    lines.append("  game results:   " + ", ".join(f"{k} {v:,} ({_percent(v, games)})" for k, v in f["results"].items())
+                 + "; " + ", ".join(f"{k} {v:,}" for k, v in f["result_flags"].items()))
+    lines.append(f"  plies:          {f['plies']['min']}..{f['plies']['max']}")
+    if n:
+        lines.append("  side to move:   " + ", ".join(f"{k} {_percent(v, n)}" for k, v in f["side_to_move"].items()))
+        lines.append(f"  eval:           {f['evals_zero']:,} zero ({_percent(f['evals_zero'], n)}), "
+                     f"range {f['eval_min']}..{f['eval_max']}")
+        c = f["candidates"]
+        lines.append(f"  candidates:     {c['mean']:.1f} a position on average, at most {c['max']}; "
+                     f"{c['positions_without']:,} positions without (trained one-hot on the selected move); "
+                     f"{c['visits_mean']:.1f} visits a candidate on average")
+        lines.append(f"  selected move:  the most visited in {c['selected_is_most_visited']:,} of "
+                     f"{n - c['positions_without']:,} positions with candidates")
+        lines.append(f"  duplicates:     {f['duplicate_positions']:,} positions seen before "
+                     f"({_percent(f['duplicate_positions'], n)})")
+    return "\n".join(lines)
+
+
+def verify_hcpe3(path: Path) -> list[BadRecordReport]:
+    """Replay every game of `path` (without the cache): the first malformed game, if any."""
+    from tideborn.data.hcpe3 import build_positions
+
+    try:
+        build_positions(path)
+    except UserError as exc:
+        text = str(exc)
+        prefix = f"{path}: "
+        return [BadRecordReport(str(path), None, text[len(prefix):] if text.startswith(prefix) else text)]
+    return []

@@ -19,14 +19,14 @@ VERIFY_FOUND_BAD = 1
 
 
 def _add_files(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE", help="hcpe or psv files (or quoted globs)")
-    parser.add_argument("--kind", default="auto", choices=("auto", "hcpe", "psv"),
-                        help="record format; auto: from the extension (.hcpe; .bin or .psv)")
+    parser.add_argument("files", nargs="+", metavar="FILE", help="hcpe, psv or hcpe3 files (or quoted globs)")
+    parser.add_argument("--kind", default="auto", choices=("auto", "hcpe", "psv", "hcpe3"),
+                        help="record format; auto: from the extension (.hcpe; .bin or .psv; .hcpe3)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=prog, description="Check and prepare teacher data (hcpe, psv) and game records.")
+    parser = OneLineParser(prog=prog, description="Check and prepare teacher data (hcpe, psv, hcpe3) and game records.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{inspect,verify,convert,split}",
                                 parser_class=OneLineParser)
     inspect = sub.add_parser("inspect", help="record count, results, eval histogram, plies, duplicates",
@@ -65,7 +65,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _files(args: argparse.Namespace) -> tuple[list[Path], str]:
+def _files(args: argparse.Namespace) -> tuple[list[Path], str, list[Path]]:
+    """(hcpe or psv files, their kind, hcpe3 files): hcpe3 files are games, read apart from the records."""
     from tideborn.data.records import expand_paths, resolve_kind
 
     paths = expand_paths(args.files, ".", "FILE")
@@ -74,28 +75,41 @@ def _files(args: argparse.Namespace) -> tuple[list[Path], str]:
             raise UserError(f"{path}: is a directory; name the files in it (e.g. {path}/*.hcpe)")
         if not path.exists():
             raise UserError(f"{path}: no such file")
-    return paths, resolve_kind(paths, args.kind)
+    if args.kind == "hcpe3":
+        return [], "hcpe3", paths
+    games = [p for p in paths if args.kind == "auto" and p.suffix.lower() == ".hcpe3"]
+    records = [p for p in paths if p not in games]
+    return records, resolve_kind(records, args.kind) if records else "hcpe3", games
 
 
 def command_inspect(args: argparse.Namespace) -> int:
-    from tideborn.data.checks import format_inspection, inspect_files
+    from tideborn.data.checks import format_hcpe3, format_inspection, inspect_files, summarise_hcpe3
 
-    paths, kind = _files(args)
-    report = inspect_files(paths, kind, progress=not args.quiet)
-    print(json.dumps(report, indent=2) if args.json else format_inspection(report))
+    paths, kind, games = _files(args)
+    report = inspect_files(paths, kind, progress=not args.quiet) if paths else {"kind": kind, "files": []}
+    hcpe3 = [summarise_hcpe3(path, progress=not args.quiet) for path in games]
+    if hcpe3:
+        report["hcpe3"] = hcpe3
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print("\n".join([format_inspection(report)] * bool(paths) + [format_hcpe3(f) for f in hcpe3]))
     return 0
 
 
 def command_verify(args: argparse.Namespace) -> int:
-    from tideborn.data.checks import verify_files
+    from tideborn.data.checks import verify_files, verify_hcpe3
 
-    paths, kind = _files(args)
-    checked, problems = verify_files(paths, kind, progress=not args.quiet)
+    paths, kind, games = _files(args)
+    checked, problems = verify_files(paths, kind, progress=not args.quiet) if paths else (0, [])
+    for path in games:
+        problems.extend(verify_hcpe3(path))
     for problem in problems[:max(0, args.max_listed)]:
         print(problem)
     if len(problems) > args.max_listed:
         print(f"... and {len(problems) - args.max_listed:,} more")
-    print(f"verify: {checked:,} records in {len(paths)} file(s): "
+    hcpe3 = f" and {len(games)} hcpe3 file(s) replayed" if games else ""
+    print(f"verify: {checked:,} records in {len(paths)} file(s){hcpe3}: "
           + (f"{len(problems):,} bad" if problems else "all good"))
     return VERIFY_FOUND_BAD if problems else 0
 

@@ -47,6 +47,7 @@ import struct
 import sys
 import time
 import typing
+from array import array as typed_array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,17 +99,26 @@ def cache_path(path: Path) -> Path:
 
 
 def _map(path: Path) -> tuple[mmap.mmap | bytes, int]:
-    size = readable_size(path, "hcpe3")
-    if size == 0:
-        raise UserError(f"{path}: is empty (0 bytes); an hcpe3 file holds games of a {HEADER_SIZE}-byte header "
-                        f"and the moves")
+    size = check_hcpe3_file(path)
     with open(path, "rb") as handle:
         return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), size
 
 
-def _truncated(path: Path, game: int, offset: int, what: str, need: int, size: int) -> UserError:
+def check_hcpe3_file(path: Path) -> int:
+    """The size of hcpe3 file `path`, after checking it is a readable regular file holding a first game header."""
+    size = readable_size(path, "hcpe3")
+    if size == 0:
+        raise UserError(f"{path}: is empty (0 bytes); an hcpe3 file holds games of a {HEADER_SIZE}-byte header "
+                        f"and the moves")
+    if size < HEADER_SIZE:
+        raise _truncated(Path(path), 0, 0, "game header", HEADER_SIZE, size)
+    return size
+
+
+def _truncated(path: Path, game: int, offset: int, what: str, need: int, size: int, at: int | None = None
+               ) -> UserError:
     return UserError(f"{path}: game {game} (byte {offset}): truncated {what}: needs {need} bytes at byte "
-                     f"{offset}, the file ends at {size}; the file is cut short or is not hcpe3")
+                     f"{offset if at is None else at}, the file ends at {size}; the file is cut short or is not hcpe3")
 
 
 def iter_games(path: Path) -> typing.Iterator[Hcpe3Game]:
@@ -127,7 +137,7 @@ def iter_games(path: Path) -> typing.Iterator[Hcpe3Game]:
             candidates = []
             for i in range(move_num):
                 if p + MOVE_INFO_SIZE > size:
-                    raise _truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size)
+                    raise _truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size, p)
                 infos[i] = np.frombuffer(buffer, MOVE_INFO_DTYPE, 1, p)[0]
                 p += MOVE_INFO_SIZE
                 count = int(infos[i]["candidateNum"])
@@ -154,33 +164,28 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
     and its byte offset. `progress(bytes_done, size)` is called now and then."""
     path = Path(path)
     buffer, size = _map(path)
-    unpack = struct.Struct("<HhH").unpack_from
+    unpack_info = struct.Struct("<HhH").unpack_from
     board = cshogi.Board()
-    game_offsets: list[int] = []
-    hcps: list[np.ndarray] = []
-    evals: list[int] = []
-    moves16: list[int] = []
-    results: list[int] = []
-    labels: list[int] = []
-    games_of: list[int] = []
-    plies: list[int] = []
-    cand_counts: list[int] = []
-    cand_parts: list[np.ndarray] = []
-    cand_label_parts: list[np.ndarray] = []
+    # Compact typed buffers (2 bytes a candidate field), not lists of Python ints: a large file has
+    # hundreds of millions of candidates.
+    game_offsets, hcps = typed_array("q"), bytearray()
+    evals, moves16, results, labels = typed_array("h"), typed_array("H"), typed_array("B"), typed_array("H")
+    games_of, plies, cand_counts = typed_array("i"), typed_array("H"), typed_array("q")
+    cand_moves, cand_visits, cand_labels = typed_array("H"), typed_array("H"), typed_array("H")
     repetitions = 0
     hcp_buffer = np.empty(32, np.uint8)
+    push, to_hcp, from_move16, is_legal = board.push, board.to_hcp, board.move_from_move16, board.is_legal
     try:
         offset, game = 0, 0
         while offset < size:
             where = f"{path}: game {game} (byte {offset})"
             if size - offset < HEADER_SIZE:
                 raise _truncated(path, game, offset, "game header", HEADER_SIZE, size)
-            header = np.frombuffer(buffer, HEADER_DTYPE, 1, offset)[0]
-            move_num, result = int(header["moveNum"]), int(header["result"])
+            start = np.frombuffer(buffer, np.uint8, 32, offset).copy()
+            move_num, result, _ = struct.unpack_from("<HBB", buffer, offset + 32)
             if result & RESULT_MASK not in (cshogi.DRAW, cshogi.BLACK_WIN, cshogi.WHITE_WIN):
                 raise UserError(f"{where}: result byte {result:#04x} out of range (bits 0-1 must be 0 draw, "
                                 f"1 black win or 2 white win); the file is not hcpe3 or is misaligned")
-            start = np.array(header["hcp"], dtype=np.uint8)
             if not sane_kings(start.reshape(1, 32))[0]:
                 raise UserError(f"{where}: undecodable start position (king squares off the board); the file "
                                 f"is not hcpe3 or is misaligned")
@@ -192,33 +197,33 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
             p = offset + HEADER_SIZE
             for i in range(move_num):
                 if p + MOVE_INFO_SIZE > size:
-                    raise _truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size)
-                selected, evaluation, count = unpack(buffer, p)
+                    raise _truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size, p)
+                selected, evaluation, count = unpack_info(buffer, p)
                 p += MOVE_INFO_SIZE
                 if p + count * MOVE_VISITS_SIZE > size:
                     raise UserError(f"{where}: move {i}: candidateNum {count} reaches past the end of the file "
                                     f"(byte {p + count * MOVE_VISITS_SIZE} of {size}); the file is cut short or "
                                     f"is not hcpe3")
-                candidates = np.frombuffer(buffer, MOVE_VISITS_DTYPE, count, p)
+                pairs = struct.unpack_from(f"<{2 * count}H", buffer, p) if count else ()
                 p += count * MOVE_VISITS_SIZE
-                move = board.move_from_move16(selected) if selected else 0
-                if not move or not board.is_legal(move):
+                move = from_move16(selected) if selected else 0
+                if not move or not is_legal(move):
                     what = "empty" if not selected else f"{selected:#06x}, illegal"
                     raise UserError(f"{where}: move {i} of {move_num}: selected move {what} in the replayed "
                                     f"position ({board.sfen()}); the file is corrupt or misaligned")
                 turn = board.turn
+                candidates = pairs[0::2]
                 if count:
-                    legal = np.fromiter(board.legal_moves, np.int64) & 0xFFFF
-                    wrong = ~np.isin(candidates["move16"], legal)
-                    if wrong.any():
-                        bad = int(candidates["move16"][np.flatnonzero(wrong)[0]])
-                        raise UserError(f"{where}: move {i} of {move_num}: candidate {bad:#06x} is not a legal "
-                                        f"move in the replayed position ({board.sfen()})")
+                    legal = {m & 0xFFFF for m in board.legal_moves}
+                    for candidate in candidates:
+                        if candidate not in legal:
+                            raise UserError(f"{where}: move {i} of {move_num}: candidate {candidate:#06x} is not "
+                                            f"a legal move in the replayed position ({board.sfen()})")
                 if board.move_is_draw(move, REPETITION_PLIES) in REPETITIONS_SKIPPED:
                     repetitions += 1
                 else:
-                    board.to_hcp(hcp_buffer)
-                    hcps.append(hcp_buffer.copy())
+                    to_hcp(hcp_buffer)
+                    hcps += hcp_buffer.tobytes()
                     evals.append(evaluation)
                     moves16.append(selected)
                     results.append(result)
@@ -227,10 +232,10 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
                     plies.append(i)
                     cand_counts.append(count)
                     if count:
-                        cand_parts.append(candidates.copy())
-                        cand_label_parts.append(np.array([make_move_label(m, turn) for m in
-                                                          candidates["move16"].tolist()], dtype=np.uint16))
-                board.push(move)
+                        cand_moves.extend(candidates)
+                        cand_visits.extend(pairs[1::2])
+                        cand_labels.extend([make_move_label(m, turn) for m in candidates])
+                push(move)
             offset, game = p, game + 1
             if progress is not None and game % 256 == 0:
                 progress(offset, size)
@@ -240,24 +245,27 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
         del buffer
     if progress is not None:
         progress(size, size)
-    n = len(hcps)
-    candidates_all = (np.concatenate(cand_parts) if cand_parts else np.empty(0, MOVE_VISITS_DTYPE))
+    n = len(evals)
+
+    def as_numpy(values: typed_array, dtype: type) -> np.ndarray:
+        return np.frombuffer(values, dtype=values.typecode).astype(dtype) if len(values) else np.empty(0, dtype)
+
     arrays = {
-        "game_offsets": np.asarray(game_offsets, dtype=np.int64),
-        "hcp": np.asarray(hcps, dtype=np.uint8).reshape(n, 32),
-        "eval": np.asarray(evals, dtype=np.int16),
-        "move16": np.asarray(moves16, dtype=np.uint16),
-        "result": np.asarray(results, dtype=np.uint8),
-        "label": np.asarray(labels, dtype=np.uint16),
-        "game": np.asarray(games_of, dtype=np.int32),
-        "ply": np.asarray(plies, dtype=np.uint16),
-        "cand_offsets": np.concatenate([[0], np.cumsum(np.asarray(cand_counts, dtype=np.int64))]).astype(np.int64),
-        "cand_move16": np.ascontiguousarray(candidates_all["move16"]).astype(np.uint16),
-        "cand_label": (np.concatenate(cand_label_parts) if cand_label_parts else np.empty(0, np.uint16)),
-        "cand_visits": np.ascontiguousarray(candidates_all["visitNum"]).astype(np.uint16),
+        "game_offsets": as_numpy(game_offsets, np.int64),
+        "hcp": np.frombuffer(bytes(hcps), dtype=np.uint8).reshape(n, 32).copy(),
+        "eval": as_numpy(evals, np.int16),
+        "move16": as_numpy(moves16, np.uint16),
+        "result": as_numpy(results, np.uint8),
+        "label": as_numpy(labels, np.uint16),
+        "game": as_numpy(games_of, np.int32),
+        "ply": as_numpy(plies, np.uint16),
+        "cand_offsets": np.concatenate([[0], np.cumsum(as_numpy(cand_counts, np.int64))]).astype(np.int64),
+        "cand_move16": as_numpy(cand_moves, np.uint16),
+        "cand_label": as_numpy(cand_labels, np.uint16),
+        "cand_visits": as_numpy(cand_visits, np.uint16),
     }
     meta = {"games": len(game_offsets), "positions": n, "repetitions": repetitions,
-            "candidates": int(len(candidates_all))}
+            "candidates": len(cand_moves)}
     return {"meta": meta, "arrays": arrays}
 
 
@@ -336,6 +344,8 @@ def load_or_build(path: Path, warn: typing.Callable[[str], None] | None = None,
     found = read_arrays(cache, CACHE_FORMAT)
     if found is not None and found[0].get("source") == fingerprint:
         return found
+    if progress is None:  # in the trainer: say why the start takes a while (once per file and version)
+        print(f"hcpe3: decoding {path} ({fingerprint['size']:,} bytes) into {cache} (once)", flush=True)
     built = build_positions(path, progress)
     meta = {**built["meta"], "source": fingerprint}
     try:
@@ -356,11 +366,33 @@ class Hcpe3Positions:
     def __init__(self, path: Path, header: dict, arrays: dict[str, np.ndarray]):
         self.path = Path(path)
         self.header = header
+        self._set_arrays(arrays)
+        self.games = int(header["games"])
+        self.repetitions = int(header["repetitions"])
+
+    def _set_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.arrays = arrays
         for name, array in arrays.items():
             setattr(self, name, array)
-        self.games = int(header["games"])
-        self.repetitions = int(header["repetitions"])
+
+    def __getstate__(self) -> dict:
+        """Pickles (for worker processes that are not forked) without the arrays when they are mapped from
+        the cache: the other process maps the same file."""
+        mapped = all(isinstance(a, np.memmap) or a.size == 0 for a in self.arrays.values())
+        if not mapped:
+            return dict(self.__dict__)
+        return {"path": self.path, "header": self.header, "games": self.games, "repetitions": self.repetitions,
+                "mapped": True}
+
+    def __setstate__(self, state: dict) -> None:
+        mapped = state.pop("mapped", False)
+        self.__dict__.update(state)
+        if mapped:
+            found = read_arrays(cache_path(self.path), CACHE_FORMAT)
+            if found is None or found[0].get("source") != self.header.get("source"):
+                raise UserError(f"{cache_path(self.path)}: the positions cache of {self.path} changed or went away "
+                                f"while the run used it; restart the run")
+            self._set_arrays(found[1])
 
     def __len__(self) -> int:
         return int(self.header["positions"])

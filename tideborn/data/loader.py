@@ -179,6 +179,12 @@ class TeacherBatches:
         self._loader: DataLoader | None = None
 
     @property
+    def summary(self) -> dict:
+        """What the training positions are, for `run_started`'s `data`: positions, files, kinds, hcpe3 games and
+        repetitions left out, and with `data.use_average` the averaging's inputs and merged count."""
+        return dict(self.records.note)
+
+    @property
     def position(self) -> int:
         """Micro-batches delivered since step 0 (the same count `SyntheticBatches.position` keeps)."""
         return self.batches_delivered

@@ -279,16 +279,16 @@ def _identity(facts: os.stat_result) -> tuple[int, int]:
     return facts.st_dev, facts.st_ino
 
 
-def training_records(settings: Settings) -> TeacherSource:
+def training_records(settings: Settings, decode: bool = True) -> TeacherSource:
     """The `data.train` files as one source of positions (every file checked; `UserError` names a bad one);
-    see `sources`: hcpe, psv and hcpe3 files, mixed."""
+    see `sources`: hcpe, psv and hcpe3 files, mixed. `decode=False`: hcpe3 files are only checked."""
     from tideborn.data.sources import training_source
 
-    return training_source(settings)
+    return training_source(settings, decode=decode)
 
 
-def held_out_records(settings: Settings) -> TeacherSource | None:
+def held_out_records(settings: Settings, decode: bool = True) -> TeacherSource | None:
     """The `data.test` files, or None when there are none; a file also in `data.train` is an error."""
     from tideborn.data.sources import held_out_source
 
-    return held_out_source(settings)
+    return held_out_source(settings, decode=decode)

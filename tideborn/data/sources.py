@@ -180,11 +180,11 @@ class BatchDecoder:
 class TeacherSource:
     """Teacher files of any kinds as one sequence of positions (see the module docstring)."""
 
-    def __init__(self, parts: list, kind: str, note: dict | None = None):
+    def __init__(self, parts: list, kind: str, note: dict | None = None, paths: list[Path] | None = None):
         self.parts = parts
         self.kind = kind
         """What the positions came from: `hcpe`, `psv`, `hcpe3`, `mixed`; the settings' `data.kind` when resolved."""
-        self.paths = [p for part in parts for p in part.paths]
+        self.paths = [p for part in parts for p in part.paths] if paths is None else list(paths)
         self.offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
         self.note = note or {}
         """Facts for the run_started event (hcpe3 games and repetitions left out, averaging)."""
@@ -206,9 +206,12 @@ class TeacherSource:
 
 
 def open_source(paths: typing.Sequence[Path], kind: str = "auto", warn: typing.Callable[[str], None] | None = None,
-                what: str = "data.kind") -> TeacherSource:
-    """The files `paths` (each checked; hcpe3 ones decoded into their caches) as one `TeacherSource`."""
-    from tideborn.data.hcpe3 import Hcpe3File
+                what: str = "data.kind", decode: bool = True) -> TeacherSource:
+    """The files `paths` (each checked; hcpe3 ones decoded into their caches) as one `TeacherSource`.
+
+    `decode=False` (the launcher's preflight) only checks that hcpe3 files can be read and are not empty:
+    decoding a large one takes minutes, and the trainer does it (once; then the cache is read)."""
+    from tideborn.data.hcpe3 import Hcpe3File, check_hcpe3_file
 
     kinds = [file_kind(path, kind, what) for path in paths]
     parts: list = []
@@ -219,7 +222,10 @@ def open_source(paths: typing.Sequence[Path], kind: str = "auto", warn: typing.C
         while stop < len(paths) and kinds[stop] == kinds[start]:
             stop += 1
         group = list(paths[start:stop])
-        if kinds[start] == "hcpe3":
+        if kinds[start] == "hcpe3" and not decode:
+            for p in group:
+                check_hcpe3_file(p)
+        elif kinds[start] == "hcpe3":
             files = [Hcpe3File(p, warn=warn).positions() for p in group]
             for f in files:
                 if len(f) == 0:
@@ -234,7 +240,7 @@ def open_source(paths: typing.Sequence[Path], kind: str = "auto", warn: typing.C
     note = {"positions": 0, "files": len(paths), "kinds": found}
     if "hcpe3" in found:
         note["hcpe3"] = {"games": games, "repetitions_left_out": repetitions}
-    source = TeacherSource(parts, found[0] if len(found) == 1 else "mixed", note)
+    source = TeacherSource(parts, found[0] if len(found) == 1 else "mixed", note, list(paths))
     source.note["positions"] = len(source)
     return source
 
@@ -246,13 +252,15 @@ def as_source(records: RecordSet | TeacherSource) -> TeacherSource:
     return TeacherSource([RecordPart(records)], records.kind, {"positions": len(records)})
 
 
-def training_source(settings: Settings, warn: typing.Callable[[str], None] | None = None) -> TeacherSource:
+def training_source(settings: Settings, warn: typing.Callable[[str], None] | None = None,
+                    decode: bool = True) -> TeacherSource:
     data = settings.data
     paths = expand_paths(data.train, settings.paths.data_root, "data.train")
-    return open_source(paths, data.kind, warn)
+    return open_source(paths, data.kind, warn, decode=decode)
 
 
-def held_out_source(settings: Settings, warn: typing.Callable[[str], None] | None = None) -> TeacherSource | None:
+def held_out_source(settings: Settings, warn: typing.Callable[[str], None] | None = None,
+                    decode: bool = True) -> TeacherSource | None:
     data = settings.data
     if not data.test:
         return None
@@ -261,4 +269,4 @@ def held_out_source(settings: Settings, warn: typing.Callable[[str], None] | Non
     for path in paths:
         if path.resolve() in train:
             raise UserError(f"data.test: {path} is also in data.train; held-out data must not be trained on")
-    return open_source(paths, data.kind, warn)
+    return open_source(paths, data.kind, warn, decode=decode)

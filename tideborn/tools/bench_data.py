@@ -33,6 +33,7 @@ from tideborn.data.loader import TeacherBatches
 from tideborn.data.records import RECORD_DTYPES
 from tideborn.errors import UserError, report_user_error
 from tideborn.trainer.cli import OneLineParser
+from tideborn.trainer.losses import policy_loss
 from tideborn.trainer.model import build_model
 
 
@@ -140,7 +141,7 @@ def command_wait(args: argparse.Namespace) -> int:
             batch = data.next_batch()
             waited = time.perf_counter() - started
             policy_logits, value_logit = model(batch.features1, batch.features2)
-            loss = F.cross_entropy(policy_logits.float(), batch.policy) + \
+            loss = policy_loss(policy_logits, batch) + \
                 F.binary_cross_entropy_with_logits(value_logit.float(), batch.value)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -196,8 +196,13 @@ class Trainer:
                 archived_to=str(archived) if archived else None, pid=os.getpid(),
                 launcher_pid=os.getppid() if self.env.distributed else None,
                 host=socket.gethostname(), argv=p.argv, max_steps=s.runtime.max_steps,
-                batch_size=s.optim.batch_size, run_dir=str(p.run_dir), **boot_relative_start(os.getpid()),
+                batch_size=s.optim.batch_size, run_dir=str(p.run_dir), data=getattr(self.state.data, "summary", None),
+                **boot_relative_start(os.getpid()),
             )
+            average = (getattr(self.state.data, "summary", None) or {}).get("average")
+            if average:
+                self.progress.message(f"data.use_average: {average['inputs']:,} positions merged into "
+                                      f"{average['positions']:,} ({average['merged']:,} duplicates)")
             self.announced = True
             # Stop signals become events as they arrive (`stop_requested`, a repeat's `warning`), so a second
             # `stop` or a monitor sees a stop in progress even in the middle of a long step or save.

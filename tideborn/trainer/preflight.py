@@ -21,7 +21,7 @@ CHECKPOINT_FORMAT_MARK = b"tideborn-checkpoint"
 
 def preflight(settings: Settings, resume: Path | None = None, fresh: bool = False,
               stop_at_step: int | None = None, environ: typing.Mapping[str, str] | None = None,
-              cwd: Path | None = None) -> Path:
+              cwd: Path | None = None, decode: bool = True) -> Path:
     """Raise `UserError` for what is wrong with the request; return the run directory (relative to `cwd`,
     the trainer's working directory, when `runtime.out_dir` and `paths.runs_root` are relative)."""
     environ = os.environ if environ is None else environ
@@ -31,7 +31,9 @@ def preflight(settings: Settings, resume: Path | None = None, fresh: bool = Fals
         from tideborn.data.game_index import check_pairs
         from tideborn.data.records import held_out_records, training_records
 
-        train, test = training_records(settings), held_out_records(settings)
+        # hcpe3 files are decoded into their caches here (a malformed game is named before anything starts);
+        # `decode=False` (train_run start) only checks them: decoding a large one takes minutes.
+        train, test = training_records(settings, decode=decode), held_out_records(settings, decode=decode)
         for records in (train, test):
             if records is not None:
                 records.close()

@@ -10,6 +10,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+import pytest
 from conftest import REPO_ROOT
 
 from tideborn.data.hcpe3 import cache_path
@@ -72,3 +73,14 @@ def test_a_dlshogi_build_without_the_module_is_one_line_and_exit_2(tmp_path: Pat
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith(f"bench_hcpe3: error: --dlshogi-build {tmp_path}: no cppshogi"), err
+
+
+@pytest.mark.xfail(strict=True, reason="tideborn's reader asks cshogi 1.1.0's Board.move_is_draw(move, 16), which "
+                   "does not report superior or inferior repetitions; dlshogi leaves those positions out (11 of them "
+                   "in the sample games, the first game 8 move 30). Remove this mark once the reader agrees.")
+def test_all_sample_games_read_as_dlshogi_rules_say(tmp_path: Path, capsys) -> None:
+    made = tmp_path / "samples.hcpe3"
+    assert bench_hcpe3.main(["make", str(made), "--games", str(SAMPLES)]) == 0
+    code = bench_hcpe3.main(["check", str(made)])
+    out = capsys.readouterr().out
+    assert code == 0 and "all readings agree" in out, out

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from tideborn.errors import UserError, report_user_error
-from tideborn.tools.bench_hcpe3_check import cross_check
+from tideborn.tools.bench_hcpe3_check import check_average, cross_check
 from tideborn.tools.bench_hcpe3_file import reference_moves, write_hcpe3_from_games
 from tideborn.trainer.cli import OneLineParser
 
@@ -71,15 +71,18 @@ def load_cppshogi(build: Path) -> types.ModuleType:
 
 
 class DlshogiData:
-    """A file loaded with dlshogi's `load_hcpe3` (no duplicate averaging, temperature 1, evals as
-    written), and batches decoded by its `hcpe3_decode_with_value` into preallocated arrays."""
+    """A file loaded with dlshogi's `load_hcpe3` (temperature 1, evals as written, duplicates averaged only
+    with `use_average`), and batches decoded by its `hcpe3_decode_with_value` into preallocated arrays.
+    The module keeps what it loaded in globals: one file per process."""
 
-    def __init__(self, cppshogi: types.ModuleType, path: Path, batch_size: int):
+    def __init__(self, cppshogi: types.ModuleType, path: Path, batch_size: int, use_average: bool = False):
         self.cppshogi = cppshogi
         started = time.perf_counter()
-        total, self.positions = cppshogi.load_hcpe3(str(path), False, 0.0, 1.0)
+        total, read = cppshogi.load_hcpe3(str(path), use_average, 0.0, 1.0)
         self.load_seconds = time.perf_counter() - started
-        if total != self.positions:
+        # `total` counts entries (merged ones once, with use_average); `read` the positions read
+        self.positions, self.read = total, read
+        if not use_average and total != read:
             raise UserError(f"{path}: dlshogi's module already held {total - self.positions} positions; "
                             "load one file per process")
         self.features1 = np.zeros((batch_size, DLSHOGI_FEATURES[0], 9, 9), np.float32)
@@ -290,17 +293,57 @@ def command_check(args: argparse.Namespace) -> int:
         dlshogi = DlshogiData(load_cppshogi(args.dlshogi_build), args.file, 512)
     lines, agree = cross_check(args.file, moves, dlshogi)
     print("\n".join(lines))
+    if args.average:
+        if args.dlshogi_build is None:
+            raise UserError("--average compares with dlshogi's averaging: give --dlshogi-build too")
+        with tempfile.TemporaryDirectory() as scratch:
+            dump = Path(scratch) / "average.npz"
+            command = [sys.executable, "-m", "tideborn.tools.bench_hcpe3", "dlshogi", str(args.file),
+                       "--dlshogi-build", str(args.dlshogi_build), "--dump-average", str(dump)]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+            if done.returncode != 0:
+                raise UserError(f"dlshogi's averaging of {args.file} failed: {done.stderr.strip().splitlines()[-1:]}")
+            lines, same = check_average(args.file, moves, dict(np.load(dump)))
+        print("\n".join(lines))
+        agree = agree and same
     return 0 if agree else 1
 
 
+def dump_dlshogi_average(build: Path, path: Path, out: Path, batch_size: int = 512) -> None:
+    """Every entry of `path` loaded with dlshogi's `use_average`, decoded, saved to `out` (.npz): hcp,
+    result, value, and the nonzero distribution entries as (entry, label, probability)."""
+    data = DlshogiData(load_cppshogi(build), path, batch_size, use_average=True)
+    hcp = np.zeros((data.positions, 32), np.uint8)
+    result = np.zeros(data.positions, np.float32)
+    value = np.zeros(data.positions, np.float32)
+    entries, labels, probabilities = [], [], []
+    for start in range(0, data.positions, batch_size):
+        n = data.decode(np.arange(start, min(start + batch_size, data.positions), dtype=np.uint64))
+        rows, columns = np.nonzero(data.probability[:n])
+        entries.append(rows + start)
+        labels.append(columns)
+        probabilities.append(data.probability[:n][rows, columns])
+        result[start:start + n], value[start:start + n] = data.result[:n], data.value[:n]
+        for k in range(n):
+            hcp[start + k] = np.frombuffer(data.hcp(start + k), np.uint8)
+    np.savez(out, hcp=hcp, result=result, value=value, read=data.read, entry=np.concatenate(entries),
+             label=np.concatenate(labels), probability=np.concatenate(probabilities))
+
+
 def command_dlshogi(args: argparse.Namespace) -> int:
+    if args.dump_average is not None:
+        dump_dlshogi_average(args.dlshogi_build, args.file, args.dump_average)
+        return 0
     print(json.dumps(dlshogi_figures(args.dlshogi_build, args.file, args.batch_size, args.batches, args.seed)))
     return 0
 
 
 def command_make(args: argparse.Namespace) -> int:
+    def warn(line: str) -> None:
+        print(f"skipped: {line}", file=sys.stderr)
+
     summary = write_hcpe3_from_games(args.games or [DEFAULT_GAMES], args.output, copies=args.copies, seed=args.seed,
-                                     warn=lambda line: print(f"skipped: {line}", file=sys.stderr))
+                                     book_plies=args.book_plies, warn=warn)
     print(f"{args.output}: {summary.games:,} games, {summary.moves:,} moves, {summary.with_candidates:,} with "
           f"candidates, {summary.bytes:,} bytes")
     return 0
@@ -326,12 +369,15 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="compare tideborn's reading of a file with dlshogi's and a plain replay")
     check.add_argument("file", type=Path)
     check.add_argument("--dlshogi-build", type=Path)
+    check.add_argument("--average", action="store_true", help="also compare duplicate averaging (data.use_average "
+                       "against dlshogi's use_average; needs --dlshogi-build)")
 
     make = sub.add_parser("make", help="write game records as hcpe3 with made-up search statistics")
     make.add_argument("output", type=Path)
     make.add_argument("--games", type=Path, action="append")
     make.add_argument("--copies", type=int, default=1)
     make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--book-plies", type=int, default=8, help="first moves of a game written without candidates")
 
     dlshogi = sub.add_parser("dlshogi", help="dlshogi's loader alone, in this process (one JSON line)")
     dlshogi.add_argument("file", type=Path)
@@ -339,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     dlshogi.add_argument("--batch-size", type=int, default=1024)
     dlshogi.add_argument("--batches", type=int, default=8)
     dlshogi.add_argument("--seed", type=int, default=0)
+    dlshogi.add_argument("--dump-average", type=Path, metavar="OUT.npz",
+                         help="load with use_average and save every entry's targets instead (for `check`)")
 
     args = parser.parse_args(argv)
     commands = {"pipeline": command_pipeline, "check": command_check, "make": command_make, "dlshogi": command_dlshogi}

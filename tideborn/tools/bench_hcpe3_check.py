@@ -164,3 +164,65 @@ def cross_check(path: Path, moves: list[ReferenceMove], dlshogi_data=None) -> tu
         lines.append("all readings agree")
     return lines, not findings.counts
 
+
+
+def check_average(path: Path, moves: list[ReferenceMove], dlshogi: dict) -> tuple[list[str], bool]:
+    """Duplicate averaging (`data.use_average`, built without a cache and decoded as the trainer does)
+    against dlshogi's `use_average` (`dlshogi`: the arrays `bench_hcpe3 dlshogi --dump-average` saves).
+    Positions are matched by hcp. Their targets are compared where both merged the same moves; where the
+    moves differ (tideborn also trains moves without candidates; the repetition rule) they are counted."""
+    from tideborn.config import load_settings
+    from tideborn.data.average import AveragedPart, build_average
+
+    findings = Findings()
+    settings = load_settings(None, [f"data.train={[str(path)]!r}".replace("'", '"'), "data.use_average=true",
+                                    f"data.eval_scale={DLSHOGI_EVAL_SCALE!r}"], environ={}).settings
+    positions = Hcpe3File(path, cache=False).positions()
+    meta, arrays = build_average(TeacherSource([Hcpe3Part([positions])], "hcpe3"), settings)
+    part = AveragedPart(path, [path], dict(meta), arrays)
+    ours = {row.tobytes(): i for i, row in enumerate(np.asarray(arrays["hcp"]))}
+    by_move = {(m.game, m.ply): m for m in moves}
+    ours_moves: dict[bytes, set] = defaultdict(set)
+    for key in zip(positions.game.tolist(), positions.ply.tolist()):
+        ours_moves[by_move[key].hcp].add(key)
+    theirs_moves: dict[bytes, set] = defaultdict(set)
+    for m in moves:
+        if m.dlshogi_keeps:
+            theirs_moves[m.hcp].add((m.game, m.ply))
+    theirs = {row.tobytes(): i for i, row in enumerate(dlshogi["hcp"])}
+    same = sorted((hcp for hcp in theirs if ours_moves.get(hcp) == theirs_moves.get(hcp)), key=theirs.get)
+    apart = [hcp for hcp in set(theirs) | set(ours) if ours_moves.get(hcp) != theirs_moves.get(hcp)]
+    if len(theirs_moves) != len(theirs):
+        findings.add("dlshogi's merged count differs from the plain replay's distinct positions",
+                     f"dlshogi {len(theirs):,}, replay {len(theirs_moves):,}")
+    dense_theirs = defaultdict(dict)
+    for entry, label, probability in zip(dlshogi["entry"].tolist(), dlshogi["label"].tolist(),
+                                         dlshogi["probability"].tolist()):
+        dense_theirs[entry][label] = probability
+    decoder = BatchDecoder(DLSHOGI_EVAL_SCALE, value_lambda=1.0, bad_records="error", temperature=1.0)
+    source = TeacherSource([part], "average")
+    for start in range(0, len(same), 1024):
+        chunk = same[start:start + 1024]
+        decoded = decoder.decode(source, np.array([ours[h] for h in chunk], dtype=np.int64))
+        for r, hcp in enumerate(chunk):
+            j = theirs[hcp]
+            first = min(theirs_moves[hcp])
+            where = f"dlshogi entry {j} (first seen game {first[0]} move {first[1]}, {len(theirs_moves[hcp])} moves)"
+            want = np.zeros(POLICY, np.float64)
+            for label, probability in dense_theirs[j].items():
+                want[label] = probability
+            findings.expect(np.allclose(_dense_sparse(decoded.policy_labels[r], decoded.policy_probs[r]), want,
+                                        atol=1e-5), "averaged distribution differs", where)
+            findings.expect(abs(float(decoded.result[r]) - float(dlshogi["result"][j])) < 1e-6,
+                            "averaged result differs", where)
+            findings.expect(abs(float(decoded.value[r]) - float(dlshogi["value"][j])) < 1e-5,
+                            "averaged value differs", where)
+    only_no_candidates = sum(1 for hcp in apart if all(
+        len(by_move[k].candidates) == 0 for k in ours_moves.get(hcp, set()) - theirs_moves.get(hcp, set()))
+        and theirs_moves.get(hcp, set()) <= ours_moves.get(hcp, set()))
+    lines = [f"averaging: dlshogi {len(theirs):,} entries from {int(dlshogi['read']):,} positions; tideborn "
+             f"{meta['positions']:,} from {meta['inputs']:,}; {len(same):,} merged from the same moves in both, "
+             f"compared; {len(apart):,} merged from other moves ({only_no_candidates:,} only by tideborn's moves "
+             f"without candidates, {len(apart) - only_no_candidates:,} otherwise: the repetition rule)"]
+    lines += ["DIFFERENCES", *findings.lines()] if findings.counts else ["averaged targets agree"]
+    return lines, not findings.counts

@@ -18,7 +18,7 @@ from cshogi.dlshogi import make_move_label
 
 from tests.conftest import REPO_ROOT, child_env, events_of, run_trainer, settings_args, step_events
 from tests.hcpe3_support import sample_games, write_hcpe3
-from tests.test_data_support import psv_records
+from tests.test_data_support import SHARED_DATA, psv_records
 from tideborn.config.load import settings_from_dict
 from tideborn.config.schema import DataSettings, LossSettings, Settings
 from tideborn.data.average import averaged_source
@@ -110,6 +110,9 @@ def test_visit_counts_become_the_tempered_distribution():
     assert np.allclose(probs[0], [0.1, 0.9, 0])  # N^2: 1, 9
     _, probs, top = policy_targets(starts, counts, labels, visits, fallback, 0.0)
     assert np.allclose(probs[0], [0, 1, 0]) and top.tolist() == [7, 4]
+    _, probs, _ = policy_targets(starts, counts, labels, np.array([600.0, 599.0, 0.0]), fallback, 0.01)
+    assert np.isfinite(probs).all() and np.isclose(probs[0].sum(), 1.0)
+    assert np.allclose(probs[0, 1] / probs[0, 0], (599 / 600) ** 100)  # a low temperature without overflow
 
 
 def kl_to_visits(model: torch.nn.Module, path: Path) -> float:
@@ -329,6 +332,9 @@ def corrupt(path: Path, games: list, how: str) -> int:
     elif how == "illegal":
         first_move = offset + 36 + 6 * 1 + 4 * len(written[2].candidates[0])  # move 1's MoveInfo
         data[first_move:first_move + 2] = (0x7F7F).to_bytes(2, "little")
+    elif how == "movenum":  # game 1 claims one move more than it has: game 2's header is read as a move
+        first = 36 + sum(6 + 4 * len(c) for c in written[0].candidates)
+        data[first + 32:first + 34] = (len(written[1].moves) + 1).to_bytes(2, "little")
     elif how == "candidates":  # the last MoveInfo of the last game claims more candidates than remain
         field = len(data) - 4 * len(written[3].candidates[-1]) - 2
         data[field:field + 2] = (500).to_bytes(2, "little")
@@ -340,6 +346,7 @@ def corrupt(path: Path, games: list, how: str) -> int:
     ("truncated", r"bad\.hcpe3: game 2 \(byte {offset}\): truncated move 2 of \d+"),
     ("illegal", r"bad\.hcpe3: game 2 \(byte {offset}\): move 1 of \d+: selected move 0x7f7f, illegal"),
     ("candidates", r"bad\.hcpe3: game 3 \(byte \d+\): move \d+: candidateNum 500 reaches past the end"),
+    ("movenum", r"bad\.hcpe3: game 1 \(byte \d+\): move \d+: "),
 ])
 def test_a_malformed_hcpe3_file_is_one_line_naming_file_and_game(games, tmp_path, how, pattern):
     offset = corrupt(tmp_path / "bad.hcpe3", games, how)
@@ -477,3 +484,41 @@ def test_decoded_sets_pickle_as_their_cache_files_for_worker_processes(games, tm
     decoder = BatchDecoder(756.0, 0.3)
     one, two = decoder.decode(averaged, np.arange(20)), part.decode(decoder, np.arange(20), None)
     assert np.array_equal(one.policy_probs, two.policy_probs) and np.array_equal(one.features1, two.features1)
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/data (more real games) is not beside the repository")
+def test_hcpe3_from_the_shared_real_games_reads_back_exactly(tmp_path):
+    from tideborn.data.games import GameReadError, find_game_files, read_games
+
+    found = []
+    for path in find_game_files([SHARED_DATA]):
+        try:
+            found.extend(g for g in read_games(path) if g.result is not None and g.moves)
+        except GameReadError:
+            continue  # a record cshogi cannot read is the converter's business, not this test's
+        if len(found) >= 150:
+            break
+    assert found, f"{SHARED_DATA}: no readable game with a result"
+    written = write_hcpe3(tmp_path / "shared.hcpe3", found, seed=80)
+    positions = Hcpe3File(tmp_path / "shared.hcpe3").positions()
+    expected = replayed(written)
+    assert positions.games == len(written) and len(positions) == len(expected)
+    assert np.array_equal(np.asarray(positions.hcp), np.array([hcp for hcp, _, _ in expected]).reshape(-1, 32))
+    assert np.array_equal(np.asarray(positions.move16), [m for _, m, _ in expected])
+    visits = np.concatenate([c["visitNum"] for _, _, c in expected])
+    assert np.array_equal(np.asarray(positions.cand_visits), visits)
+
+
+def test_a_damaged_cache_is_rebuilt_not_trusted(games, tmp_path):
+    write_hcpe3(tmp_path / "a.hcpe3", games[:3], seed=90)
+    positions = Hcpe3File(tmp_path / "a.hcpe3").positions()
+    cache = cache_path(tmp_path / "a.hcpe3")
+    data = bytearray(cache.read_bytes())
+    header = json.loads(data[:4096].split(b"\n", 1)[0])
+    header["arrays"]["hcp"][2] = [10**9, 32]  # a shape far past the end of the file
+    header["positions"] = 10**9
+    text = json.dumps(header).encode() + b"\n"
+    data[:4096] = text.ljust(4096, b" ")
+    cache.write_bytes(bytes(data))
+    rebuilt = Hcpe3File(tmp_path / "a.hcpe3").positions()
+    assert len(rebuilt) == len(positions) and np.array_equal(rebuilt.hcp, positions.hcp)

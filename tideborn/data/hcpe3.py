@@ -248,11 +248,12 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
     n = len(evals)
 
     def as_numpy(values: typed_array, dtype: type) -> np.ndarray:
-        return np.frombuffer(values, dtype=values.typecode).astype(dtype) if len(values) else np.empty(0, dtype)
+        return np.frombuffer(values, dtype=values.typecode).astype(dtype, copy=False) if len(values) \
+            else np.empty(0, dtype)
 
     arrays = {
         "game_offsets": as_numpy(game_offsets, np.int64),
-        "hcp": np.frombuffer(bytes(hcps), dtype=np.uint8).reshape(n, 32).copy(),
+        "hcp": np.frombuffer(hcps, dtype=np.uint8).reshape(n, 32),
         "eval": as_numpy(evals, np.int16),
         "move16": as_numpy(moves16, np.uint16),
         "result": as_numpy(results, np.uint8),
@@ -318,13 +319,34 @@ def read_arrays(path: Path, fmt: str) -> tuple[dict, dict[str, np.ndarray]] | No
             or header.get("bytes") != size:
         return None
     arrays = {}
-    for name, (offset, dtype, shape) in header["arrays"].items():
-        count = int(np.prod(shape)) if shape else 1
-        if count == 0:
-            arrays[name] = np.empty(shape, dtype=np.dtype(dtype))
-        else:
-            arrays[name] = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=tuple(shape))
+    try:  # a damaged or foreign header (offsets past the end, odd dtypes) is a stale cache: rebuilt
+        for name, (offset, dtype, shape) in header["arrays"].items():
+            count = int(np.prod(shape)) if shape else 1
+            if count == 0:
+                arrays[name] = np.empty(shape, dtype=np.dtype(dtype))
+            else:
+                arrays[name] = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=tuple(shape))
+    except (TypeError, ValueError, KeyError, AttributeError, OSError):
+        return None
+    if not _consistent(header, arrays):
+        return None
     return header, arrays
+
+
+def _consistent(header: dict, arrays: dict[str, np.ndarray]) -> bool:
+    """The arrays agree with each other and the header (positions, CSR offsets within the candidates)."""
+    try:
+        positions = int(header["positions"])
+        offsets = arrays["cand_offsets"]
+        if len(offsets) != positions + 1 or (positions and (offsets[0] != 0 or np.any(np.diff(offsets) < 0))):
+            return False
+        per_position = [a for name, a in arrays.items() if name in ("hcp", "eval", "move16", "result", "label",
+                                                                    "game", "ply", "winprob", "count")]
+        per_candidate = [a for name, a in arrays.items() if name.startswith("cand_") and name != "cand_offsets"]
+        return all(len(a) == positions for a in per_position) and \
+            all(len(a) == int(offsets[-1]) for a in per_candidate)
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _warn_once(key: str, text: str, warn: typing.Callable[[str], None] | None) -> None:
@@ -443,7 +465,11 @@ def policy_targets(starts: np.ndarray, counts: np.ndarray, cand_labels: np.ndarr
     labels[present] = cand_labels[flat]
     raw[present] = weights[flat]
     if temperature is not None and temperature > 0 and temperature != 1:
-        raw = np.power(raw, 1.0 / temperature)
+        # N^(1/T) scaled by the row's largest N first: the same distribution, without the overflow of, say,
+        # 600^(1/0.01) (dlshogi's plain pow would give inf/inf there)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scaled = raw / raw.max(axis=1, keepdims=True)
+        raw = np.power(np.nan_to_num(scaled, nan=0.0), 1.0 / temperature)
     top_column = raw.argmax(axis=1) if n else np.zeros(0, np.int64)
     top = labels[np.arange(n), top_column]
     total = raw.sum(axis=1)

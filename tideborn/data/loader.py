@@ -157,7 +157,7 @@ class TeacherBatches:
         self.pinned = pins_memory(self.device, settings)
         self.records = training_records(settings)
         self.averaging: dict | None = None
-        """With `data.use_average`: inputs, merged positions and the cache (`average.AveragedSet.summary`)."""
+        """With `data.use_average`: inputs, merged positions, skipped records and the cache file (see `average`)."""
         if data.use_average:
             from tideborn.data.average import averaged_source
 

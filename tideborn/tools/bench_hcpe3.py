@@ -1,25 +1,29 @@
 """hcpe3 throughput: tideborn's loader against dlshogi's C++ one on the same file (figures, never pass/fail).
 
-    python -m tideborn.tools.bench_hcpe3 pipeline [--file X.hcpe3] [--dlshogi-build DIR]
-    python -m tideborn.tools.bench_hcpe3 check X.hcpe3 [--dlshogi-build DIR]
-    python -m tideborn.tools.bench_hcpe3 make OUT.hcpe3 [--games DIR ...] [--copies N]
+    python -m tideborn.tools.bench_hcpe3 pipeline [--file X.hcpe3 | --games DIR --copies N] [--dlshogi-build DIR]
+    python -m tideborn.tools.bench_hcpe3 check X.hcpe3 [--dlshogi-build DIR [--average]]
+    python -m tideborn.tools.bench_hcpe3 make OUT.hcpe3 [--games DIR ...] [--copies N] [--book-plies N]
 
-`pipeline` times, alternating, several repetitions in one run: tideborn's first open of the file (the
-cold index/cache build), then its steady-state positions/s into ready tensors with each worker count
-(`TeacherBatches`, what the trainer uses); and, given `--dlshogi-build`, dlshogi's `load_hcpe3` (the
-whole file replayed into memory) and its `hcpe3_decode_with_value` batches, in a child process per
-OpenMP thread count (`OMP_THREAD_LIMIT`; dlshogi asks for 2 threads). Without `--file` it writes the
-games under `--games` (default `samples/games`) as hcpe3 with made-up search statistics
-(`bench_hcpe3_file`).
+`pipeline` times, alternating, several repetitions in one run, on a copy of the file in a scratch folder:
+tideborn's first open (every game replayed into the positions cache) and a second one (the cache mapped);
+one worker's batch decode alone (the figure to multiply by workers); `TeacherBatches`, the trainer's
+loader, into ready CPU tensors with each worker count; and, given `--dlshogi-build`, dlshogi's
+`load_hcpe3` (the whole file replayed into memory) and its `hcpe3_decode_with_value` batches, in a child
+process per OpenMP thread limit (`OMP_THREAD_LIMIT`: its decode asks for 2 threads whatever
+OMP_NUM_THREADS says). Without `--file` it writes the games under `--games` (default `samples/games`) as
+hcpe3 with made-up search statistics (`bench_hcpe3_file`).
 
-`check` reads a file with tideborn's reader, dlshogi's and a plain cshogi replay, and names the first
-game and ply where positions, distributions, values or results differ.
+`check` compares, position by position, tideborn's reading of a file with a plain cshogi replay under
+dlshogi's rules and, given the build, with dlshogi's loader; `--average` also compares duplicate averaging
+(`data.use_average`) with dlshogi's `use_average`. It counts each kind of difference and names the first
+few by game and move; exit status 1 when there is one.
 
-dlshogi's module is not a dependency: build it from its public source with the Python that runs tideborn
-(same version), outside this repository:
+dlshogi's module is not a dependency: build it from its public source, outside this repository, for the
+Python and numpy that run tideborn:
 
     git clone https://github.com/TadaoYamaoka/DeepLearningShogi /tmp/dlshogi && cd /tmp/dlshogi
-    python -m venv /tmp/dlvenv && /tmp/dlvenv/bin/pip install cython "numpy>=2" setuptools
+    python -m venv /tmp/dlvenv    # the same Python version as tideborn's
+    /tmp/dlvenv/bin/pip install cython setuptools "numpy==$(python -c 'import numpy; print(numpy.__version__)')"
     /tmp/dlvenv/bin/python setup.py build_ext --inplace   # dlshogi/cppshogi*.so: C++17, -O3, AVX2, OpenMP
 
 and pass `--dlshogi-build /tmp/dlshogi` (the tree, or any folder holding a `cppshogi*.so`).
@@ -109,13 +113,18 @@ def dlshogi_figures(build: Path, path: Path, batch_size: int, batches: int, seed
     """Load `path` with dlshogi's module in this process and time batches in a shuffled order, as its
     `Hcpe3DataLoader` draws them (`np.arange` shuffled)."""
     data = DlshogiData(load_cppshogi(build), path, batch_size)
+    if data.positions == 0:
+        raise UserError(f"{path}: dlshogi reads no position from it")
     order = np.random.default_rng(seed).permutation(data.positions).astype(np.uint64)
-    batches = min(batches, max(1, data.positions // batch_size - 1))
-    data.decode(order[:batch_size])  # first touch of the arrays and the threads is not throughput
+
+    def batch(b: int) -> np.ndarray:  # wraps around a file smaller than the batches asked for
+        return order[np.arange(b * batch_size, (b + 1) * batch_size) % data.positions]
+
+    data.decode(batch(0))  # first touch of the arrays and the threads is not throughput
     started = time.perf_counter()
     positions = 0
     for b in range(1, batches + 1):
-        positions += data.decode(order[b * batch_size:(b + 1) * batch_size])
+        positions += data.decode(batch(b))
     seconds = time.perf_counter() - started
     return {"load_seconds": data.load_seconds, "positions": data.positions,
             "positions_per_second": positions / seconds}
@@ -129,7 +138,8 @@ def dlshogi_in_child(build: Path, path: Path, threads: int, batch_size: int, bat
     env = {**os.environ, "OMP_THREAD_LIMIT": str(threads)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
     if done.returncode != 0:
-        raise UserError(f"dlshogi's loader on {path} failed: {done.stderr.strip().splitlines()[-1:]}")
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise UserError(f"dlshogi's loader on {path} failed: {last}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -180,9 +190,13 @@ def tideborn_decode_positions_per_second(path: Path, batch_size: int, batches: i
     source = open_source([path])
     order = ShardedOrder(len(source), seed, batch_size)
     decoder = BatchDecoder(data.eval_scale, loss.value_lambda, data.bad_records, data.policy_temperature)
-    decoder.decode(source, order.batch_indices(0, 0))  # first touch of the map and the scratch planes
+    cursor = (0, 0)
+    decoder.decode(source, order.batch_indices(*cursor))  # first touch of the map and the scratch planes
     started = time.perf_counter()
-    positions = sum(len(decoder.decode(source, order.batch_indices(0, 1 + b))) for b in range(batches))
+    positions = 0
+    for _ in range(batches):
+        cursor = order.following(*cursor)
+        positions += len(decoder.decode(source, order.batch_indices(*cursor)))
     return positions / (time.perf_counter() - started)
 
 
@@ -205,8 +219,8 @@ def tideborn_positions_per_second(path: Path, workers: int, batch_size: int, bat
 
 
 def command_pipeline(args: argparse.Namespace) -> int:
-    worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
-    thread_counts = [int(t) for t in args.dlshogi_threads.split(",") if t.strip()] if args.dlshogi_build else []
+    worker_counts = args.workers
+    thread_counts = args.dlshogi_threads if args.dlshogi_build else []
     if args.dlshogi_build is not None:
         load_cppshogi(args.dlshogi_build)  # refuse a bad build before any timing
     with tempfile.TemporaryDirectory() as scratch_name:
@@ -221,7 +235,7 @@ def command_pipeline(args: argparse.Namespace) -> int:
         dlshogi_rates: dict[int, list[float]] = {t: [] for t in thread_counts}
         dlshogi_positions = set()
         # The benchmark reads a copy in the scratch folder, so that no cache is left beside the user's file.
-        working = scratch / "timed" / path.name
+        working = scratch / "timed" / f"{path.stem}.hcpe3"  # the extension tells the loader the format
         working.parent.mkdir()
         shutil.copyfile(path, working)
         positions = len(_open_positions(working))
@@ -302,7 +316,8 @@ def command_check(args: argparse.Namespace) -> int:
                        "--dlshogi-build", str(args.dlshogi_build), "--dump-average", str(dump)]
             done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
             if done.returncode != 0:
-                raise UserError(f"dlshogi's averaging of {args.file} failed: {done.stderr.strip().splitlines()[-1:]}")
+                last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                raise UserError(f"dlshogi's averaging of {args.file} failed: {last}")
             lines, same = check_average(args.file, moves, dict(np.load(dump)))
         print("\n".join(lines))
         agree = agree and same
@@ -349,6 +364,26 @@ def command_make(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def _counts(text: str, least: int) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = [least - 1]
+    if any(v < least for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers >= {least}, got {text!r}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m tideborn.tools.bench_hcpe3", description=__doc__.split("\n\n")[0],
                            epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -358,13 +393,15 @@ def main(argv: list[str] | None = None) -> int:
     pipeline.add_argument("--file", type=Path, help="hcpe3 file to read (default: --games written as hcpe3)")
     pipeline.add_argument("--games", type=Path, action="append", help="game records for the default file "
                           "(repeatable; default samples/games)")
-    pipeline.add_argument("--copies", type=int, default=1, help="write the games this many times (a larger file)")
+    pipeline.add_argument("--copies", type=_positive, default=1, help="write the games this many times (a larger file)")
     pipeline.add_argument("--dlshogi-build", type=Path, help="dlshogi source tree with cppshogi built (see --help)")
-    pipeline.add_argument("--dlshogi-threads", default="1,2", help="OpenMP thread limits for dlshogi's decode")
-    pipeline.add_argument("--batch-size", type=int, default=1024)
-    pipeline.add_argument("--batches", type=int, default=8, help="timed batches per run")
-    pipeline.add_argument("--repeats", type=int, default=3)
-    pipeline.add_argument("--workers", default="0,1,2", help="tideborn worker counts, comma-separated")
+    pipeline.add_argument("--dlshogi-threads", type=lambda t: _counts(t, 1), default=[1, 2],
+                          help="OpenMP thread limits for dlshogi's decode, comma-separated (default 1,2)")
+    pipeline.add_argument("--batch-size", type=_positive, default=1024)
+    pipeline.add_argument("--batches", type=_positive, default=8, help="timed batches per run")
+    pipeline.add_argument("--repeats", type=_positive, default=3)
+    pipeline.add_argument("--workers", type=lambda t: _counts(t, 0), default=[0, 1, 2],
+                          help="tideborn worker counts, comma-separated (default 0,1,2)")
 
     check = sub.add_parser("check", help="compare tideborn's reading of a file with dlshogi's and a plain replay")
     check.add_argument("file", type=Path)
@@ -375,15 +412,15 @@ def main(argv: list[str] | None = None) -> int:
     make = sub.add_parser("make", help="write game records as hcpe3 with made-up search statistics")
     make.add_argument("output", type=Path)
     make.add_argument("--games", type=Path, action="append")
-    make.add_argument("--copies", type=int, default=1)
+    make.add_argument("--copies", type=_positive, default=1)
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--book-plies", type=int, default=8, help="first moves of a game written without candidates")
 
     dlshogi = sub.add_parser("dlshogi", help="dlshogi's loader alone, in this process (one JSON line)")
     dlshogi.add_argument("file", type=Path)
     dlshogi.add_argument("--dlshogi-build", type=Path, required=True)
-    dlshogi.add_argument("--batch-size", type=int, default=1024)
-    dlshogi.add_argument("--batches", type=int, default=8)
+    dlshogi.add_argument("--batch-size", type=_positive, default=1024)
+    dlshogi.add_argument("--batches", type=_positive, default=8)
     dlshogi.add_argument("--seed", type=int, default=0)
     dlshogi.add_argument("--dump-average", type=Path, metavar="OUT.npz",
                          help="load with use_average and save every entry's targets instead (for `check`)")

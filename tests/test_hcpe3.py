@@ -522,3 +522,18 @@ def test_a_damaged_cache_is_rebuilt_not_trusted(games, tmp_path):
     cache.write_bytes(bytes(data))
     rebuilt = Hcpe3File(tmp_path / "a.hcpe3").positions()
     assert len(rebuilt) == len(positions) and np.array_equal(rebuilt.hcp, positions.hcp)
+
+
+def test_resuming_with_use_average_changed_is_refused(games, tmp_path):
+    from tideborn.data.loader import TeacherBatches
+
+    write_hcpe3(tmp_path / "a.hcpe3", games[:3], seed=95)
+    plain = Settings(data=DataSettings(train=(str(tmp_path / "a.hcpe3"),), workers=0))
+    averaged = Settings(data=DataSettings(train=(str(tmp_path / "a.hcpe3"),), workers=0, use_average=True))
+    with TeacherBatches(plain, torch.device("cpu"), micro_batch_size=16) as data:
+        data.next_batch()
+        state = data.state_dict()
+    assert state["use_average"] is False and state["kind"] == "hcpe3"
+    with TeacherBatches(averaged, torch.device("cpu"), micro_batch_size=16) as data:
+        with pytest.raises(UserError, match="data.use_average was False when the checkpoint was written and is True"):
+            data.load_state_dict(state)

@@ -84,3 +84,15 @@ def test_all_sample_games_read_as_dlshogi_rules_say(tmp_path: Path, capsys) -> N
     code = bench_hcpe3.main(["check", str(made)])
     out = capsys.readouterr().out
     assert code == 0 and "all readings agree" in out, out
+
+
+def test_a_cut_short_file_is_one_line_naming_the_game_and_exit_2(tmp_path: Path, capsys) -> None:
+    made = tmp_path / "made.hcpe3"
+    bench_hcpe3.main(["make", str(made), "--games", str(some_games(tmp_path / "games", 3))])
+    capsys.readouterr()
+    cut = tmp_path / "cut.hcpe3"
+    cut.write_bytes(made.read_bytes()[:-3])
+    for command in (["check", str(cut)], ["pipeline", "--file", str(cut), "--workers", "0", "--repeats", "1"]):
+        assert bench_hcpe3.main(command) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"bench_hcpe3: error: {cut}: game 2: the file ends inside"), err

@@ -23,7 +23,10 @@ from pathlib import Path
 import cshogi
 import numpy as np
 
+from tideborn.data.features import sane_kings
 from tideborn.data.games import GameReadError, find_game_files, read_games
+from tideborn.errors import UserError
+from tideborn.outputs import StagedOutputs
 
 HCPE3_HEADER = np.dtype([("hcp", np.uint8, 32), ("moveNum", "<u2"), ("result", "u1"), ("opponent", "u1")])
 MOVE_INFO = np.dtype([("selectedMove16", "<u2"), ("eval", "<i2"), ("candidateNum", "<u2")])
@@ -98,8 +101,12 @@ def write_hcpe3_from_games(inputs: list[Path], output: Path, copies: int = 1, se
         except GameReadError as exc:
             if warn:
                 warn(f"{path}: {exc}")
+    if not games:
+        raise UserError(f"no readable game with a result from the standard position under "
+                        f"{', '.join(map(str, inputs))}; nothing written to {output}")
     rng, board, summary = random.Random(seed), cshogi.Board(), Hcpe3Summary()
-    with open(output, "wb") as out:
+
+    def fill(out: typing.BinaryIO) -> None:
         for _ in range(copies):
             for game in games:
                 result = int(game.result) | _ENDGAME_FLAGS.get(game.endgame, 0)  # type: ignore[arg-type]
@@ -115,6 +122,12 @@ def write_hcpe3_from_games(inputs: list[Path], output: Path, copies: int = 1, se
                 summary.moves += len(game.moves)
                 summary.with_candidates += positions
                 summary.bytes += len(data)
+
+    # whole or not at all: a temp file beside `output`, renamed over it once written
+    with StagedOutputs() as staged:
+        staged.prepare(output, "output")
+        staged.write(output, fill)
+        staged.publish()
     return summary
 
 
@@ -123,14 +136,20 @@ def walk_hcpe3(path: Path) -> typing.Iterator[tuple[int, int, int, bytes, np.nda
     independent plain reading of the layout, for the cross-check to name games and plies."""
     data = path.read_bytes()
     offset, game = 0, 0
+
+    def take(dtype: np.dtype, count: int, what: str) -> np.ndarray:
+        if offset + count * dtype.itemsize > len(data):
+            raise UserError(f"{path}: game {game}: the file ends inside {what} (byte {len(data)})")
+        return np.frombuffer(data, dtype, count, offset)
+
     while offset < len(data):
-        header = np.frombuffer(data, HCPE3_HEADER, 1, offset)[0]
+        header = take(HCPE3_HEADER, 1, "a game header")[0]
         offset += HCPE3_HEADER.itemsize
         for ply in range(int(header["moveNum"])):
-            info = np.frombuffer(data, MOVE_INFO, 1, offset)[0]
+            info = take(MOVE_INFO, 1, f"move {ply}")[0]
             offset += MOVE_INFO.itemsize
             count = int(info["candidateNum"])
-            visits = np.frombuffer(data, MOVE_VISITS, count, offset)
+            visits = take(MOVE_VISITS, count, f"move {ply}'s candidates")
             offset += count * MOVE_VISITS.itemsize
             yield game, ply, int(header["result"]), header["hcp"].tobytes(), info, visits
         game += 1
@@ -175,10 +194,18 @@ def reference_moves(path: Path) -> list[ReferenceMove]:
     board, packed, current = cshogi.Board(), np.zeros(32, np.uint8), -1
     for game, ply, result, start, info, visits in walk_hcpe3(path):
         if game != current:
-            board.set_hcp(np.frombuffer(start, np.uint8))
+            start_packed = np.frombuffer(start, np.uint8)
+            try:  # king squares first: cshogi's decoder writes them before any check
+                if not sane_kings(start_packed.reshape(1, 32))[0]:
+                    raise RuntimeError("king squares off the board")
+                board.set_hcp(start_packed)
+            except RuntimeError as exc:
+                raise UserError(f"{path}: game {game}: undecodable start position ({exc})") from None
             current = game
         move16 = int(info["selectedMove16"])
         move = board.move_from_move16(move16)
+        if not move16 or not board.is_legal(move):
+            raise UserError(f"{path}: game {game} move {ply}: selected move {move16:#06x} does not replay")
         board.to_hcp(packed)
         hcp, turn = packed.tobytes(), board.turn
         board.push(move)

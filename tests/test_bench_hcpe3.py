@@ -75,10 +75,9 @@ def test_a_dlshogi_build_without_the_module_is_one_line_and_exit_2(tmp_path: Pat
     assert err.count("\n") == 1 and err.startswith(f"bench_hcpe3: error: --dlshogi-build {tmp_path}: no cppshogi"), err
 
 
-@pytest.mark.xfail(strict=True, reason="tideborn's reader asks cshogi 1.1.0's Board.move_is_draw(move, 16), which "
-                   "does not report superior or inferior repetitions; dlshogi leaves those positions out (11 of them "
-                   "in the sample games, the first game 8 move 30). Remove this mark once the reader agrees.")
 def test_all_sample_games_read_as_dlshogi_rules_say(tmp_path: Path, capsys) -> None:
+    """Superior and inferior repetitions are left out as dlshogi does (11 positions of the sample games, the first
+    at game 8 move 30: cshogi's `move_is_draw` before the move missed them; `is_draw` after it finds them)."""
     made = tmp_path / "samples.hcpe3"
     assert bench_hcpe3.main(["make", str(made), "--games", str(SAMPLES)]) == 0
     code = bench_hcpe3.main(["check", str(made)])

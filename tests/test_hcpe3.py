@@ -56,10 +56,10 @@ def replayed(written) -> list[tuple[np.ndarray, int, np.ndarray]]:
     for game in written:
         board.set_hcp(game.start_hcp)
         for ply, move in enumerate(game.moves):
-            if board.move_is_draw(move, 16) not in (cshogi.REPETITION_DRAW, cshogi.REPETITION_SUPERIOR,
-                                                     cshogi.REPETITION_INFERIOR):
+            board.push(move)  # the repetition the move makes, as dlshogi's moveIsDraw (is_draw after the move)
+            if board.is_draw(16) not in (cshogi.REPETITION_DRAW, cshogi.REPETITION_SUPERIOR,
+                                         cshogi.REPETITION_INFERIOR):
                 kept.append((game.positions[ply], int(game.infos[ply]["selectedMove16"]), game.candidates[ply]))
-            board.push(move)
     return kept
 
 
@@ -237,7 +237,11 @@ def expected_average(sources: list[tuple[str, Path]], temperature: float, eval_s
                 board.set_hcp(game.hcp)
                 for info, candidates in zip(game.moves, game.candidates):
                     move = board.move_from_move16(int(info["selectedMove16"]))
-                    if board.move_is_draw(move, 16) not in (1, 4, 5):
+                    before = board.copy()
+                    board.push(move)
+                    repeats = board.is_draw(16) in (1, 4, 5)  # draw, superior, inferior: left out
+                    board, after = before, board
+                    if not repeats:
                         hcp = np.empty(32, np.uint8)
                         board.to_hcp(hcp)
                         if len(candidates):
@@ -251,7 +255,7 @@ def expected_average(sources: list[tuple[str, Path]], temperature: float, eval_s
                         winner = game.result & 3
                         result = 0.5 if winner == 0 else float((winner == 1) == (board.turn == 0))
                         add(hcp, dist, result, float(info["eval"]))
-                    board.push(move)
+                    board = after
     return merged
 
 

@@ -10,13 +10,12 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-import pytest
 from conftest import REPO_ROOT
 
+from tideborn.bench import hcpe3 as bench_hcpe3
+from tideborn.bench.hcpe3_check import cross_check
+from tideborn.bench.hcpe3_file import reference_moves
 from tideborn.data.hcpe3 import cache_path
-from tideborn.tools import bench_hcpe3
-from tideborn.tools.bench_hcpe3_check import cross_check
-from tideborn.tools.bench_hcpe3_file import reference_moves
 
 SAMPLES = REPO_ROOT / "samples" / "games" / "wcsc28"
 

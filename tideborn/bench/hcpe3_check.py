@@ -14,9 +14,9 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_input_features, make_move_label
 
+from tideborn.bench.hcpe3_file import ReferenceMove
 from tideborn.data.hcpe3 import Hcpe3File
 from tideborn.data.sources import BatchDecoder, Hcpe3Part, TeacherSource
-from tideborn.tools.bench_hcpe3_file import ReferenceMove
 
 POLICY = 27 * 81
 DLSHOGI_EVAL_SCALE = 1 / 0.0013226

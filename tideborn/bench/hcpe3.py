@@ -1,8 +1,8 @@
 """hcpe3 throughput: tideborn's loader against dlshogi's C++ one on the same file (figures, never pass/fail).
 
-    python -m tideborn.tools.bench_hcpe3 pipeline [--file X.hcpe3 | --games DIR --copies N] [--dlshogi-build DIR]
-    python -m tideborn.tools.bench_hcpe3 check X.hcpe3 [--dlshogi-build DIR [--average]]
-    python -m tideborn.tools.bench_hcpe3 make OUT.hcpe3 [--games DIR ...] [--copies N] [--book-plies N]
+    python -m tideborn.bench.hcpe3 pipeline [--file X.hcpe3 | --games DIR --copies N] [--dlshogi-build DIR]
+    python -m tideborn.bench.hcpe3 check X.hcpe3 [--dlshogi-build DIR [--average]]
+    python -m tideborn.bench.hcpe3 make OUT.hcpe3 [--games DIR ...] [--copies N] [--book-plies N]
 
 `pipeline` times, alternating, several repetitions in one run, on a copy of the file in a scratch folder:
 tideborn's first open (every game replayed into the positions cache) and a second one (the cache mapped);
@@ -44,10 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tideborn.bench.hcpe3_check import check_average, cross_check
+from tideborn.bench.hcpe3_dlshogi import DlshogiData, dlshogi_figures, dump_dlshogi_average, load_cppshogi
+from tideborn.bench.hcpe3_file import reference_moves, write_hcpe3_from_games
 from tideborn.errors import UserError, report_user_error
-from tideborn.tools.bench_hcpe3_check import check_average, cross_check
-from tideborn.tools.bench_hcpe3_dlshogi import DlshogiData, dlshogi_figures, dump_dlshogi_average, load_cppshogi
-from tideborn.tools.bench_hcpe3_file import reference_moves, write_hcpe3_from_games
 from tideborn.trainer.cli import OneLineParser
 
 DEFAULT_GAMES = Path(__file__).resolve().parents[2] / "samples" / "games"
@@ -56,7 +56,7 @@ DEFAULT_GAMES = Path(__file__).resolve().parents[2] / "samples" / "games"
 def dlshogi_in_child(build: Path, path: Path, threads: int, batch_size: int, batches: int, seed: int) -> dict:
     """`dlshogi_figures` in a fresh process limited to `threads` OpenMP threads (the limit is read when
     libgomp starts, and dlshogi's decode asks for 2 threads whatever OMP_NUM_THREADS says)."""
-    command = [sys.executable, "-m", "tideborn.tools.bench_hcpe3", "dlshogi", str(path), "--dlshogi-build", str(build),
+    command = [sys.executable, "-m", "tideborn.bench.hcpe3", "dlshogi", str(path), "--dlshogi-build", str(build),
                "--batch-size", str(batch_size), "--batches", str(batches), "--seed", str(seed)]
     env = {**os.environ, "OMP_THREAD_LIMIT": str(threads)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
@@ -235,7 +235,7 @@ def command_check(args: argparse.Namespace) -> int:
             raise UserError("--average compares with dlshogi's averaging: give --dlshogi-build too")
         with tempfile.TemporaryDirectory() as scratch:
             dump = Path(scratch) / "average.npz"
-            command = [sys.executable, "-m", "tideborn.tools.bench_hcpe3", "dlshogi", str(args.file),
+            command = [sys.executable, "-m", "tideborn.bench.hcpe3", "dlshogi", str(args.file),
                        "--dlshogi-build", str(args.dlshogi_build), "--dump-average", str(dump)]
             done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
             if done.returncode != 0:
@@ -287,7 +287,7 @@ def _counts(text: str, least: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m tideborn.tools.bench_hcpe3", description=__doc__.split("\n\n")[0],
+    parser = OneLineParser(prog="python -m tideborn.bench.hcpe3", description=__doc__.split("\n\n")[0],
                            epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 

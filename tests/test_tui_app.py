@@ -20,6 +20,7 @@ import psutil
 import pytest
 from textual.notifications import Notify
 
+from tests.conftest import until
 from tideborn.errors import UserError
 from tideborn.events import encode_event
 from tideborn.runfiles import PidRecord, this_host
@@ -39,14 +40,7 @@ from tui.widgets.log_pane import LogPane
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    """Clock times in UTC, whatever this machine's zone."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("utc")  # clock times in UTC, whatever this machine's zone
 
 
 @pytest.fixture
@@ -61,17 +55,6 @@ def app_for(run_dir: Path | None = None, **changes):
     for name, value in changes.items():
         setattr(options, name, value)
     return create_app(options)
-
-
-async def until(pilot, condition, what: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await pilot.pause(0.02)
 
 
 async def attached(pilot) -> DashboardScreen:

@@ -20,6 +20,7 @@ from conftest import SMOKE_CONFIG, TEMPLATE_SETS, copy_run, events_of, out_dir_s
 from test_reliability_support import launched_runs, process_gone
 from textual.notifications import Notify
 
+from tests.conftest import until
 from tideborn.runfiles import PidRecord, read_pid_record, this_host
 from tideborn.tools.train_run import main as train_run_main
 from tui.app import create_app
@@ -32,14 +33,7 @@ from tui.screens.help import TextScreen
 from tui.screens.run_picker import RunPickerScreen
 from tui.testing import FIXTURE_NOW, FIXTURE_START, write_fixture_run, write_small_run
 
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("utc")  # clock times in UTC, whatever this machine's zone
 
 
 def options(**changes) -> TuiOptions:
@@ -47,17 +41,6 @@ def options(**changes) -> TuiOptions:
     for name, value in changes.items():
         setattr(made, name, value)
     return made
-
-
-async def until(pilot, condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await pilot.pause(0.02)
 
 
 def notices(messages: list) -> list[Notify]:

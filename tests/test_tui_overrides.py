@@ -10,12 +10,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from textual.widgets import DataTable, Input, Static
 
+from tests.conftest import until
 from tui.app import create_app
 from tui.options import TuiOptions
 from tui.overrides import OverrideModel
@@ -96,14 +96,6 @@ def trainer_config(path: Path, cwd: Path) -> dict:
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
-
-
-async def until(pilot, condition, what: str, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await pilot.pause(0.02)
 
 
 async def open_editor(pilot) -> OverrideEditorScreen:

@@ -125,6 +125,18 @@ def test_the_run_tools_errors_have_the_same_style_when_run_as_a_module(tmp_path,
     assert line == f"python -m tideborn.tools.train_run {command}: error: missing: no such directory"
 
 
+@pytest.mark.parametrize("prog", ["tideborn run", "python -m tideborn.tools.train_run"])
+def test_an_empty_directory_says_how_to_start_a_run_the_way_the_user_called_the_tools(tmp_path, prog):
+    (tmp_path / "empty").mkdir()
+    command = [str(console_script()), "run"] if prog == "tideborn run" else \
+        [sys.executable, "-m", "tideborn.tools.train_run"]
+    done = subprocess.run([*command, "status", "--out-dir", "empty"], cwd=tmp_path, env=child_env(),
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 3
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"{prog} status: error: empty: no run here") and line.endswith(f"start one with {prog} start")
+
+
 def test_the_monitors_errors_have_the_same_style(tmp_path):
     for args, message in ((["--no-such-option"], "unrecognized arguments: --no-such-option (see --help)"),
                           (["missing"], f"{tmp_path / 'missing'}: no such directory")):

@@ -124,8 +124,8 @@ def thresholds_of(args: argparse.Namespace) -> AnomalyThresholds:
                         "--stall-seconds)") from None
 
 
-def run_dir_problem(run_dir: Path) -> str | None:
-    """Why `run_dir` holds no run to report on, or None."""
+def run_dir_problem(run_dir: Path, prog: str = "python -m tideborn.tools.train_run") -> str | None:
+    """Why `run_dir` holds no run to report on, or None (`prog`: how the user called the run tools)."""
     try:
         exists, is_dir = run_dir.exists(), run_dir.is_dir()
     except OSError as exc:  # a name too long, a directory we may not enter: no run we can read
@@ -135,7 +135,7 @@ def run_dir_problem(run_dir: Path) -> str | None:
     if not is_dir:
         return f"{run_dir}: not a directory"
     if not (run_dir / PID_FILE).exists() and not (run_dir / EVENTS_FILE).exists():
-        return f"{run_dir}: no run here (neither {PID_FILE} nor {EVENTS_FILE}); start one with train_run start"
+        return f"{run_dir}: no run here (neither {PID_FILE} nor {EVENTS_FILE}); start one with {prog} start"
     return None
 
 
@@ -288,7 +288,7 @@ def command_start(args: argparse.Namespace, prog: str) -> int:
 def command_status(args: argparse.Namespace) -> int:
     thresholds = thresholds_of(args)
     run_dir: Path = args.out_dir
-    if problem := run_dir_problem(run_dir):
+    if problem := run_dir_problem(run_dir, args.prog):
         if args.json:
             print(json.dumps({"run_dir": str(run_dir), "state": "not started", "error": problem, "anomalies": []}))
         return fail(args, problem, NO_RUN)
@@ -302,7 +302,7 @@ def command_status(args: argparse.Namespace) -> int:
 
 def command_stop(args: argparse.Namespace) -> int:
     run_dir: Path = args.out_dir
-    if problem := run_dir_problem(run_dir):
+    if problem := run_dir_problem(run_dir, args.prog):
         return fail(args, problem, NO_RUN)
     tracker = RunTracker(run_dir, start="end")
     tracker.refresh()
@@ -461,7 +461,7 @@ def _print_stop_progress(events: list[dict]) -> None:
 def command_watch(args: argparse.Namespace) -> int:
     thresholds = thresholds_of(args)
     run_dir: Path = args.out_dir
-    if problem := run_dir_problem(run_dir):
+    if problem := run_dir_problem(run_dir, args.prog):
         return fail(args, problem, NO_RUN)
     tracker = RunTracker(run_dir, thresholds, start="end" if args.follow_only else "beginning")
     text = args.format == "text"

@@ -134,7 +134,8 @@ def test_an_empty_directory_says_how_to_start_a_run_the_way_the_user_called_the_
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 3
     [line] = done.stderr.strip().splitlines()
-    assert line.startswith(f"{prog} status: error: empty: no run here") and line.endswith(f"start one with {prog} start")
+    assert line.startswith(f"{prog} status: error: empty: no run here"), line
+    assert line.endswith(f"start one with {prog} start"), line
 
 
 def test_the_monitors_errors_have_the_same_style(tmp_path):

@@ -1,0 +1,106 @@
+"""A dlshogi user's run: hcpe3 self-play files mixed with hcpe, with the options they use with dlshogi's
+train.py (`--use_average`, `--use_evalfix`, `--temperature`, `--val_lambda_decay_epoch`, `--beta`, weight
+decay on every parameter) all at once, data workers and a held-out file. The options were written one by
+one; these runs check them together: the run trains, reports its data and scales, evaluates with the new
+figures, resumes exactly after a stop mid-epoch, and `train_run status` reads it cleanly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO_ROOT, child_env, events_of, run_trainer, settings_args, step_events
+from tests.hcpe3_support import sample_games, write_hcpe3
+from tideborn.data.convert import convert_games
+from tideborn.trainer.checkpoint import load_checkpoint
+
+TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"
+
+DLSHOGI_SETS = (
+    'data.kind="auto"', "data.use_average=true", 'data.eval_scale_fit="per_file"',
+    "data.policy_temperature=0.5", "loss.value_lambda=0.5", "loss.value_lambda_final=0.1",
+    "loss.value_lambda_decay_steps=8", "optim.policy_entropy_beta=0.01", 'optim.weight_decay_policy="all"',
+    "optim.grad_clip_norm=10.0", "data.workers=2", "optim.batch_size=32", "runtime.max_steps=12",
+    "runtime.log_every=1", "runtime.checkpoint_every=5", "runtime.eval_every=6", "runtime.keep_checkpoints=10",
+    'runtime.progress="plain"', "data.eval_positions=512")
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two hcpe3 files that share games (so averaging merges), an hcpe file, and a held-out hcpe3 file."""
+    games = sample_games()
+    root = tmp_path_factory.mktemp("dlshogi")
+    write_hcpe3(root / "selfplay-a.hcpe3", games[:30], seed=1, eval_unit=300)
+    write_hcpe3(root / "selfplay-b.hcpe3", games[20:45], seed=2, eval_unit=900)
+    write_hcpe3(root / "test.hcpe3", games[55:], seed=3, eval_unit=600)
+    convert_games([REPO_ROOT / "samples" / "games" / "wcsc28"], root / "all.hcpe", progress=False)
+    (root / "extra.hcpe").write_bytes((root / "all.hcpe").read_bytes()[:38 * 800])
+    (root / "all.hcpe").unlink()
+    (root / "all.games.csv").unlink(missing_ok=True)
+    return root
+
+
+def dlshogi_args(root: Path, run_dir: Path, *sets: str) -> list[str]:
+    return settings_args(run_dir, f"paths.data_root={str(root)!r}",
+                         'data.train=["selfplay-*.hcpe3", "extra.hcpe"]', 'data.test=["test.hcpe3"]',
+                         *DLSHOGI_SETS, *sets, config=TEACHER_CONFIG)
+
+
+def losses(run_dir: Path) -> dict[int, tuple[float, float, float]]:
+    return {e["step"]: (e["loss"], e["policy_loss"], e["value_loss"]) for e in step_events(events_of(run_dir))}
+
+
+def test_a_dlshogi_style_run_trains_reports_and_resumes_exactly(data_root, tmp_path):
+    straight, pieces = tmp_path / "straight", tmp_path / "pieces"
+    done = run_trainer("train", *dlshogi_args(data_root, straight), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    events = events_of(straight)
+
+    started = next(e for e in events if e["kind"] == "run_started")
+    average = started["data"]["average"]
+    assert average["merged"] > 0 and average["positions"] == average["inputs"] - average["merged"]
+    assert started["data"]["kinds"] == ["hcpe", "hcpe3"]
+    scales = started["eval_scales"]
+    named = {Path(item["path"]).name if isinstance(item, dict) else Path(item).name for item in scales}
+    assert {"selfplay-a.hcpe3", "selfplay-b.hcpe3", "extra.hcpe", "test.hcpe3"} <= named, scales
+
+    steps = step_events(events)
+    assert [e["step"] for e in steps] == list(range(1, 13))
+    lambdas = [e["value_lambda"] for e in steps]
+    assert lambdas[0] == pytest.approx(0.5) and lambdas[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(lambdas, lambdas[1:]))
+
+    evals = [e for e in events if e["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [6, 12]
+    for evaluation in evals:
+        for field in ("policy_accuracy_legal", "policy_entropy", "value_entropy", "policy_loss", "value_loss"):
+            assert isinstance(evaluation[field], float), (field, evaluation)
+        assert evaluation["policy_accuracy_legal"] >= evaluation["policy_accuracy"]
+        assert evaluation["positions"] > 0
+
+    first = run_trainer("train", *dlshogi_args(data_root, pieces), "--stop-at-step", "7", cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    cursor = load_checkpoint(pieces / "step-000000007.pt")["data_cursor"]
+    assert cursor["batch_in_epoch"] > 0, "the stop must fall mid-epoch"
+    second = run_trainer("train", *dlshogi_args(data_root, pieces), cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert losses(pieces) == losses(straight) and len(losses(straight)) == 12
+    a = load_checkpoint(straight / "step-000000012.pt")["model"]
+    b = load_checkpoint(pieces / "step-000000012.pt")["model"]
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    want = [(e["step"], e["policy_loss"], e["value_loss"], e["policy_accuracy_legal"]) for e in evals]
+    got = [(e["step"], e["policy_loss"], e["value_loss"], e["policy_accuracy_legal"])
+           for e in events_of(pieces) if e["kind"] == "eval" and e["step"] in (6, 12)]
+    assert got[-1] == want[-1]
+
+    status = subprocess.run([sys.executable, "-m", "tideborn.tools.train_run", "status", "--out-dir",
+                             str(pieces), "--json"], env=child_env(), capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stdout + status.stderr
+    report = json.loads(status.stdout)
+    assert status.stderr == "", status.stderr
+    print(json.dumps(report, indent=1)[:3000])

@@ -24,9 +24,9 @@ TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"
 DLSHOGI_SETS = (
     'data.kind="auto"', "data.use_average=true", 'data.eval_scale_fit="per_file"',
     "data.policy_temperature=0.5", "loss.value_lambda=0.5", "loss.value_lambda_final=0.1",
-    "loss.value_lambda_decay_steps=8", "optim.policy_entropy_beta=0.01", 'optim.weight_decay_policy="all"',
-    "optim.grad_clip_norm=10.0", "data.workers=2", "optim.batch_size=32", "runtime.max_steps=12",
-    "runtime.log_every=1", "runtime.checkpoint_every=5", "runtime.eval_every=6", "runtime.keep_checkpoints=10",
+    "loss.value_lambda_decay_steps=30", "optim.policy_entropy_beta=0.01", 'optim.weight_decay_policy="all"',
+    "optim.grad_clip_norm=10.0", "data.workers=2", "optim.batch_size=128", "runtime.max_steps=40",
+    "runtime.log_every=1", "runtime.checkpoint_every=5", "runtime.eval_every=20", "runtime.keep_checkpoints=10",
     'runtime.progress="plain"', "data.eval_positions=512")
 
 
@@ -66,41 +66,53 @@ def test_a_dlshogi_style_run_trains_reports_and_resumes_exactly(data_root, tmp_p
     assert average["merged"] > 0 and average["positions"] == average["inputs"] - average["merged"]
     assert started["data"]["kinds"] == ["hcpe", "hcpe3"]
     scales = started["eval_scales"]
-    named = {Path(item["path"]).name if isinstance(item, dict) else Path(item).name for item in scales}
-    assert {"selfplay-a.hcpe3", "selfplay-b.hcpe3", "extra.hcpe", "test.hcpe3"} <= named, scales
+    by_name = {Path(path).name: scale for path, scale in scales.items()}
+    assert set(by_name) == {"selfplay-a.hcpe3", "selfplay-b.hcpe3", "extra.hcpe", "test.hcpe3"}, scales
+    # evals written at 300 and 900 units per result fit to different scales; the hcpe file's evals are all 0
+    assert by_name["selfplay-a.hcpe3"] < by_name["selfplay-b.hcpe3"] and by_name["extra.hcpe"] == 756.0864962951762
 
     steps = step_events(events)
-    assert [e["step"] for e in steps] == list(range(1, 13))
+    assert [e["step"] for e in steps] == list(range(1, 41))
     lambdas = [e["value_lambda"] for e in steps]
     assert lambdas[0] == pytest.approx(0.5) and lambdas[-1] == pytest.approx(0.1)
     assert all(a >= b for a, b in zip(lambdas, lambdas[1:]))
 
     evals = [e for e in events if e["kind"] == "eval"]
-    assert [e["step"] for e in evals] == [6, 12]
+    assert [e["step"] for e in evals] == [20, 40]
     for evaluation in evals:
         for field in ("policy_accuracy_legal", "policy_entropy", "value_entropy", "policy_loss", "value_loss"):
             assert isinstance(evaluation[field], float), (field, evaluation)
         assert evaluation["policy_accuracy_legal"] >= evaluation["policy_accuracy"]
         assert evaluation["positions"] > 0
 
-    first = run_trainer("train", *dlshogi_args(data_root, pieces), "--stop-at-step", "7", cwd=tmp_path)
+    # Stopped at step 35, and then as if killed after the checkpoint at 30: the next `train` resumes from the
+    # newest checkpoint there is (mid-epoch: an epoch is 32 batches of 128) and crosses into the next epoch.
+    first = run_trainer("train", *dlshogi_args(data_root, pieces), "--stop-at-step", "35", cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
-    cursor = load_checkpoint(pieces / "step-000000007.pt")["data_cursor"]
-    assert cursor["batch_in_epoch"] > 0, "the stop must fall mid-epoch"
+    (pieces / "step-000000035.pt").unlink()
+    cursor = load_checkpoint(pieces / "step-000000030.pt")["data_cursor"]
+    assert cursor["epoch"] == 0 and 0 < cursor["batch_in_epoch"] < 32, cursor
     second = run_trainer("train", *dlshogi_args(data_root, pieces), cwd=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert losses(pieces) == losses(straight) and len(losses(straight)) == 12
-    a = load_checkpoint(straight / "step-000000012.pt")["model"]
-    b = load_checkpoint(pieces / "step-000000012.pt")["model"]
+    assert "step-000000030.pt" in second.stdout + second.stderr
+    assert losses(pieces) == losses(straight) and len(losses(straight)) == 40
+    a = load_checkpoint(straight / "step-000000040.pt")["model"]
+    b = load_checkpoint(pieces / "step-000000040.pt")["model"]
     assert all(torch.equal(a[name], b[name]) for name in a)
-    want = [(e["step"], e["policy_loss"], e["value_loss"], e["policy_accuracy_legal"]) for e in evals]
-    got = [(e["step"], e["policy_loss"], e["value_loss"], e["policy_accuracy_legal"])
-           for e in events_of(pieces) if e["kind"] == "eval" and e["step"] in (6, 12)]
-    assert got[-1] == want[-1]
+
+    def evals_of(run_dir: Path) -> dict[int, tuple]:
+        return {e["step"]: tuple(e[k] for k in ("policy_loss", "value_loss", "policy_accuracy_legal",
+                                                 "policy_entropy", "value_entropy"))
+                for e in events_of(run_dir) if e["kind"] == "eval"}
+
+    stopped = evals_of(pieces)
+    assert 35 in stopped, "a stop evaluates the weights it saves"
+    assert {step: stopped[step] for step in (20, 40)} == evals_of(straight)
 
     status = subprocess.run([sys.executable, "-m", "tideborn.tools.train_run", "status", "--out-dir",
                              str(pieces), "--json"], env=child_env(), capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stdout + status.stderr
     report = json.loads(status.stdout)
     assert status.stderr == "", status.stderr
-    print(json.dumps(report, indent=1)[:3000])
+    assert report["state"] == "finished" and report["step"] == 40 and report["anomalies"] == [], report
+    assert report["last_eval"]["policy_accuracy_legal"] == evals_of(straight)[40][2]

@@ -6,7 +6,9 @@ figures, resumes exactly after a stop mid-epoch, and `train_run status` reads it
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +118,61 @@ def test_a_dlshogi_style_run_trains_reports_and_resumes_exactly(data_root, tmp_p
     assert status.stderr == "", status.stderr
     assert report["state"] == "finished" and report["step"] == 40 and report["anomalies"] == [], report
     assert report["last_eval"]["policy_accuracy_legal"] == evals_of(straight)[40][2]
+
+
+# -- the "For dlshogi users" table in docs/training.md ------------------------------------------------------
+
+DLSHOGI_OPTIONS = ("train_data", "test_data", "--batchsize", "--testbatchsize", "--epoch", "--network", "--checkpoint",
+                   "--resume", "--reset_optimizer", "--initmodel", "--model", "--optimizer", "--lr", "--weight_decay",
+                   "--lr_scheduler", "--clip_grad_max_norm", "--use_critic", "--beta", "--val_lambda",
+                   "--val_lambda_decay_epoch", "--eval_interval", "--use_swa", "--use_amp", "--amp_dtype",
+                   "--use_average", "--use_evalfix", "--temperature", "--patch", "--cache", "--gpu")
+"""dlshogi/train.py's options (at the version the table was written from) that the table must map."""
+
+NOT_SETTINGS = {"train.py", "train_run start", "tideborn.toml", "train.log", "events.jsonl", "torch.optim.lr_scheduler",
+                "configs/dlshogi-hcpe3.toml"}
+"""Dotted names in the section that are files or commands, not settings."""
+
+
+def dlshogi_section() -> str:
+    text = (REPO_ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    start = text.index("\n## For dlshogi users\n")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def test_every_setting_the_dlshogi_table_names_exists():
+    """A renamed or removed setting fails here rather than leaving the table pointing at nothing."""
+    from tideborn.config.schema import SECTIONS
+
+    keys = {f"{name}.{field.name}" for name, cls in SECTIONS.items() for field in dataclasses.fields(cls)}
+    named = set()
+    for span in re.findall(r"`([^`\n]+)`", dlshogi_section()):
+        dotted = re.match(r"([a-z_]+)\.([a-z_0-9]+)(?:\s*=.*)?$", span)
+        if dotted and span not in NOT_SETTINGS:
+            assert dotted.group(1) in SECTIONS, f"docs/training.md, For dlshogi users: `{span}` is no setting"
+            named.add(f"{dotted.group(1)}.{dotted.group(2)}")
+    missing = sorted(named - keys)
+    assert not missing, f"docs/training.md, For dlshogi users, names settings that do not exist: {missing}"
+    assert len(named) >= 30, sorted(named)
+
+
+def test_the_dlshogi_table_maps_every_train_py_option():
+    rows = [line for line in dlshogi_section().splitlines() if line.startswith("| `")]
+    first_column = " ".join(row.split(" | ")[0] for row in rows)
+    for option in DLSHOGI_OPTIONS:
+        assert f"`{option}`" in first_column, f"docs/training.md, For dlshogi users: no row for {option}"
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split(" | ")]
+        assert len(cells) == 3 and all(cells), f"a row needs an option, tideborn's side and a note: {row}"
+
+
+def test_the_dlshogi_config_is_summarised_without_any_data(tmp_path):
+    """configs/dlshogi-hcpe3.toml names data under a data_root the user sets: `summary` shows it without
+    reading any, and shows the dlshogi options."""
+    done = run_trainer("summary", "--config", str(REPO_ROOT / "configs" / "dlshogi-hcpe3.toml"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = done.stdout
+    assert "duplicate positions averaged" in text and "hcpe3 policy temperature 1" in text
+    assert "eval scale fitted per file" in text and "clip grad norm at 10" in text
+    assert "(every parameter)" in text and "silu" in text and "10 blocks x 192 channels" in text
+    assert not any(tmp_path.iterdir()), "summary writes nothing"

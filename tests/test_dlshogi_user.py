@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT, child_env, events_of, run_trainer, settings_args, step_events
+from tests.conftest import (REPO_ROOT, assert_user_error, child_env, events_of, run_trainer, settings_args,
+                            step_events, tree)
 from tests.hcpe3_support import sample_games, write_hcpe3
 from tideborn.data.convert import convert_games
 from tideborn.trainer.checkpoint import load_checkpoint
@@ -118,6 +119,28 @@ def test_a_dlshogi_style_run_trains_reports_and_resumes_exactly(data_root, tmp_p
     assert status.stderr == "", status.stderr
     assert report["state"] == "finished" and report["step"] == 40 and report["anomalies"] == [], report
     assert report["last_eval"]["policy_accuracy_legal"] == evals_of(straight)[40][2]
+
+
+def test_new_selfplay_files_under_the_glob_refuse_the_resume_in_one_line(data_root, tmp_path):
+    """Self-play keeps writing files: a resume whose glob now matches more positions cannot continue the
+    data order. It is refused before anything starts, in one line that says what to do, and the run
+    directory is left as it was (no run_failed for an attempt that never started)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    for name in ("selfplay-a.hcpe3", "extra.hcpe", "test.hcpe3"):
+        (root / name).write_bytes((data_root / name).read_bytes())
+    run_dir = tmp_path / "run"
+    sets = ("runtime.max_steps=6", "runtime.eval_every=100", "data.workers=0", "optim.batch_size=32")
+    first = run_trainer("train", *dlshogi_args(root, run_dir, *sets), "--stop-at-step", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    (root / "selfplay-b.hcpe3").write_bytes((data_root / "selfplay-b.hcpe3").read_bytes())
+    before = {name: data for name, data in tree(run_dir).items() if name != ".trainer.lock"}  # who holds the dir
+
+    again = run_trainer("train", *dlshogi_args(root, run_dir, *sets), cwd=tmp_path)
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert_user_error(again.stderr, r"cannot resume the data order: data.train's record count was \d+ when the "
+                                    r"checkpoint was written and is \d+ now; .*new files under a glob.*--mode finetune")
+    assert {name: data for name, data in tree(run_dir).items() if name != ".trainer.lock"} == before
 
 
 # -- the "For dlshogi users" table in docs/training.md ------------------------------------------------------

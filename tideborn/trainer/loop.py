@@ -223,7 +223,10 @@ class Trainer:
         except UserError as exc:  # bad input met only now (a bad record, data that changed under a cursor)
             self.progress.end_line()
             report_failure(self.env, str(exc))
-            self._terminal("run_failed", error=str(exc), traceback=None, rank=self.env.rank)
+            if self.announced:
+                self._terminal("run_failed", error=str(exc), traceback=None, rank=self.env.rank)
+            # else the attempt was refused before its run_started (a checkpoint's data cursor that does not fit
+            # the files, say): nothing started, so there is no run_failed to write, and the error is the one line
             raise
         except Exception as exc:  # any failure after run_started must still end with one terminal event
             self.progress.end_line()

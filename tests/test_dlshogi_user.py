@@ -13,11 +13,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from tests.conftest import (REPO_ROOT, assert_user_error, child_env, events_of, run_trainer, settings_args,
-                            step_events, tree)
+from tests.conftest import (
+    REPO_ROOT,
+    assert_user_error,
+    child_env,
+    events_of,
+    run_trainer,
+    settings_args,
+    step_events,
+    tree,
+)
 from tests.hcpe3_support import sample_games, write_hcpe3
 from tideborn.data.convert import convert_games
 from tideborn.trainer.checkpoint import load_checkpoint
@@ -141,6 +150,29 @@ def test_new_selfplay_files_under_the_glob_refuse_the_resume_in_one_line(data_ro
     assert_user_error(again.stderr, r"cannot resume the data order: data.train's record count was \d+ when the "
                                     r"checkpoint was written and is \d+ now; .*new files under a glob.*--mode finetune")
     assert {name: data for name, data in tree(run_dir).items() if name != ".trainer.lock"} == before
+
+
+def test_records_left_out_of_the_average_are_a_warning(data_root, tmp_path):
+    """Without averaging, skipped records (an empty move) are counted by the loader and reported in a
+    `warning` event; averaging leaves them out while merging, and the run must say so too."""
+    from cshogi import HuffmanCodedPosAndEval
+
+    records = np.fromfile(data_root / "extra.hcpe", dtype=HuffmanCodedPosAndEval)[:300]
+    records["bestMove16"][[3, 50, 200]] = 0
+    root = tmp_path / "data"
+    root.mkdir()
+    records.tofile(root / "extra.hcpe")
+    (root / "selfplay-a.hcpe3").write_bytes((data_root / "selfplay-a.hcpe3").read_bytes())
+    (root / "test.hcpe3").write_bytes((data_root / "test.hcpe3").read_bytes())
+    run_dir = tmp_path / "run"
+    done = run_trainer("train", *dlshogi_args(root, run_dir, "runtime.max_steps=2", "data.workers=0",
+                                              "optim.batch_size=32", 'data.train=["selfplay-a.hcpe3", "extra.hcpe"]'),
+                       cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    events = events_of(run_dir)
+    assert next(e for e in events if e["kind"] == "run_started")["data"]["average"]["skipped"] == 3
+    warnings = [e["message"] for e in events if e["kind"] == "warning"]
+    assert any("left out 3 teacher record(s) with an empty or illegal move" in text for text in warnings), warnings
 
 
 # -- the "For dlshogi users" table in docs/training.md ------------------------------------------------------

@@ -208,6 +208,9 @@ class Trainer:
             if average:
                 self.progress.message(f"data.use_average: {average['inputs']:,} positions merged into "
                                       f"{average['positions']:,} ({average['merged']:,} duplicates)")
+                if average.get("skipped"):  # left out while merging, so the loader never counts them: say it here
+                    warnings = [*warnings, f"data.use_average: left out {average['skipped']:,} teacher record(s) "
+                                           f"with an empty or illegal move (data.bad_records=\"skip\")"]
             self.announced = True
             # Stop signals become events as they arrive (`stop_requested`, a repeat's `warning`), so a second
             # `stop` or a monitor sees a stop in progress even in the middle of a long step or save.

@@ -107,6 +107,9 @@ def test_a_dlshogi_style_run_trains_reports_and_resumes_exactly(data_root, tmp_p
     second = run_trainer("train", *dlshogi_args(data_root, pieces), cwd=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "step-000000030.pt" in second.stdout + second.stderr
+    attempts = [e for e in events_of(pieces) if e["kind"] == "run_started"]
+    assert [e["resumed_from"] is not None for e in attempts] == [False, True]
+    assert all(e["data"] == started["data"] and e["eval_scales"] == scales for e in attempts)
     assert losses(pieces) == losses(straight) and len(losses(straight)) == 40
     a = load_checkpoint(straight / "step-000000040.pt")["model"]
     b = load_checkpoint(pieces / "step-000000040.pt")["model"]

@@ -249,8 +249,11 @@ class TeacherBatches:
                  "batch_size": "the micro-batch size", "world_size": "the world size", "seed": "runtime.seed"}
         for key, now in expected.items():
             if key in state and state[key] != now:
+                hint = ("; the files data.train names changed (new files under a glob?): restore them, or train on "
+                        "the new set from this checkpoint in a new run directory (--mode finetune with "
+                        "run.init_checkpoint)") if key == "records" else ""
                 raise UserError(f"cannot resume the data order: {names[key]} was {state[key]!r} when the "
-                                f"checkpoint was written and is {now!r} now")
+                                f"checkpoint was written and is {now!r} now{hint}")
         self.close()
         self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
         if self.batch_in_epoch >= self.order.batches_per_epoch:

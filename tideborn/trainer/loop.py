@@ -208,6 +208,9 @@ class Trainer:
             if average:
                 self.progress.message(f"data.use_average: {average['inputs']:,} positions merged into "
                                       f"{average['positions']:,} ({average['merged']:,} duplicates)")
+                if average.get("skipped"):  # left out while merging, so the loader never counts them: say it here
+                    warnings = [*warnings, f"data.use_average: left out {average['skipped']:,} teacher record(s) "
+                                           f"with an empty or illegal move (data.bad_records=\"skip\")"]
             self.announced = True
             # Stop signals become events as they arrive (`stop_requested`, a repeat's `warning`), so a second
             # `stop` or a monitor sees a stop in progress even in the middle of a long step or save.
@@ -223,7 +226,10 @@ class Trainer:
         except UserError as exc:  # bad input met only now (a bad record, data that changed under a cursor)
             self.progress.end_line()
             report_failure(self.env, str(exc))
-            self._terminal("run_failed", error=str(exc), traceback=None, rank=self.env.rank)
+            if self.announced:
+                self._terminal("run_failed", error=str(exc), traceback=None, rank=self.env.rank)
+            # else the attempt was refused before its run_started (a checkpoint's data cursor that does not fit
+            # the files, say): nothing started, so there is no run_failed to write, and the error is the one line
             raise
         except Exception as exc:  # any failure after run_started must still end with one terminal event
             self.progress.end_line()

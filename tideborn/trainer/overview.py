@@ -38,6 +38,18 @@ def _loss_line(s) -> str:
     return f"{text}; value target {mix}, eval scale {scale}"
 
 
+def _data_line(data) -> str:
+    if not data.train:
+        return f"{data.resolved_kind} (random batches, seeded)"
+    options = []  # the target options a dlshogi user sets (--use_average, --temperature), visible before a run
+    if data.use_average:
+        options.append("duplicate positions averaged")
+    if data.kind == "hcpe3" or (data.kind == "auto" and any(p.lower().endswith(".hcpe3") for p in data.train)):
+        options.append(f"hcpe3 policy temperature {data.policy_temperature:g}")
+    return (f"{data.resolved_kind}: train {list(data.train)}, test {list(data.test)}"
+            + (f"; {', '.join(options)}" if options else ""))
+
+
 def summary_text(resolved: Resolved) -> str:
     s = resolved.settings
     model = build_model(s.model)
@@ -56,8 +68,7 @@ def summary_text(resolved: Resolved) -> str:
         ("Run", f"type {s.run.type}, network {s.run.network or '(model as given)'}, mode {s.run.mode}"),
         ("Network", f"{s.model.blocks} blocks x {s.model.channels} channels, {s.model.activation}; "
                     f"{network.total_parameters:,} parameters ({parameter_bytes(model) / 2**20:.1f} MiB fp32)"),
-        ("Data", f"{s.data.resolved_kind}" + (f": train {list(s.data.train)}, test {list(s.data.test)}"
-                                              if s.data.train else " (random batches, seeded)")),
+        ("Data", _data_line(s.data)),
         ("Batch", f"{s.optim.batch_size} positions per step per rank = {s.optim.accumulation_steps} "
                   f"micro-batch(es) of {s.optim.micro_batch_size}"),
         ("Optimizer", _optimizer_line(s.optim)),

@@ -391,3 +391,17 @@ def test_the_loaders_fast_path_reads_every_metric_as_events_do(tmp_path):
     bad.write_bytes(line.replace(b'"grad_norm":1.5', b'"grad_norm":true') + b"\n" + line + b"\n")
     history = load_history(bad, bad.stat().st_size, 0.9)
     assert len(history.series["loss"]) == 2 and len(history.series["grad_norm"]) == 1
+
+
+def test_the_accuracy_chart_draws_top1_among_legal_moves_where_eval_events_carry_it():
+    from tui.widgets.loss_plot import GROUPS
+
+    history = RunHistory(0.9)
+    history.add([{"kind": "run_started", "step": 0}]
+                + [{"kind": "eval", "step": s, "time": 100.0 + s, "policy_loss": 2.0, "value_loss": 0.6,
+                    "policy_accuracy": 0.30 + s / 1000, "policy_accuracy_legal": 0.32 + s / 1000,
+                    "value_accuracy": 0.6} for s in (10, 20, 30)])
+    legal = history.series["eval_policy_accuracy_legal"]
+    assert list(legal.x.view) == [10, 20, 30] and legal.y.view[2] == pytest.approx(0.35)
+    assert not legal.smoothed  # an eval point, never smoothed
+    assert "eval_policy_accuracy_legal" in dict(GROUPS)["accuracy"]

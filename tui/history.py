@@ -27,7 +27,7 @@ STEP_COLUMNS = (ColumnSpec("loss"), ColumnSpec("policy_loss"), ColumnSpec("value
                 ColumnSpec("lr", smoothed=False), ColumnSpec("positions_per_second"), ColumnSpec("data_wait_fraction"))
 """The learning rate is a schedule, not a noisy measurement: it is never smoothed."""
 COLUMN_NAMES = tuple(spec.name for spec in STEP_COLUMNS)
-EVAL_SERIES = ("policy_loss", "value_loss", "policy_accuracy", "value_accuracy")
+EVAL_SERIES = ("policy_loss", "value_loss", "policy_accuracy", "value_accuracy", "policy_accuracy_legal")
 SERIES_NAMES = COLUMN_NAMES + tuple(f"eval_{name}" for name in EVAL_SERIES)
 _WANTED = (b'"kind":"step"', b'"kind":"eval"', b'"kind":"run_started"', b'"kind":"checkpoint_saved"')
 CHUNK_BYTES = 1024 * 1024

@@ -31,6 +31,7 @@ METRICS = (  # series name (tui.history), what people call it
     ("eval_value_loss", "eval value loss"),
     ("eval_policy_accuracy", "eval policy accuracy"),
     ("eval_value_accuracy", "eval value accuracy"),
+    ("eval_policy_accuracy_legal", "eval policy accuracy (legal moves)"),
     ("lr", "learning rate"),
     ("grad_norm", "gradient norm"),
     ("positions_per_second", "positions/s"),

@@ -40,6 +40,7 @@ CURVES = (  # series name, label, colour, ASCII glyph
     ("eval_value_loss", "eval-val", "#98c379", "V"),
     ("eval_policy_accuracy", "acc-pol", "#d19a66", "a"),
     ("eval_value_accuracy", "acc-val", "#e06c9f", "A"),
+    ("eval_policy_accuracy_legal", "acc-legal", "#c678dd", "L"),
     ("lr", "lr", "#e5c07b", "r"),
     ("grad_norm", "grad-norm", "#61afef", "g"),
     ("positions_per_second", "pos/s", "#98c379", "s"),
@@ -47,7 +48,7 @@ CURVES = (  # series name, label, colour, ASCII glyph
 )
 GROUPS = (  # title, series
     ("losses", ("loss", "policy_loss", "value_loss", "eval_policy_loss", "eval_value_loss")),
-    ("accuracy", ("eval_policy_accuracy", "eval_value_accuracy")),
+    ("accuracy", ("eval_policy_accuracy", "eval_value_accuracy", "eval_policy_accuracy_legal")),
     ("learning rate", ("lr",)),
     ("grad norm", ("grad_norm",)),
     ("throughput", ("positions_per_second",)),

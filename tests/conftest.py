@@ -244,3 +244,26 @@ def small_filesystem(tmp_path: Path):
         yield mount_point, resize
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+async def until(pilot, condition, what: str, timeout: float = 120.0):
+    """Pause a Textual pilot until `condition()` is true (its value is returned), failing the test after
+    `timeout` seconds with `what` it waited for. The one helper of the TUI tests (Pilot)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await pilot.pause(0.02)
+
+
+@pytest.fixture
+def utc(monkeypatch):
+    """Local time is UTC for the test (the monitor's clock times in pictures and texts)."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()

@@ -54,9 +54,22 @@ def made_up_search(board: cshogi.Board, move: int, rng: np.random.Generator, wid
     return out[order]
 
 
+def stm_result(result: int, ply: int) -> int:
+    """+1, -1 or 0: the game's result (cshogi DRAW 0, BLACK_WIN 1, WHITE_WIN 2) for the side to move at `ply`
+    of a game from the standard position (black moves at even plies)."""
+    winner = result & 3
+    if winner not in (1, 2):
+        return 0
+    return 1 if (winner == 1) == (ply % 2 == 0) else -1
+
+
 def write_hcpe3(path: Path, games: list, seed: int = 0, book_plies: int = 2, max_moves: int | None = None,
-                result_flags: int = 0) -> list[WrittenGame]:
-    """Write `games` (tideborn.data.games.Game) as hcpe3 to `path`; returns what was written."""
+                result_flags: int = 0, eval_unit: float | None = None) -> list[WrittenGame]:
+    """Write `games` (tideborn.data.games.Game) as hcpe3 to `path`; returns what was written.
+
+    Evals are uniform noise unless `eval_unit` is given: then each is the side to move's result (+1 win,
+    -1 loss, 0 draw) times `eval_unit` plus noise of the same size, so the evals predict the results and
+    dlshogi's evalfix finds a scale that grows with `eval_unit`."""
     rng = np.random.default_rng(seed)
     board = cshogi.Board()
     written: list[WrittenGame] = []
@@ -75,7 +88,8 @@ def write_hcpe3(path: Path, games: list, seed: int = 0, book_plies: int = 2, max
                 board.to_hcp(hcp)
                 record.positions.append(hcp)
                 infos[ply]["selectedMove16"] = cshogi.move16(move)
-                infos[ply]["eval"] = int(rng.integers(-2000, 2000))
+                infos[ply]["eval"] = (int(rng.integers(-2000, 2000)) if eval_unit is None
+                                      else int(eval_unit * (stm_result(result, ply) + rng.normal())))
                 candidates = np.empty(0, MOVE_VISITS_DTYPE) if ply < book_plies else made_up_search(board, move, rng)
                 infos[ply]["candidateNum"] = len(candidates)
                 record.candidates.append(candidates)

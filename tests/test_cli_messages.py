@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, child_env, console_script, run_trainer, tree
+from conftest import REPO_ROOT, child_env, console_script, copy_run, run_trainer, tree
 
 from tideborn.data.cli import build_parser as data_parser
 from tideborn.tools.train_run import build_parser as run_parser
@@ -53,6 +55,18 @@ def test_a_missing_teacher_file_names_its_setting_and_how_to_make_it(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_teacher_glob_that_matches_nothing_names_its_setting_and_how_to_make_the_files(tmp_path):
+    # the production config in a fresh clone: no teacher files in train/ yet
+    done = tideborn("train", "--config", str(REPO_ROOT / "configs" / "rtx4070ti.toml"), "--set",
+                    'runtime.device="cpu"', cwd=tmp_path)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("tideborn train: error: data.train: 'train/*.hcpe' matches no files (looked for ")
+    assert line.endswith("; make them with `tideborn data convert RECORDS --output ALL.hcpe` then `tideborn data "
+                         "split` (README, docs/data.md)")
+    assert tree(tmp_path) == {}
+
+
 @pytest.mark.parametrize(("args", "prefix"), [
     (["train", "--config", "missing.toml"], "tideborn train: error: "),
     (["data", "inspect", "missing.hcpe"], "tideborn data inspect: error: "),
@@ -64,6 +78,83 @@ def test_every_command_prefixes_its_errors_with_its_own_name(tmp_path, args, pre
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert line.startswith(prefix), line
+
+
+ONE_STYLE = re.compile(r"(?P<program>tideborn|python -m tideborn\.tools\.train_run|tideborn-tui)(?P<command>( [a-z]+)*)"
+                       r": error: \S.*")
+
+
+@pytest.mark.parametrize(("args", "command", "code"), [
+    (["train", "--config", "missing.toml"], "train", 2),
+    (["summary", "--config", "missing.toml"], "summary", 2),
+    (["config", "--config", "missing.toml"], "config", 2),
+    (["train", "--no-such-option"], "train", 2),
+    (["data", "inspect", "missing.hcpe"], "data inspect", 2),
+    (["data", "verify", "missing.hcpe"], "data verify", 2),
+    (["data", "convert", "missing", "--output", "out.hcpe"], "data convert", 2),
+    (["data", "split", "missing.hcpe", "--train", "a.hcpe", "--test", "b.hcpe"], "data split", 2),
+    (["export", "--checkpoint", "missing.pt", "--out", "m.onnx"], "export", 2),
+    (["match", "missing.pt", "other.pt"], "match", 2),
+    (["run", "start", "--config", "missing.toml"], "run start", 2),
+    (["run", "status"], "run status", 2),
+    (["run", "status", "--out-dir", "missing", "--no-such-option"], "run status", 2),
+    (["data", "inspect", "missing.hcpe", "--no-such-option"], "data inspect", 2),
+    (["run", "status", "--out-dir", "missing"], "run status", 3),
+    (["run", "stop", "--out-dir", "missing"], "run stop", 3),
+    (["run", "stop", "--out-dir", "."], "run stop", 3),
+    (["run", "watch", "--out-dir", "missing"], "run watch", 3),
+    (["bogus"], "", 2),
+])
+def test_every_commands_error_line_has_one_style(tmp_path, args, command, code):
+    """`tideborn COMMAND: error: MESSAGE`, one line on stderr, for bad input and usage (2) as for the run
+    tools' "no run there" (3): the trainer, the data tools, export, match and the run tools alike."""
+    done = tideborn(*args, cwd=tmp_path)
+    assert done.returncode == code, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    found = ONE_STYLE.fullmatch(line)
+    assert found and found["program"] == "tideborn" and found["command"] == (f" {command}" if command else ""), line
+
+
+@pytest.mark.parametrize("command", ["status", "stop", "watch"])
+def test_the_run_tools_errors_have_the_same_style_when_run_as_a_module(tmp_path, command):
+    done = subprocess.run([sys.executable, "-m", "tideborn.tools.train_run", command, "--out-dir", "missing"],
+                          cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 3
+    [line] = done.stderr.strip().splitlines()
+    assert line == f"python -m tideborn.tools.train_run {command}: error: missing: no such directory"
+
+
+@pytest.mark.parametrize("prog", ["tideborn run", "python -m tideborn.tools.train_run"])
+def test_an_empty_directory_says_how_to_start_a_run_the_way_the_user_called_the_tools(tmp_path, prog):
+    (tmp_path / "empty").mkdir()
+    command = [str(console_script()), "run"] if prog == "tideborn run" else \
+        [sys.executable, "-m", "tideborn.tools.train_run"]
+    done = subprocess.run([*command, "status", "--out-dir", "empty"], cwd=tmp_path, env=child_env(),
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 3
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"{prog} status: error: empty: no run here"), line
+    assert line.endswith(f"start one with {prog} start"), line
+
+
+def test_the_monitors_errors_have_the_same_style(tmp_path):
+    for args, message in ((["--no-such-option"], "unrecognized arguments: --no-such-option (see --help)"),
+                          (["missing"], f"{tmp_path / 'missing'}: no such directory")):
+        done = subprocess.run([str(console_script().parent / "tideborn-tui"), *args], cwd=tmp_path,
+                              env=child_env(), capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert done.returncode == 2
+        [line] = done.stderr.strip().splitlines()
+        assert ONE_STYLE.fullmatch(line) and line.startswith(f"tideborn-tui: error: {message}"), line
+
+
+def test_stop_on_an_ended_run_is_an_error_line_of_the_same_style(template_run, tmp_path):
+    run_dir = copy_run(template_run, tmp_path / "run")
+    done = tideborn("run", "stop", "--out-dir", str(run_dir), cwd=tmp_path)
+    assert done.returncode == 3 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line == (f"tideborn run stop: error: {run_dir}: the run is not running: it already ended (run_finished at "
+                    "step 4); nothing was signalled")
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:

@@ -95,9 +95,15 @@ def test_an_empty_file_is_an_error(tmp_path):
         _first_batch(tmp_path, train=["empty.bin"])
 
 
-def test_a_glob_that_matches_nothing_is_an_error(tmp_path):
-    with pytest.raises(UserError, match=r"data\.train: 'shards/\*\.hcpe' matches no files"):
+def test_a_glob_that_matches_nothing_is_an_error_that_says_how_to_make_the_files(tmp_path):
+    with pytest.raises(UserError, match=r"data\.train: 'shards/\*\.hcpe' matches no files") as raised:
         _first_batch(tmp_path, train=["shards/*.hcpe"])
+    # as for a plain path that is missing: the teacher files were never made, and this is how
+    assert "; make them with `tideborn data convert RECORDS --output ALL.hcpe` then `tideborn data split`" in str(
+        raised.value)
+    with pytest.raises(UserError) as raised:
+        expand_paths(["shards/*.hcpe"], tmp_path, "FILE")  # a data tool's argument: the bare fact
+    assert str(raised.value) == f"FILE: 'shards/*.hcpe' matches no files (looked for {tmp_path / 'shards/*.hcpe'})"
 
 
 def test_a_missing_file_is_an_error(tmp_path):

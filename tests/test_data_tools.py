@@ -266,11 +266,14 @@ def test_ki2_and_csa_with_shogi_server_client_lines_convert_from_the_command_lin
     games.mkdir()
     for name in ("20091203.ki2", "denou3-1.ki2"):
         (games / name).write_bytes((KI2_FIXTURES / name).read_bytes())
-    sample = next(SAMPLE_GAMES.glob("wcsc28/*.csa")).read_text(encoding="utf-8-sig")
-    (games / "client.csa").write_text(sample.replace("%TORYO", "#RESIGN\n#LOSE"), encoding="utf-8")
+    # a shogi-server client's record ends with `#RESIGN` or `#TIME_UP` and `#WIN`/`#LOSE`, not a `%` line
+    samples = [path for path in sorted(SAMPLE_GAMES.glob("wcsc28/*.csa")) if "%TORYO" in path.read_text("utf-8-sig")]
+    for path, ending in zip(samples, ("#RESIGN\n#LOSE", "#TIME_UP\n#LOSE"), strict=False):
+        sample = path.read_text(encoding="utf-8-sig")
+        (games / f"client-{ending[1:5]}.csa").write_text(sample.replace("%TORYO", ending), encoding="utf-8")
     done = run_data("convert", "games", "-o", "all.hcpe", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "from 3 games (3 games read in 3 files)" in done.stdout
+    assert "from 4 games (4 games read in 4 files)" in done.stdout
     assert "({})" not in done.stdout + done.stderr
 
 

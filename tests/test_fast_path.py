@@ -1,5 +1,5 @@
 """The fast path as far as a CPU goes: bf16 autocast trains with finite losses, and the GPU check's
-code path (`tideborn.tools.bench_gpu`) runs in its CPU form and writes its figures. Speed itself is a
+code path (`tideborn.bench.gpu`) runs in its CPU form and writes its figures. Speed itself is a
 benchmark (`scripts/gpu-check.sh`), never a test."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 import torch
 from conftest import REPO_ROOT, child_env, describe, events_of, step_events, terminal_events, train
 
+from tideborn.bench import gpu as bench_gpu
 from tideborn.events import as_float
-from tideborn.tools import bench_gpu
 
 
 def test_bf16_autocast_trains_on_the_cpu_with_finite_falling_losses(tmp_path: Path) -> None:

@@ -57,10 +57,10 @@ def replayed(written) -> list[tuple[np.ndarray, int, np.ndarray]]:
     for game in written:
         board.set_hcp(game.start_hcp)
         for ply, move in enumerate(game.moves):
-            if board.move_is_draw(move, 16) not in (cshogi.REPETITION_DRAW, cshogi.REPETITION_SUPERIOR,
-                                                     cshogi.REPETITION_INFERIOR):
+            board.push(move)  # the repetition the move makes, as dlshogi's moveIsDraw (is_draw after the move)
+            if board.is_draw(16) not in (cshogi.REPETITION_DRAW, cshogi.REPETITION_SUPERIOR,
+                                         cshogi.REPETITION_INFERIOR):
                 kept.append((game.positions[ply], int(game.infos[ply]["selectedMove16"]), game.candidates[ply]))
-            board.push(move)
     return kept
 
 
@@ -238,7 +238,11 @@ def expected_average(sources: list[tuple[str, Path]], temperature: float, eval_s
                 board.set_hcp(game.hcp)
                 for info, candidates in zip(game.moves, game.candidates):
                     move = board.move_from_move16(int(info["selectedMove16"]))
-                    if board.move_is_draw(move, 16) not in (1, 4, 5):
+                    before = board.copy()
+                    board.push(move)
+                    repeats = board.is_draw(16) in (1, 4, 5)  # draw, superior, inferior: left out
+                    board, after = before, board
+                    if not repeats:
                         hcp = np.empty(32, np.uint8)
                         board.to_hcp(hcp)
                         if len(candidates):
@@ -252,7 +256,7 @@ def expected_average(sources: list[tuple[str, Path]], temperature: float, eval_s
                         winner = game.result & 3
                         result = 0.5 if winner == 0 else float((winner == 1) == (board.turn == 0))
                         add(hcp, dist, result, float(info["eval"]))
-                    board.push(move)
+                    board = after
     return merged
 
 
@@ -538,3 +542,40 @@ def test_resuming_with_use_average_changed_is_refused(games, tmp_path):
     with TeacherBatches(averaged, torch.device("cpu"), micro_batch_size=16) as data:
         with pytest.raises(UserError, match="data.use_average was False when the checkpoint was written and is True"):
             data.load_state_dict(state)
+
+
+def test_per_file_eval_scales_reach_hcpe3_positions_and_their_averages(games, tmp_path):
+    """data.eval_scale_fit on hcpe3: each file is fitted on its own positions, its scale is used when its
+    positions are decoded, and averaging mixes each duplicate's win rate at its own file's scale."""
+    from tideborn.data.evalfix import fit_files
+
+    write_hcpe3(tmp_path / "a.hcpe3", games[:6], seed=30)
+    write_hcpe3(tmp_path / "b.hcpe3", games[:6], seed=31)
+    paths = [tmp_path / "a.hcpe3", tmp_path / "b.hcpe3"]
+    fits = fit_files(open_source(paths), 756.0)
+    assert [fit.path for fit in fits] == [str(p) for p in paths]
+    scales = {str(paths[0]): 300.0, str(paths[1]): 1200.0}
+
+    source = open_source(paths)
+    decoded = BatchDecoder(756.0, 0.0, file_scales=scales).decode(source, np.arange(len(source)))
+    positions = [Hcpe3File(p).positions() for p in paths]
+    evals = np.concatenate([np.asarray(pos.eval, dtype=np.float64) for pos in positions])
+    scale_of = np.concatenate([np.full(len(pos), scales[str(p)]) for pos, p in zip(positions, paths)])
+    assert len(decoded) == len(source)
+    np.testing.assert_allclose(decoded.eval_value, 1 / (1 + np.exp(-evals / scale_of)), rtol=1e-5)
+
+    settings = Settings(data=DataSettings(train=("a.hcpe3", "b.hcpe3"), use_average=True))
+    averaged = averaged_source(open_source(paths), settings, scales=scales)
+    sums: dict[bytes, list[float]] = {}
+    for pos, p in zip(positions, paths):
+        hcp = np.asarray(pos.hcp)
+        for row in range(len(pos)):
+            sums.setdefault(bytes(hcp[row]), []).append(1 / (1 + np.exp(-float(pos.eval[row]) / scales[str(p)])))
+    got = BatchDecoder(756.0, 0.0).decode(averaged, np.arange(len(averaged)))
+    part = averaged.parts[0]
+    for row in range(len(averaged)):
+        want = sums[bytes(np.asarray(part.arrays["hcp"][row]))]
+        assert abs(got.eval_value[row] - sum(want) / len(want)) < 1e-5
+    # the scales are part of the cache key: other scales build another merged set
+    other = averaged_source(open_source(paths), settings, scales={str(paths[0]): 500.0, str(paths[1]): 500.0})
+    assert other.note["average"]["cache"] != averaged.note["average"]["cache"]

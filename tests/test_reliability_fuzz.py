@@ -180,7 +180,7 @@ def test_any_config_file_ends_in_settings_or_a_user_error(tmp_path_factory, conf
 # -- events -----------------------------------------------------------------------------------------------
 
 KINDS = ["run_started", "step", "eval", "checkpoint_saved", "gpu", "warning", "run_finished", "run_stopped",
-         "run_failed", "anomaly", "something_new"]
+         "run_failed", "anomaly", "watchdog", "something_new"]
 ODD = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
                 st.floats(allow_nan=False, allow_infinity=False), st.sampled_from(["nan", "inf", "-inf", "", "x"]),
                 st.text(max_size=12), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=4),
@@ -188,7 +188,8 @@ ODD = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_valu
 FIELD_NAMES = ["step", "time", "pid", "host", "launcher_pid", "max_steps", "batch_size", "loss", "policy_loss",
                "value_loss", "lr", "grad_norm", "positions_per_second", "error", "reason", "checkpoint", "path",
                "bytes", "message", "resumed_from", "settings", "devices", "elapsed_seconds", "policy_accuracy",
-               "value_accuracy", "rule", "evidence", "v"]
+               "value_accuracy", "rule", "evidence", "v", "trip_step", "median", "factor", "consecutive",
+               "grad_norm_max", "grad_norms", "eval_scales", "policy_accuracy_legal"]
 
 
 @st.composite

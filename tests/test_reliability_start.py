@@ -37,6 +37,7 @@ from test_data_support import hcpe_records, random_positions, write_records
 from test_reliability_support import TOOL, fault_env, launched_runs, process_gone, tool, wait_for
 from textual.notifications import Notify
 
+from tests.conftest import until
 from tideborn.errors import UserError
 from tideborn.events import encode_event
 from tideborn.runfiles import read_pid_record
@@ -185,8 +186,8 @@ def test_a_trainer_that_fails_before_training_is_reported_with_its_last_line(tmp
                             timeout=180, stdin=subprocess.DEVNULL)
     assert result.returncode == 1, describe(result)
     (line,) = result.stderr.strip().splitlines()
-    assert re.fullmatch(r"train_run: the trainer exited with status 1 before it started training: .*No space left "
-                        r"on device.* \(see .*train\.log\)", line), line
+    assert re.fullmatch(r"python -m tideborn\.tools\.train_run start: error: the trainer exited with status 1 "
+                        r"before it started training: .*No space left on device.* \(see .*train\.log\)", line), line
     assert result.stdout == ""
     record = read_pid_record(run_dir)
     assert record is not None and process_gone(record.pid)
@@ -211,17 +212,6 @@ def write_launch_file(run_dir: Path, *sets: str) -> None:
 
 def notices(messages: list) -> list[Notify]:
     return [m for m in messages if isinstance(m, Notify)]
-
-
-async def until(pilot, condition, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await pilot.pause(0.05)
 
 
 async def test_tui_start_key_shows_the_refusal_and_keeps_running(template_run, tmp_path):

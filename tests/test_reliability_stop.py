@@ -30,6 +30,7 @@ from conftest import REPO_ROOT, child_env, describe, events_of, settings_args, s
 from test_reliability_support import WAIT_SECONDS, launched_runs, process_gone, wait_for
 from textual.notifications import Notify
 
+from tests.conftest import until
 from tideborn.rundir import list_checkpoints, temp_checkpoints
 from tideborn.runfiles import boot_relative_start, process_facts, process_start_ticks, read_pid_record, this_host
 from tideborn.tools import train_run
@@ -542,9 +543,3 @@ async def test_the_monitor_sees_a_stop_sent_from_elsewhere(tmp_path, processes):
     assert sleeper.poll() is None
 
 
-async def until(pilot, condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await pilot.pause(0.05)

@@ -20,6 +20,7 @@ import psutil
 import pytest
 from textual.notifications import Notify
 
+from tests.conftest import until
 from tideborn.errors import UserError
 from tideborn.events import encode_event
 from tideborn.runfiles import PidRecord, this_host
@@ -31,7 +32,7 @@ from tui.screens.confirm import ConfirmScreen
 from tui.screens.dashboard import DashboardScreen
 from tui.screens.help import TextScreen
 from tui.screens.run_picker import RunPickerScreen
-from tui.testing import FIXTURE_NOW, write_fixture_run
+from tui.testing import FIXTURE_NOW, FIXTURE_START, write_fixture_run
 from tui.widgets.anomalies import AnomalyList
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.log_pane import LogPane
@@ -39,14 +40,7 @@ from tui.widgets.log_pane import LogPane
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    """Clock times in UTC, whatever this machine's zone."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("utc")  # clock times in UTC, whatever this machine's zone
 
 
 @pytest.fixture
@@ -61,17 +55,6 @@ def app_for(run_dir: Path | None = None, **changes):
     for name, value in changes.items():
         setattr(options, name, value)
     return create_app(options)
-
-
-async def until(pilot, condition, what: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await pilot.pause(0.02)
 
 
 async def attached(pilot) -> DashboardScreen:
@@ -102,8 +85,12 @@ async def test_plot_shows_losses_eval_nonfinite_and_axis_markers(fixture_run):
         screen = await attached(pilot)
         plot = screen.plot
         lines = plot.render().plain.split("\n")
-        assert {c.label for c in plot.curves()} == {"loss", "policy", "value", "eval-pol", "eval-val", "acc-pol",
-                                                    "acc-val"}
+        # 120x40 has no room for the grid: the losses chart alone, the others one key away
+        assert plot.chart_name() == "1/6 losses"
+        assert {c.label for c in plot.curves()} == {"loss", "policy", "value", "eval-pol", "eval-val"}
+        assert {c.label for chart in plot.charts() for c in chart.curves} == {
+            "loss", "policy", "value", "eval-pol", "eval-val", "acc-pol", "acc-val", "lr", "grad-norm", "pos/s",
+            "wait-share"}
         assert plot.history.series["loss"].segments == [0, 60]  # the resume at step 200 starts a segment
     assert "4 non-finite" in lines[0]
     axis = lines[-2]
@@ -242,6 +229,29 @@ async def test_nothing_is_redrawn_while_nothing_changes(fixture_run):
         assert screen.header.shown_text == header
 
 
+async def test_status_refreshes_redraw_the_footer_only_when_what_it_offers_changes(fixture_run):
+    """Status arrives about once a second while a run is followed; redrawing the footer each time
+    restyled all its keys (most of the TUI's CPU use while following). Only a change of what it offers
+    (Stop, or only the stopping note; Start) redraws it."""
+    from tui.messages import RunRefreshed
+
+    async with app_for(fixture_run).run_test(size=(100, 30)) as pilot:
+        screen = await attached(pilot)
+        calls = []
+        screen.refresh_bindings = lambda: calls.append(1)
+        status = {**screen.status, "state": "running", "terminal": None}
+        for number in range(5):
+            screen.post_message(RunRefreshed({**status, "last_step": 400 + number}))
+            await pilot.pause()
+        assert calls == []
+        # a stop sent from elsewhere (stop_requested): Stop leaves the footer, once
+        stopping = {**status, "stop_requested": {"signal": "SIGTERM", "time": FIXTURE_NOW}}
+        for _ in range(3):
+            screen.post_message(RunRefreshed(stopping))
+            await pilot.pause()
+        assert calls == [1] and not screen.check_action("stop", ())
+
+
 async def test_a_directory_that_does_not_exist_yet_is_waited_for(tmp_path):
     run_dir = tmp_path / "later"
     async with app_for(run_dir, follow=True, clock=time.time).run_test(size=(100, 30)) as pilot:
@@ -269,10 +279,176 @@ async def test_plot_keys_toggle_smoothing_log_scale_windows_and_curves(fixture_r
         await pilot.press("a")
         assert plot.options.window is None
         await pilot.press("c")
-        assert plot.view == "losses" and "acc-pol" not in plot.render().plain.split("\n")[0]
+        assert plot.view == "train" and "eval-pol" not in plot.render().plain.split("\n")[0]
         await pilot.press("c")
-        assert plot.view == "eval" and {c.label for c in plot.curves()} == {"eval-pol", "eval-val", "acc-pol",
-                                                                            "acc-val"}
+        assert plot.view == "eval" and {c.label for c in plot.curves()} == {"eval-pol", "eval-val"}
+
+
+def legend(plot) -> str:
+    return plot.render().plain.split("\n")[0]
+
+
+async def test_chart_key_shows_each_metric_group_alone_at_80x24(fixture_run):
+    """80x24 has room for one chart: g cycles losses, accuracy, learning rate, grad norm, throughput and
+    data wait, each titled with its place, each with its curve drawn."""
+    async with app_for(fixture_run).run_test(size=(80, 24)) as pilot:
+        screen = await attached(pilot)
+        plot = screen.plot
+        assert not plot.showing_grid()
+        seen = []
+        for _ in range(6):
+            text = plot.render().plain
+            seen.append(plot.chart_name())
+            assert text.startswith(plot.chart_name()), text
+            assert sum(0x2800 < ord(c) < 0x2900 for c in text) > 20, text  # the chart's curve is drawn
+            await pilot.press("g")
+        assert seen == ["1/6 losses", "2/6 accuracy", "3/6 learning rate", "4/6 grad norm", "5/6 throughput",
+                        "6/6 data wait"]
+        assert plot.chart_name() == "1/6 losses"  # and round again
+        labels = {chart.title: [c.label for c in chart.curves] for chart in plot.charts()}
+    assert labels == {"losses": ["loss", "policy", "value", "eval-pol", "eval-val"], "accuracy": ["acc-pol", "acc-val"],
+                      "learning rate": ["lr"], "grad norm": ["grad-norm"], "throughput": ["pos/s"],
+                      "data wait": ["wait-share"]}
+
+
+async def test_a_big_terminal_shows_every_chart_in_a_grid(fixture_run):
+    """200x50: the six charts at once, each with a y axis of its own (its own labels); g shows one
+    alone, full width, and after the last, the grid again."""
+    async with app_for(fixture_run).run_test(size=(200, 50)) as pilot:
+        screen = await attached(pilot)
+        plot = screen.plot
+        assert plot.showing_grid() and plot.chart_name() == "grid"
+        text = plot.render().plain
+        for title in ("losses", "accuracy", "learning rate", "grad norm", "throughput", "data wait"):
+            assert title in text
+        rows = text.split("\n")
+        assert "8.75┤" in rows[1] and "0.7┤" in rows[1] and "0.0494┤" in rows[1]  # losses, accuracy, lr: own scales
+        await pilot.press("g")
+        assert plot.chart_name() == "1/6 losses" and plot.render().plain.split("\n")[0].startswith("1/6 losses")
+        for _ in range(6):
+            await pilot.press("g")
+        assert plot.showing_grid()
+
+
+async def test_zoom_and_pan_keys_move_the_step_axis(fixture_run):
+    async with app_for(fixture_run).run_test(size=(100, 30)) as pilot:
+        screen = await attached(pilot)
+        plot = screen.plot
+        assert plot.span() == (5.0, 400.0)
+        await pilot.press("plus")
+        lo, hi = plot.zoom
+        assert hi - lo == pytest.approx(395 / 2) and (lo + hi) / 2 == pytest.approx(202.5)  # about the middle
+        assert "zoom" in legend(plot) and plot.render().plain.split("\n")[-1].split()[0] == f"{lo:.0f}"
+        await pilot.press("left_square_bracket")
+        assert plot.zoom == pytest.approx((lo - (hi - lo) / 4, hi - (hi - lo) / 4))
+        for _ in range(5):
+            await pilot.press("left_square_bracket")
+        assert plot.zoom[0] == 5.0  # never past the first step
+        await pilot.press("right_square_bracket")
+        assert plot.zoom[0] > 5.0
+        await pilot.press("minus")
+        assert plot.zoom is None and "zoom" not in legend(plot)  # zoomed out to everything: all again
+        await pilot.press("plus", "plus", "0")
+        assert plot.zoom is None and plot.span() == (5.0, 400.0)
+
+
+async def test_mouse_wheel_zooms_about_the_pointer_and_scrolls_sideways(fixture_run):
+    from textual import events
+
+    async with app_for(fixture_run).run_test(size=(100, 30)) as pilot:
+        screen = await attached(pilot)
+        plot = screen.plot
+        at = plot.x_at(20)  # a column towards the left of the chart
+        plot.post_message(events.MouseScrollUp(plot, 20, 5, 0, 0, 0, False, False, False))
+        await pilot.pause()
+        lo, hi = plot.zoom
+        assert hi - lo == pytest.approx(395 / 2)
+        assert (at - lo) / (hi - lo) == pytest.approx((at - 5) / 395)  # the step under the pointer stays put
+        plot.post_message(events.MouseScrollRight(plot, 20, 5, 0, 0, 0, False, False, False))
+        await pilot.pause()
+        assert plot.zoom[0] > lo
+        plot.post_message(events.MouseScrollDown(plot, 20, 5, 0, 0, 0, False, False, False))
+        await pilot.pause()
+        assert plot.zoom is None
+
+
+async def test_cursor_reads_each_curves_value_at_a_logged_step(fixture_run):
+    async with app_for(fixture_run).run_test(size=(100, 30)) as pilot:
+        screen = await attached(pilot)
+        plot = screen.plot
+        await pilot.press("g", "g")  # the learning rate alone: one curve, never smoothed
+        await pilot.press("v")
+        steps = plot.history.steps.x.view
+        assert plot.cursor in steps  # on a logged step, the one nearest the middle
+        first = plot.cursor
+        lr = plot.history.series["lr"]
+        value = float(lr.y.view[len(steps) - 1 - list(steps[::-1]).index(first)])  # the newest session's
+        text = plot.render().plain
+        assert f"lr {value:.3g}" in text.split("\n")[0], text
+        assert f"↑{first:.0f}" in text.split("\n")[-1]  # the cursor's step under the x axis
+        await pilot.press("right_square_bracket")
+        assert plot.cursor > first and plot.cursor in steps  # moved, to the next logged step or further
+        await pilot.press("g", "g", "g", "g")  # round to losses: eval points say where they are
+        head = plot.render().plain.split("\n")[0]
+        assert "eval-pol" in head and "@" in head and "~" in head, head  # train: raw~smoothed; eval: @step
+        await pilot.press("v")
+        assert plot.cursor is None and "↑" not in plot.render().plain
+
+
+async def test_wall_time_axis_shows_clock_times(fixture_run):
+    async with app_for(fixture_run).run_test(size=(100, 30)) as pilot:
+        screen = await attached(pilot)
+        plot = screen.plot
+        await pilot.press("t")
+        assert plot.options.wall_time
+        ticks = plot.render().plain.split("\n")[-1].split()
+        first, last = plot.history.steps.t.view.min(), plot.history.steps.t.view.max()
+        assert first == FIXTURE_START + 2.0 and 180 < last - first < 2 * 86400  # minutes: shown as HH:MM
+        assert ticks[0] == "22:13" and ticks[-1] == time.strftime("%H:%M", time.gmtime(last)), ticks
+        axis = plot.render().plain.split("\n")[-2]
+        assert "┼" in axis and "◀" in axis  # checkpoints and the resume at their times
+        await pilot.press("t")
+        assert plot.render().plain.split("\n")[-1].split()[0] == "5"
+
+
+async def test_smoothing_weight_keys_and_eval_points_never_smoothed(fixture_run):
+    async with app_for(fixture_run).run_test(size=(100, 30)) as pilot:
+        screen = await attached(pilot)
+        plot = screen.plot
+        history = plot.history
+        assert "EMA 0.9" in legend(plot)
+        await pilot.press("greater_than_sign")
+        assert history.series["loss"].weight == 0.95 and "EMA 0.95" in legend(plot)
+        raw, smooth = history.series["loss"].y.view, history.series["loss"].smooth.view
+        assert smooth[-1] != pytest.approx(raw[-1])
+        await pilot.press("less_than_sign", "less_than_sign", "less_than_sign")  # 0.9, 0.8, 0.5
+        assert history.series["loss"].weight == 0.5 and "EMA 0.5" in legend(plot)
+        await pilot.press("less_than_sign")
+        assert not plot.options.smooth and "EMA" not in legend(plot)  # 0 is off
+        await pilot.press("greater_than_sign")
+        assert plot.options.smooth and "EMA 0.5" in legend(plot)
+        # eval points are drawn raw whatever the weight: their series is never smoothed
+        assert not any(history.series[name].smoothed for name in history.series if name.startswith("eval_"))
+        assert not history.series["lr"].smoothed
+
+
+async def test_view_keys_on_a_run_without_steps_change_nothing_harmful(tmp_path):
+    """An empty run directory: every chart says so, and each view key (zoom, pan, cursor, wall time,
+    smoothing, chart, curves) leaves it so, in the grid and one chart at a time."""
+    run_dir = tmp_path / "empty"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text("")
+    for size in ((200, 50), (80, 24)):
+        async with app_for(run_dir).run_test(size=size) as pilot:
+            screen = await attached(pilot)
+            keys = ["plus", "minus", "left_square_bracket", "right_square_bracket", "0", "v",
+                    "right_square_bracket", "t", "less_than_sign", "greater_than_sign", "g", "c", "m", "l",
+                    "n", "a", "v"]
+            for key in keys:
+                await pilot.press(key)
+            text = screen.plot.render().plain
+            assert "no step events yet" in text and screen.plot.zoom is None
+            assert pilot.app.is_running
 
 
 async def test_help_lists_the_keys_and_closes(fixture_run):
@@ -281,7 +457,8 @@ async def test_help_lists_the_keys_and_closes(fixture_run):
         await pilot.press("question_mark")
         assert isinstance(pilot.app.screen, TextScreen)
         body = pilot.app.screen.body.plain
-        for key in ("s ", "x ", "m ", "l ", "n ", "a ", "c ", "e ", "q "):
+        for key in ("s ", "x ", "m ", "l ", "n ", "a ", "c ", "e ", "q ", "g ", "+ ", "- ", "[ ", "] ", "0 ",
+                    "k ", "t ", "< ", "> "):
             assert f"  {key}" in body, key
         assert "Start" in body and "checkpoint" in body
         await pilot.press("escape")

@@ -4,13 +4,28 @@ scales that cope with values <= 0 and huge ranges, non-finite markers, resumes, 
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
 
 from tui.decimate import decimate
 from tui.history import RunHistory
-from tui.plotting import Curve, Marker, PlotOptions, YScale, format_step, format_value, render_plot
+from tui.plotting import (
+    Chart,
+    Curve,
+    Marker,
+    PlotOptions,
+    YScale,
+    format_step,
+    format_tick,
+    format_value,
+    grid_shape,
+    nice_step,
+    render_grid,
+    render_plot,
+    y_ticks,
+)
 from tui.series import Series, ema_debiased
 
 BRAILLE = range(0x2800, 0x2900)
@@ -189,7 +204,8 @@ def test_history_loaded_later_joins_the_tail_read_first():
     earlier.add(events[:600])
     tail.prepend(earlier, continues=True)
     np.testing.assert_array_equal(tail.series["loss"].x.view, whole.series["loss"].x.view)
-    np.testing.assert_allclose(tail.series["loss"].smooth.view, whole.series["loss"].smooth.view)
+    # smoothed values are kept as float32 (drawn, never read out exactly)
+    np.testing.assert_allclose(tail.series["loss"].smooth.view, whole.series["loss"].smooth.view, rtol=1e-6)
     assert tail.series["loss"].segments == [0]
 
 
@@ -219,3 +235,173 @@ def test_tiny_sizes_do_not_crash():
 def test_number_formats_are_short():
     assert format_step(12_345) == "12.3k" and format_step(2_000_000) == "2M" and format_step(999) == "999"
     assert format_value(1e-300) == "1e-300" and format_value(0.000123) == "0.000123" and format_value(5.0) == "5"
+
+
+# -- the metrics view: charts with their own y axes, round ticks, zoom, wall time, cursor -------------
+
+def y_labels(lines: list[str]) -> list[str]:
+    """The labels left of the y axis, top to bottom (the canvas rows)."""
+    return [line[:8].strip() for line in lines[1:-2] if line[:8].strip()]
+
+
+def is_round(value: float) -> bool:
+    """1, 2 or 5 times a power of ten (or zero)."""
+    if value == 0:
+        return True
+    exponent = math.floor(math.log10(abs(value)))
+    return round(abs(value) / 10 ** exponent, 9) in (1.0, 2.0, 5.0)
+
+
+def parse_label(label: str) -> float:
+    units = {"k": 1e3, "M": 1e6}
+    return float(label[:-1]) * units[label[-1]] if label[-1] in units else float(label)
+
+
+@pytest.mark.parametrize("low, high", [(0.37, 8.91), (0.001234, 0.00987), (2431.0, 2687.0), (-3.3, 4.4),
+                                       (41_000.0, 1_234_567.0)])
+def test_y_ticks_between_the_ends_are_round_numbers(low, high):
+    steps = np.arange(100.0)
+    lines = draw([curve(steps, np.linspace(low, high, 100))], smooth=False, height=24)
+    labels = y_labels(lines)
+    ends, ticks = [labels[0], labels[-1]], labels[1:-1]
+    assert parse_label(ends[0]) == pytest.approx(high, rel=5e-3) and parse_label(ends[1]) == pytest.approx(low,
+                                                                                                          rel=5e-3)
+    assert len(ticks) >= 2, labels
+    values = [parse_label(t) for t in ticks]
+    step = float(f"{abs(values[0] - values[1]):.6g}")
+    assert is_round(step), labels  # 1, 2 or 5 times a power of ten apart
+    assert all(abs(v / step - round(v / step)) < 1e-6 for v in values), labels  # and multiples of it
+    assert np.allclose(np.diff(values), values[1] - values[0]), labels
+
+
+def test_nice_steps_and_log_ticks():
+    assert nice_step(8.2, 5) == 2 and nice_step(0.0099, 4) == 0.005 and nice_step(255, 3) == 100
+    assert y_ticks(YScale("linear", 0.37, 8.91), 5) == [2, 4, 6, 8]
+    assert y_ticks(YScale("log", -4.0, 1.0), 6) == [1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0]
+    assert format_tick(40_000) == "40k" and format_tick(1_500_000) == "1.5M" and format_tick(0.05) == "0.05"
+
+
+def test_grid_shape_fits_six_charts_or_says_it_cannot():
+    assert grid_shape(6, 199, 26) == (3, 2)
+    assert grid_shape(6, 159, 24) == (3, 2)
+    assert grid_shape(6, 79, 11) is None and grid_shape(6, 100, 14) is None
+
+
+def test_a_grid_gives_each_chart_its_own_y_axis_over_one_x_range():
+    losses = curve(np.arange(10.0, 1001.0), np.linspace(9.0, 1.0, 991))
+    lr = curve(np.arange(10.0, 501.0), np.linspace(0.05, 0.0001, 491), name="lr")
+    text = render_grid([Chart("losses", [losses]), Chart("learning rate", [lr])], [], PlotOptions(smooth=False),
+                       120, 20, (2, 1)).plain
+    rows = text.split("\n")
+    assert len(rows) == 20 and all(len(row) <= 120 for row in rows)
+    assert rows[0].startswith("losses") and "learning rate" in rows[0]
+    assert rows[1].lstrip().startswith("9┤") and "0.05┤" in rows[1]  # each its own scale
+    assert rows[-1].split() == ["10", "505", "1000", "10", "505", "1000"]  # the same steps in both
+
+
+def test_an_explicit_x_range_zooms_into_the_steps():
+    c = curve(np.arange(0.0, 10_000.0), np.sin(np.arange(10_000.0) / 50))
+    lines = draw([c], x_range=(2000.0, 3000.0), view_label="zoom 2k-3k")
+    assert lines[-1].split() == ["2000", "2500", "3000"] and "zoom 2k-3k" in lines[0]
+    assert dots(lines) > 50
+
+
+def test_wall_time_axis_uses_the_points_times_and_the_markers_times(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        series = Series("loss", 0.9)
+        start = 1_700_000_000.0  # 22:13:20 UTC
+        series.extend(np.arange(1.0, 101.0), np.linspace(3, 1, 100), times=start + np.arange(100) * 60.0)
+        markers = [Marker(50.0, "checkpoint", start + 49 * 60.0), Marker(60.0, "anomaly")]  # no time: not drawn
+        lines = draw([Curve(series, "loss", "red", "#")], markers, wall_time=True)
+        assert lines[-1].split() == ["22:13", "23:02", "23:52"]  # 22:13:20, +49.5 and +99 minutes
+        assert "┼" in lines[-2] and "!" not in lines[-2]
+        assert dots(lines) > 20
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_cursor_reads_out_values_and_marks_its_column():
+    train = curve(np.arange(0.0, 101.0), np.arange(0.0, 101.0) / 10)
+    evals = Series("eval_policy_loss", 0.9, smoothed=False)
+    evals.extend([0.0, 50.0, 100.0], [3.0, 2.0, 1.0])
+    lines = draw([train, Curve(evals, "eval-pol", "blue", "P")], cursor=42.0, x_range=(0.0, 100.0))
+    assert "loss 4.2~" in lines[0] and "eval-pol 2@50" in lines[0], lines[0]
+    column = 9 + int(42 / 100 * 51)
+    assert any(line[column] in "│⣿⡇⢸" or ord(line[column]) >= 0x2800 for line in lines[1:-2])
+    assert "↑42" in lines[-1]
+
+
+def test_eval_points_are_never_smoothed_and_train_curves_are():
+    steps = np.arange(0.0, 200.0)
+    noisy = np.where(np.arange(200) % 2, 3.0, 1.0)
+    evals = Series("eval_value_loss", 0.9, smoothed=False)
+    evals.extend(steps, noisy)
+
+    def styles(c, smooth):
+        text = render_plot([c], [], PlotOptions(smooth=smooth), 60, 14)
+        return text, {str(span.style) for span in text.spans}
+
+    (on, on_styles), (off, off_styles) = styles(Curve(evals, "eval-val", "green", "V"), True), styles(
+        Curve(evals, "eval-val", "green", "V"), False)
+    assert on.plain.split("\n")[1:] == off.plain.split("\n")[1:] and on_styles == off_styles  # drawn raw either way
+    assert "dim green" not in on_styles and "EMA" not in on.plain.split("\n")[0]
+    train, train_styles = styles(curve(steps, noisy), True)
+    assert "dim red" in train_styles and "red" in train_styles  # raw faint under the smoothed curve
+    assert "EMA 0.9" in train.plain.split("\n")[0]
+
+
+def test_history_keeps_every_step_metric_over_one_shared_step_array():
+    history = RunHistory(0.9)
+    history.add([{"kind": "run_started", "step": 0}]
+                + [{"kind": "step", "step": s, "time": 100.0 + s, "loss": 2.0, "policy_loss": 1.5, "value_loss": 0.5,
+                    "grad_norm": 1.0 + s, "lr": 0.1, "positions_per_second": 1000.0, "data_wait_seconds": 0.25,
+                    "compute_seconds": 0.75} for s in range(1, 11)]
+                + [{"kind": "step", "step": 11, "time": 111.0, "loss": 2.0}])  # an older writer: only losses
+    grad, wait, lr = history.series["grad_norm"], history.series["data_wait_fraction"], history.series["lr"]
+    assert len(grad) == 10 and len(history.series["loss"]) == 11
+    assert grad.x is history.series["loss"].x and grad.t is lr.t  # one step array, one time array for all
+    assert wait.y.view[0] == pytest.approx(0.25) and grad.y.view[9] == 11.0
+    assert grad.nonfinite == 0 and np.isnan(grad.y.view[10])  # absent is not non-finite
+    assert history.series["loss"].t.view[-1] == 111.0
+    assert not lr.smoothed and grad.smoothed and not history.series["eval_policy_loss"].smoothed
+
+
+def test_the_loaders_fast_path_reads_every_metric_as_events_do(tmp_path):
+    from tideborn.events import loads_bounded
+    from tui.history import load_history
+    from tui.testing import write_fixture_run
+
+    write_fixture_run(tmp_path)
+    path = tmp_path / "events.jsonl"
+    fast = load_history(path, path.stat().st_size, 0.9)
+    slow = RunHistory(0.9)
+    slow.add([loads_bounded(line) for line in path.read_bytes().split(b"\n") if line.endswith(b"}")])
+    for name, series in slow.series.items():
+        np.testing.assert_array_equal(fast.series[name].x.view, series.x.view)
+        np.testing.assert_array_equal(fast.series[name].t.view, series.t.view)
+        np.testing.assert_allclose(fast.series[name].y.view, series.y.view, equal_nan=True)
+        assert fast.series[name].nonfinite == series.nonfinite, name
+    assert fast.series["data_wait_fraction"].y.view[0] == pytest.approx(0.01 / 2.0)
+    # a value that is not a number sends its chunk through json instead (nothing misread)
+    bad = tmp_path / "bad.jsonl"
+    line = path.read_bytes().split(b"\n")[1]
+    bad.write_bytes(line.replace(b'"grad_norm":1.5', b'"grad_norm":true') + b"\n" + line + b"\n")
+    history = load_history(bad, bad.stat().st_size, 0.9)
+    assert len(history.series["loss"]) == 2 and len(history.series["grad_norm"]) == 1
+
+
+def test_the_accuracy_chart_draws_top1_among_legal_moves_where_eval_events_carry_it():
+    from tui.widgets.loss_plot import GROUPS
+
+    history = RunHistory(0.9)
+    history.add([{"kind": "run_started", "step": 0}]
+                + [{"kind": "eval", "step": s, "time": 100.0 + s, "policy_loss": 2.0, "value_loss": 0.6,
+                    "policy_accuracy": 0.30 + s / 1000, "policy_accuracy_legal": 0.32 + s / 1000,
+                    "value_accuracy": 0.6} for s in (10, 20, 30)])
+    legal = history.series["eval_policy_accuracy_legal"]
+    assert list(legal.x.view) == [10, 20, 30] and legal.y.view[2] == pytest.approx(0.35)
+    assert not legal.smoothed  # an eval point, never smoothed
+    assert "eval_policy_accuracy_legal" in dict(GROUPS)["accuracy"]

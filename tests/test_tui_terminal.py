@@ -1,4 +1,5 @@
-"""The TUI and its terminal: it refuses to run without one (stdin at end of file, a pipe), it exits when
+"""The TUI and its terminal: it refuses to run without one (stdin at end of file, a pipe; also inside a
+real terminal, standard error a tty), it exits when
 its terminal goes away (window closed with SIGHUP ignored) instead of spinning on end of file, and
 SIGTERM and SIGHUP leave the terminal as they found it (no alternate screen, no mouse reporting, echo on). Real
 processes in a real terminal (tmux on a private socket)."""
@@ -137,3 +138,21 @@ def test_a_signal_restores_the_terminal(terminal, run_dir, signum):
     assert "echo" in settings and "icanon" in settings, screen  # not -echo / -icanon: raw mode is over
     assert term.pane("alternate_on") == "0"  # back on the shell's screen
     assert term.pane("mouse_any_flag") == "0" and term.pane("mouse_sgr_flag") == "0"  # mouse reporting off
+
+
+@needs_tmux
+@pytest.mark.parametrize("redirect", ["< /dev/null", "<&-", "| true"], ids=["devnull", "closed", "pipe"])
+def test_in_a_terminal_without_stdin_it_refuses_with_one_line(terminal, run_dir, redirect):
+    """In a real terminal (tmux), standard error a tty, but standard input at end of file (/dev/null),
+    closed, or a pipe whose writer is gone (`true |`): the one-line refusal and exit status 2, not a
+    TUI reading end of file for ever. (The subprocess test above has standard error on a pipe too.)"""
+    term, _started = terminal
+    argv = shlex.join(tui_argv(run_dir))
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in ENV.items())
+    line = (f"true | env {env} {argv}" if redirect == "| true" else f"env {env} {argv} {redirect}")
+    command = "bash -c " + shlex.quote(line + '; echo "exit status $?"; exec sleep 600')
+    term.tmux("new-session", "-d", "-s", "tui", "-x", "200", "-y", "30", command)
+    screen = term.wait_for(r"exit status \d+", "the refusal").string
+    assert "exit status 2" in screen, screen
+    assert "must be a terminal" in screen, screen
+    assert "STOPPED" not in screen and term.pane("alternate_on") == "0"  # no dashboard was drawn

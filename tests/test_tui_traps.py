@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import html
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,7 @@ from tui.widgets import anomalies as anomalies_module
 from tui.widgets.anomalies import AnomalyList
 from tui.widgets.log_pane import LogPane
 
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("utc")  # clock times in UTC, whatever this machine's zone
 
 
 @pytest.fixture

@@ -24,8 +24,9 @@ CUDA_ERROR = "cuda_error"
 NCCL_ERROR = "nccl_error"
 TRACEBACK = "traceback"
 RUN_FILE = "run_file"
+GRADIENT = "gradient"
 RULES = (NONFINITE_LOSS, DIVERGENCE, RUN_FAILED, VANISHED, STALLED, CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK,
-         RUN_FILE)
+         RUN_FILE, GRADIENT)
 LOG_RULES = (CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK)
 
 LOSS_FIELDS = ("loss", "policy_loss", "value_loss")
@@ -105,6 +106,25 @@ def run_failed(event: typing.Mapping) -> Anomaly | None:
     first_line = error.splitlines()[0] if error.strip() else error
     return Anomaly(RUN_FAILED, f"run failed at step {step}: {first_line}", {"step": step, "error": error},
                    float(event.get("time") or 0.0))
+
+
+def gradient(event: typing.Mapping) -> Anomaly | None:
+    """The trainer's gradient watchdog halted the run (its `watchdog` event): a non-finite gradient norm, or
+    one far above its running median for several steps in a row."""
+    if event.get("kind") != "watchdog":
+        return None
+    trip_step = event.get("trip_step", event.get("step"))
+    norm, median = as_float(event.get("grad_norm")), as_float(event.get("median"))
+    if event.get("reason") == "nonfinite_grad_norm":
+        message = f"non-finite gradient norm ({_fmt(norm)}) at step {trip_step}; the watchdog halted the run"
+    else:
+        message = (f"gradient norm {_fmt(norm)} at step {trip_step} above {event.get('factor')} x its running "
+                   f"median {_fmt(median)} for {event.get('consecutive')} step(s) in a row; the watchdog halted "
+                   "the run")
+    evidence = {"step": trip_step, "reason": event.get("reason"), "grad_norm": event.get("grad_norm"),
+                "median": event.get("median"), "factor": event.get("factor"),
+                "consecutive": event.get("consecutive")}
+    return Anomaly(GRADIENT, message, evidence, float(event.get("time") or 0.0))
 
 
 class LossWatch:

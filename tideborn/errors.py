@@ -12,9 +12,14 @@ class UserError(Exception):
 
 
 def report_user_error(error: UserError, program: str = "tideborn") -> int:
-    message = " ".join(str(error).split("\n"))
-    print(f"{program}: error: {message}", file=sys.stderr)
+    report_error(str(error), program)
     return USER_ERROR_EXIT
+
+
+def report_error(message: str, program: str) -> None:
+    """Every command's one error line: `PROGRAM: error: MESSAGE` (as argparse's usage errors), on stderr."""
+    message = " ".join(message.split("\n"))
+    print(f"{program}: error: {message}", file=sys.stderr)
 
 
 INTERRUPTED_EXIT = 130

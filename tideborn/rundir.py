@@ -33,6 +33,9 @@ there at start-up so that they are never resumed from, pruned or shown as the ru
 QUARANTINE_ARCHIVE = "quarantine"
 """`archive/quarantine-STAMP/`: step files that did not load (truncated, corrupt, foreign, crafted), moved there
 at start-up by the run that skipped them, kept for inspection."""
+WATCHDOG_ARCHIVE = "watchdog"
+"""`archive/watchdog-STAMP/`: checkpoints saved during the streak of exploding gradient norms that tripped the
+gradient watchdog (their weights already took those updates), moved there when it halts the run."""
 TRAINER_LOCK_FILE = ".trainer.lock"
 """The flock a trainer holds on its run directory for its lifetime."""
 

@@ -23,6 +23,7 @@ from tideborn.anomaly import (
     LogScanner,
     LossWatch,
     ProcessFacts,
+    gradient,
     run_failed,
     run_file,
     shift_lines,
@@ -128,6 +129,8 @@ class RunTracker:
         self.last_event: dict | None = None
         self.last_step: dict | None = None
         self.last_eval: dict | None = None
+        self.gradient: Anomaly | None = None
+        """The session's gradient watchdog trip (a `watchdog` event), if any."""
         self.elo_curve: collections.deque = collections.deque(maxlen=ELO_CURVE_POINTS)
         """(step, elo, elo_low, elo_high, reference_step) of each `match` event (runtime.match_every)."""
         self.last_checkpoint_event: dict | None = None
@@ -215,6 +218,7 @@ class RunTracker:
             self.events_rotated = kind != "run_started"
         if kind == "run_started":
             self.run_started, self.terminal, self.stop_requested = event, None, None
+            self.gradient = None
             self.events_rotated = False
             self.recent_steps.clear()
             self.loss.new_session()
@@ -226,6 +230,10 @@ class RunTracker:
                 self.recent_steps.append((when, step))
         elif kind == "eval":
             self.last_eval = event
+        elif kind == "watchdog":
+            self.gradient = gradient(event)
+            if self.gradient is not None:
+                found.append(self.gradient)
         elif kind == "match" and isinstance(event.get("step"), int):
             reference = event.get("reference_step")
             self.elo_curve.append((event["step"], *(_strict(event.get(key)) for key in ("elo", "elo_low", "elo_high")),
@@ -407,6 +415,8 @@ class RunTracker:
         """Everything that looks wrong now (as of the last refresh)."""
         found = self._file_anomalies(time.time() if now is None else now)
         found += self.loss.current()
+        if self.gradient is not None:
+            found.append(self.gradient)
         if self.state == "failed" and self.terminal is not None:
             failed = run_failed(self.terminal)
             if failed is not None:

@@ -35,9 +35,10 @@ class Columns:
         return int(self.index.size)
 
 
-def _gather(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _gather(values: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+            high_values: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """min and max of values[starts[i]:ends[i]] for each i (NaN where empty or all NaN), reading only
-    those ranges."""
+    those ranges. With `high_values`, the max is of those instead (block lows and highs: one index)."""
     lengths = np.maximum(ends - starts, 0)
     low = np.full(starts.size, np.nan)
     high = np.full(starts.size, np.nan)
@@ -46,9 +47,10 @@ def _gather(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[n
         return low, high
     starts, lengths = starts[keep], lengths[keep]
     offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    picked = values[np.repeat(starts - offsets, lengths) + np.arange(lengths.sum())]
+    index = np.repeat(starts - offsets, lengths) + np.arange(lengths.sum())
+    picked = values[index]
     low[keep] = np.fmin.reduceat(picked, offsets)
-    high[keep] = np.fmax.reduceat(picked, offsets)
+    high[keep] = np.fmax.reduceat(picked if high_values is None else high_values[index], offsets)
     return low, high
 
 
@@ -70,10 +72,12 @@ def column_bounds(x: np.ndarray, x_lo: float, x_hi: float, columns: int) -> tupl
 
 
 def decimate(x: np.ndarray, y: np.ndarray, x_lo: float, x_hi: float, columns: int,
-             blocks: BlockExtremes | None = None, base: int = 0) -> Columns:
+             blocks: BlockExtremes | None = None, base: int = 0,
+             bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> Columns:
     """Bucket the points with x in [x_lo, x_hi] into `columns` equal x ranges (x sorted ascending).
-    `blocks`: the block extremes of the whole array `x` and `y` are a part of, starting at index `base`."""
-    index, starts, ends = column_bounds(x, x_lo, x_hi, columns)
+    `blocks`: the block extremes of the whole array `x` and `y` are a part of, starting at index `base`.
+    `bounds`: `column_bounds` of these arguments, when known already (curves sharing one step array)."""
+    index, starts, ends = column_bounds(x, x_lo, x_hi, columns) if bounds is None else bounds
     if index.size == 0:
         return Columns.empty()
     if blocks is None or len(blocks.low) == 0:
@@ -84,13 +88,13 @@ def decimate(x: np.ndarray, y: np.ndarray, x_lo: float, x_hi: float, columns: in
         covered = end_block > first_block
         head_end = np.where(covered, first_block * BLOCK, g_end) - base
         tail_start = np.where(covered, end_block * BLOCK, g_end) - base
-        head_low, head_high = _gather(y, starts, head_end)
-        tail_low, tail_high = _gather(y, tail_start, ends)
-        block_low, _ = _gather(blocks.low.view, np.where(covered, first_block, 0), np.where(covered, end_block, 0))
-        _, block_high = _gather(blocks.high.view, np.where(covered, first_block, 0), np.where(covered, end_block, 0))
+        n = starts.size  # the points before and after the whole blocks, in one pass
+        edge_low, edge_high = _gather(y, np.concatenate((starts, tail_start)), np.concatenate((head_end, ends)))
+        block_low, block_high = _gather(blocks.low.view, np.where(covered, first_block, 0),
+                                        np.where(covered, end_block, 0), blocks.high.view)
         with np.errstate(invalid="ignore"):
-            low = np.fmin(np.fmin(head_low, tail_low), block_low)
-            high = np.fmax(np.fmax(head_high, tail_high), block_high)
+            low = np.fmin(np.fmin(edge_low[:n], edge_low[n:]), block_low)
+            high = np.fmax(np.fmax(edge_high[:n], edge_high[n:]), block_high)
     drawn = ~np.isnan(low)  # a column of nothing but non-finite values draws nothing (its markers do)
     first, last = y[starts], y[ends - 1]
     first = np.where(np.isnan(first), low, first)

@@ -7,6 +7,8 @@ steps of checkpoints, resumes and anomalies. A two-million-step run fits in abou
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import typing
 from pathlib import Path
@@ -16,26 +18,50 @@ import numpy as np
 from tideborn.anomaly import Anomaly, nonfinite_loss
 from tideborn.events import as_float, loads_bounded, open_regular
 from tui.plotting import Marker
-from tui.series import Series
+from tui.series import Column, ColumnSpec, Series, StepTable
 
 STEP_SERIES = ("loss", "policy_loss", "value_loss")
-EVAL_SERIES = ("policy_loss", "value_loss", "policy_accuracy", "value_accuracy")
-SERIES_NAMES = STEP_SERIES + tuple(f"eval_{name}" for name in EVAL_SERIES)
+STEP_METRICS = ("grad_norm", "lr", "positions_per_second", "data_wait_fraction")
+"""From `step` events too: data_wait_fraction is data_wait_seconds / (data_wait_seconds + compute_seconds)."""
+STEP_COLUMNS = (ColumnSpec("loss"), ColumnSpec("policy_loss"), ColumnSpec("value_loss"), ColumnSpec("grad_norm"),
+                ColumnSpec("lr", smoothed=False), ColumnSpec("positions_per_second"), ColumnSpec("data_wait_fraction"))
+"""The learning rate is a schedule, not a noisy measurement: it is never smoothed."""
+COLUMN_NAMES = tuple(spec.name for spec in STEP_COLUMNS)
+EVAL_SERIES = ("policy_loss", "value_loss", "policy_accuracy", "value_accuracy", "policy_accuracy_legal")
+SERIES_NAMES = COLUMN_NAMES + tuple(f"eval_{name}" for name in EVAL_SERIES)
 _WANTED = (b'"kind":"step"', b'"kind":"eval"', b'"kind":"run_started"', b'"kind":"checkpoint_saved"')
 CHUNK_BYTES = 1024 * 1024
 """Small enough that the loader, holding the GIL in one regex pass, never stalls the UI for long."""
 
 
+def wait_fraction(event: dict) -> float | None:
+    """The share of a step window's wall time spent waiting for data; None without both figures."""
+    wait, compute = as_float(event.get("data_wait_seconds")), as_float(event.get("compute_seconds"))
+    if wait is None or compute is None or not math.isfinite(wait + compute) or wait + compute <= 0:
+        return None
+    return wait / (wait + compute)
+
+
+def _time(event: dict) -> float:
+    value = as_float(event.get("time"))
+    return math.nan if value is None else value
+
+
 class RunHistory:
-    """Curves by name (see SERIES_NAMES) and markers, fed with events in order."""
+    """Curves by name (see SERIES_NAMES) and markers, fed with events in order. The step metrics are
+    columns of one StepTable (`steps`); eval figures are Series of their own, never smoothed."""
 
     def __init__(self, weight: float = 0.9):
         self.weight = weight
-        self.series = {name: Series(name, weight) for name in SERIES_NAMES}
+        self.steps = StepTable(STEP_COLUMNS, weight)
+        self.series: dict[str, Series | Column] = dict(self.steps.columns)
+        for name in EVAL_SERIES:
+            self.series[f"eval_{name}"] = Series(f"eval_{name}", weight, smoothed=False)
         self.markers: list[Marker] = []
         self.sessions = 0
         self.last_step: int | None = None
-        self._pending: dict[str, tuple[list[float], list[float]]] = {}
+        self._rows: list[tuple[int, float, list[float | None]]] = []
+        self._pending: dict[str, tuple[list[float], list[float], list[float]]] = {}
 
     def add(self, events: typing.Iterable[dict]) -> bool:
         """Fold events in; True if anything the plot shows changed."""
@@ -46,74 +72,91 @@ class RunHistory:
             if kind == "step" and isinstance(step, int):
                 if self.last_step is not None and step < self.last_step:
                     self._flush()
-                    self.markers.append(Marker(float(step), "resume"))
-                for name in STEP_SERIES:
-                    self._queue(name, step, event.get(name))
+                    self.markers.append(Marker(float(step), "resume", _time(event)))
+                values = [as_float(event.get(name)) for name in COLUMN_NAMES[:-1]] + [wait_fraction(event)]
+                self._rows.append((step, _time(event), values))
                 self.last_step = step
                 changed = True
             elif kind == "eval" and isinstance(step, int):
                 for name in EVAL_SERIES:
-                    self._queue(f"eval_{name}", step, event.get(name))
+                    self._queue(f"eval_{name}", step, event.get(name), _time(event))
                 changed = True
             elif kind == "run_started":
                 self._flush()
                 self.sessions += 1
+                self.steps.break_segment()
                 for series in self.series.values():
-                    series.break_segment()
+                    if isinstance(series, Series):
+                        series.break_segment()
                 start = step if isinstance(step, int) else 0
                 if event.get("resumed_from") or (self.last_step is not None and start <= self.last_step):
-                    self.markers.append(Marker(float(start), "resume"))
+                    self.markers.append(Marker(float(start), "resume", _time(event)))
                 self.last_step = start
                 changed = True
             elif kind == "checkpoint_saved" and isinstance(step, int):
-                self.markers.append(Marker(float(step), "checkpoint"))
+                self.markers.append(Marker(float(step), "checkpoint", _time(event)))
                 changed = True
         self._flush()
         return changed
 
-    def add_steps(self, steps: np.ndarray, values: dict[str, np.ndarray]) -> None:
-        """Many step events at once (the history loader's fast path), as `add` would fold them."""
+    def add_steps(self, steps: np.ndarray, values: dict[str, np.ndarray | tuple[np.ndarray, np.ndarray]],
+                  times: np.ndarray | None = None) -> None:
+        """Many step events at once (the history loader's fast path), as `add` would fold them. `values`:
+        name -> values (all present) or (values, present mask)."""
         if steps.size == 0:
             return
         self._flush()
         previous = np.concatenate(([self.last_step], steps[:-1])) if self.last_step is not None else None
         backwards = np.flatnonzero(steps < previous) if previous is not None else np.flatnonzero(np.diff(steps) < 0) + 1
-        self.markers += [Marker(float(steps[i]), "resume") for i in backwards]
-        for name, column in values.items():
-            self.series[name].extend(steps.astype(np.float64), column)
+        self.markers += [Marker(float(steps[i]), "resume", None if times is None else float(times[i]))
+                         for i in backwards]
+        columns = {name: column if isinstance(column, tuple) else (column, None) for name, column in values.items()}
+        self.steps.extend(steps.astype(np.float64), times, columns)
         self.last_step = int(steps[-1])
 
-    def add_anomaly(self, step: object) -> None:
+    def add_anomaly(self, step: object, time: float | None = None) -> None:
         if isinstance(step, int):
-            self.markers.append(Marker(float(step), "anomaly"))
+            self.markers.append(Marker(float(step), "anomaly", time))
 
-    def _queue(self, name: str, step: int, raw: object) -> None:
+    def _queue(self, name: str, step: int, raw: object, time: float) -> None:
         value = as_float(raw)
         if value is None:
             return  # absent (an older writer, or a figure this run does not have): nothing to draw
-        steps, values = self._pending.setdefault(name, ([], []))
+        steps, values, times = self._pending.setdefault(name, ([], [], []))
         steps.append(float(step))
         values.append(value)
+        times.append(time)
 
     def _flush(self) -> None:
-        for name, (steps, values) in self._pending.items():
-            self.series[name].extend(steps, values)
+        if self._rows:
+            matrix = np.array([[math.nan if v is None else v for v in values] for _s, _t, values in self._rows],
+                              dtype=np.float64)
+            present = np.array([[v is not None for v in values] for _s, _t, values in self._rows], dtype=bool)
+            self.steps.extend([float(s) for s, _t, _v in self._rows], [t for _s, t, _v in self._rows],
+                              {name: (matrix[:, i], present[:, i]) for i, name in enumerate(COLUMN_NAMES)})
+            self._rows.clear()
+        for name, (steps, values, times) in self._pending.items():
+            self.series[name].extend(steps, values, times=times)
         self._pending.clear()
 
     def prepend(self, earlier: RunHistory, continues: bool) -> None:
+        self.steps.prepend(earlier.steps, continues)
         for name, series in self.series.items():
-            series.prepend(earlier.series[name], continues)
+            if isinstance(series, Series):
+                series.prepend(earlier.series[name], continues)
         self.markers = earlier.markers + self.markers
         self.sessions += earlier.sessions
 
     def set_weight(self, weight: float) -> None:
         self.weight = weight
+        self.steps.set_weight(weight)
         for series in self.series.values():
-            series.set_weight(weight)
+            if isinstance(series, Series):
+                series.set_weight(weight)
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.series.values())
+        return self.steps.nbytes + sum(s.nbytes for s in self.series.values() if isinstance(s, Series))
 
     def points(self) -> int:
         return len(self.series["loss"])
@@ -123,13 +166,12 @@ class RunHistory:
         reports a streak once), the latest `limit` of them: for the history read before the tail."""
         bad: dict[int, dict[str, str]] = {}
         for name in STEP_SERIES:
-            series = self.series[name]
-            y = series.y.view
-            mask = ~np.isfinite(y)
-            starts = np.flatnonzero(mask & ~np.concatenate(([False], mask[:-1])))
-            signs = dict(zip(series.bad_x.view.astype(np.int64).tolist(), series.bad_sign.view.tolist()))
-            for step in series.x.view[starts].astype(np.int64).tolist():
-                bad.setdefault(step, {})[name] = {0: "nan", 1: "inf", -1: "-inf"}.get(int(signs.get(step, 0)), "nan")
+            column = self.steps.columns[name]
+            rows = column.bad_at.view.astype(np.int64)
+            first = np.concatenate(([True], np.diff(rows) != 1)) if rows.size else np.empty(0, dtype=bool)
+            steps = self.steps.x.view[rows[first]].astype(np.int64).tolist()
+            for step, sign in zip(steps, column.bad_sign.view[first].tolist()):
+                bad.setdefault(step, {})[name] = {0: "nan", 1: "inf", -1: "-inf"}.get(int(sign), "nan")
         found = [nonfinite_loss({"kind": "step", "step": step, **values}) for step, values in sorted(bad.items())]
         return [a for a in found if a is not None][-limit:]
 
@@ -137,9 +179,12 @@ class RunHistory:
 # The trainer writes step events as compact JSON with these fields first, in this order; lines in that
 # form are read with one regex pass over a chunk instead of json.loads per line (ten times faster on a
 # two-million-step run). Any other form falls back to json.loads.
-_NUMBER = rb'"?(-?[0-9.eE+-]+|nan|inf|-inf)"?'
-_FAST_STEP = re.compile(rb'"kind":"step","step":(\d+),"loss":' + _NUMBER + rb',"policy_loss":' + _NUMBER
-                        + rb',"value_loss":' + _NUMBER + rb'[,}]')
+_NUMBER = rb'([^,}]*)'
+"""Anything up to the next field (fast to match); numpy's parser then refuses what is not a number."""
+_FAST_FIELDS = ("loss", "policy_loss", "value_loss", "grad_norm", "lr", "positions_per_second",
+                "data_wait_seconds", "compute_seconds")
+_FAST_STEP = re.compile(rb'"time":' + _NUMBER + rb',"kind":"step","step":(\d+)'
+                        + b"".join(b',"' + name.encode() + b'":' + _NUMBER for name in _FAST_FIELDS) + rb'[,}]')
 _OTHER_WANTED = re.compile(rb'"kind":"(?:run_started|eval|checkpoint_saved)"')
 
 
@@ -164,9 +209,24 @@ def _add_steps(history: RunHistory, data: bytes) -> None:
         history.add(_parse_lines(data))
         return
     if found:
-        columns = np.array(found).T
-        history.add_steps(columns[0].astype(np.int64), {name: columns[i + 1].astype(np.float64)
-                                                        for i, name in enumerate(STEP_SERIES)})
+        # one C parse of every figure ("nan", "inf" and "-inf" as the trainer writes them, quoted or not)
+        flat = b" ".join(itertools.chain.from_iterable(found)).replace(b'"', b"")
+        width = len(found[0])
+        try:
+            numbers = np.fromstring(flat, sep=" ")
+        except ValueError:  # something there is not a number (true, null, a typo): parse line by line
+            numbers = np.empty(0)
+        if numbers.size != len(found) * width:
+            history.add(_parse_lines(data))
+            return
+        columns = numbers.reshape(-1, width).T
+        figures = {name: columns[i + 2] for i, name in enumerate(_FAST_FIELDS)}
+        wait, compute = figures.pop("data_wait_seconds"), figures.pop("compute_seconds")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            total = wait + compute
+            fraction = np.where(np.isfinite(total) & (total > 0), wait / total, np.nan)
+        figures["data_wait_fraction"] = (fraction, np.isfinite(fraction))  # NaN here: not known, not bad
+        history.add_steps(columns[1].astype(np.int64), figures, times=columns[0])
 
 
 def _add_chunk(history: RunHistory, data: bytes) -> None:

@@ -27,6 +27,9 @@ class LaunchPlan:
     flags: dict[str, str | None] = field(default_factory=dict)
     nproc_per_node: int = 1
     """More than 1: the trainer runs under torchrun, one process per GPU (as `train_run start --nproc-per-node`)."""
+    trainer_args: tuple[str, ...] = ()
+    """Trainer options that are not settings (`--resume PATH` from the checkpoint list); never read from
+    launch.json."""
     cwd: Path = field(default_factory=Path.cwd)
     origin: str = "command line"
     """Where the plan came from, for people: "command line" or the launch.json path."""
@@ -90,4 +93,8 @@ class LaunchPlan:
 
     def request(self) -> LaunchRequest:
         return LaunchRequest(config=self.config, overrides=self.overrides, flags=dict(self.flags),
-                             nproc_per_node=self.nproc_per_node)
+                             trainer_args=self.trainer_args, nproc_per_node=self.nproc_per_node)
+
+    def resuming_from(self, checkpoint: Path) -> LaunchPlan:
+        """The plan, with the trainer resuming from `checkpoint` (`--resume`, as `train_run start --resume`)."""
+        return replace(self, trainer_args=("--resume", str(checkpoint)))

@@ -10,12 +10,13 @@ there are, at the cost of two `reduceat` passes over the visible part of each se
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from rich.text import Text
 
-from tui.decimate import Columns, decimate
+from tui.decimate import Columns, column_bounds, decimate
 from tui.series import Series
 
 BRAILLE_BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.uint16)
@@ -41,16 +42,48 @@ class Marker:
     step: float
     kind: str
     """checkpoint, resume or anomaly."""
+    time: float | None = None
+    """Wall time, for the wall-time axis (None: not drawn there)."""
 
 
 @dataclass(frozen=True)
 class PlotOptions:
     smooth: bool = True
+    """Smooth the curves that take it (train curves; eval points never are)."""
     log: bool = False
     window: int | None = None
     """Show the last `window` steps; None: everything."""
     ascii: bool = False
     colour: bool = True
+    x_range: tuple[float, float] | None = None
+    """The x range shown (zoom and pan, or a range shared by several charts); None: from the data and
+    `window`."""
+    wall_time: bool = False
+    """x is the events' wall time (seconds since the epoch) instead of the step."""
+    cursor: float | None = None
+    """An x where each curve's value is read out in the legend, marked by a vertical line."""
+    view_label: str | None = None
+    """What the legend says of the x range (a zoom); None: "all" or "last N"."""
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart of a grid: a title and its curves, drawn with a y axis of its own."""
+
+    title: str
+    curves: list[Curve]
+
+
+def x_values(series: Series, wall_time: bool) -> np.ndarray | None:
+    """The x of each point: its step, or its wall time (None where the series has no times)."""
+    if not wall_time:
+        return series.x.view
+    return series.t.view if len(series.t) == len(series.x) else None
+
+
+def smoothed(curve: Curve, options: PlotOptions) -> bool:
+    """Is this curve drawn smoothed? Only train curves, and only while smoothing is on."""
+    return options.smooth and getattr(curve.series, "smoothed", True) and curve.series.weight > 0
 
 
 @dataclass(frozen=True)
@@ -193,21 +226,29 @@ class Canvas:
         return lines
 
 
-def x_range(curves: list[Curve], window: int | None) -> tuple[float, float] | None:
+def x_range(curves: list[Curve], window: int | None, wall_time: bool = False) -> tuple[float, float] | None:
     lows, highs = [], []
     for curve in curves:
         s = curve.series
+        xs = x_values(s, wall_time)
+        if xs is None:
+            continue
         for begin, end in s.segment_bounds():
             if end > begin:
-                lows.append(s.x.view[begin])
-                highs.append(s.x.view[end - 1])
-        if s.nonfinite:
+                part = xs[begin:end]
+                if wall_time:
+                    part = part[np.isfinite(part)]
+                    if part.size == 0:
+                        continue
+                lows.append(part[0])
+                highs.append(part[-1])
+        if s.nonfinite and not wall_time:
             lows.append(float(s.bad_x.view.min()))
             highs.append(float(s.bad_x.view.max()))
     if not lows:
         return None
     lo, hi = float(min(lows)), float(max(highs))
-    if window is not None:
+    if window is not None and not wall_time:
         lo = max(lo, hi - window)
     if hi <= lo:
         lo, hi = lo - 1, hi + 1
@@ -219,6 +260,10 @@ def format_value(value: float) -> str:
         return str(value)
     if value == 0:
         return "0"
+    if 1e3 <= abs(value) < 1e9:  # 41.2k pos/s, 2.5M steps: easier to read than 4.12e4
+        for unit, size in (("M", 1e6), ("k", 1e3)):
+            if abs(value) >= size:
+                return f"{value / size:.3g}{unit}"
     text = f"{value:.3g}"
     return text.replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
 
@@ -235,28 +280,45 @@ def format_step(step: float) -> str:
 def render_plot(curves: list[Curve], markers: list[Marker], options: PlotOptions, width: int,
                 height: int, title: str = "") -> Text:
     """The whole plot: a legend line, the canvas with y labels, the x axis with its markers, x labels."""
+    return Text("\n").join(plot_lines(curves, markers, options, width, height, title))
+
+
+def plot_lines(curves: list[Curve], markers: list[Marker], options: PlotOptions, width: int,
+               height: int, title: str = "", bounds_cache: dict | None = None) -> list[Text]:
+    """`render_plot`'s lines (at most `height`). `bounds_cache`: column bounds already found for a step
+    array (the step metrics share one), kept across the charts of a grid."""
+    bounds_cache = {} if bounds_cache is None else bounds_cache
     legend = _legend(curves, options, width, title)
     if height < 5 or width < Y_LABEL_WIDTH + 8:
-        return legend
+        return [legend]
     plot_w, plot_h = width - Y_LABEL_WIDTH, height - 3
-    span = x_range(curves, options.window)
-    if span is None:
-        body = Text("\n" * (plot_h // 2) + "no step events yet".center(width).rstrip(), no_wrap=True)
-        return Text("\n").join([legend, body])
+    span = options.x_range or x_range(curves, options.window, options.wall_time)
+    if span is None or not curves:
+        message = "no step events yet" if span is None else "nothing logged yet"
+        return [legend, *(Text("") for _ in range(plot_h // 2)), Text(message.center(width).rstrip(), no_wrap=True)]
     x_lo, x_hi = span
+    if not x_hi > x_lo:  # one step shown (or a range given empty): room around it, as x_range gives
+        x_lo, x_hi = x_lo - 1, x_lo + 1
     canvas = Canvas(plot_w, plot_h, braille=not options.ascii)
     layers: list[tuple[Curve, bool, list[tuple[Columns, np.ndarray]]]] = []
     lows, highs = [], []
     for curve in curves:
         s = curve.series
+        xs = x_values(s, options.wall_time)
+        if xs is None:
+            continue
         parts = [(s.y.view, s.y_blocks, True)]
-        if options.smooth:
+        if smoothed(curve, options):
             parts = [(s.y.view, s.y_blocks, False), (s.smooth.view, s.smooth_blocks, True)]
         for values, blocks, bold in parts:
             decimated = []
             for begin, end in s.segment_bounds():
-                x = s.x.view[begin:end]
-                cols = decimate(x, values[begin:end], x_lo, x_hi, canvas.dot_width, blocks, base=begin)
+                x = xs[begin:end]
+                key = (id(s.t if options.wall_time else s.x), begin, end, x_lo, x_hi, canvas.dot_width)
+                if key not in bounds_cache:
+                    bounds_cache[key] = column_bounds(x, x_lo, x_hi, canvas.dot_width)
+                cols = decimate(x, values[begin:end], x_lo, x_hi, canvas.dot_width, blocks, base=begin,
+                                bounds=bounds_cache[key])
                 if len(cols):
                     decimated.append((cols, x))
                     lows.append(cols.low)
@@ -274,10 +336,189 @@ def render_plot(curves: list[Curve], markers: list[Marker], options: PlotOptions
             all_c, top, bottom = column_spans(cols, rows)
             canvas.fill(all_c, np.rint(top).astype(np.int64), np.rint(bottom).astype(np.int64), number)
     lines = canvas.rows(styles, glyphs)
-    _nonfinite_markers(lines, curves, x_lo, x_hi, plot_w, options)
+    if not options.wall_time:
+        _nonfinite_markers(lines, curves, x_lo, x_hi, plot_w, options)
+    cursor_column = _cursor_column(options.cursor, x_lo, x_hi, plot_w)
+    if cursor_column is not None:
+        _cursor_line(lines, cursor_column, options)
     labelled = _with_y_labels(lines, scale, options)
-    axis, ticks = _x_axis(markers, x_lo, x_hi, plot_w, options)
-    return Text("\n").join([legend, *labelled, axis, ticks])
+    axis, ticks = _x_axis(markers, x_lo, x_hi, plot_w, options, cursor_column)
+    return [legend, *labelled, axis, ticks]
+
+
+def grid_shape(count: int, width: int, height: int, min_width: int = 40, min_height: int = 9) -> tuple[int, int] | None:
+    """Columns and rows for `count` charts of at least min_width x min_height cells, or None if they do not
+    fit (then show one at a time). Prefers the shape whose charts are closest to 3:1 cells (about square
+    in dots)."""
+    best = None
+    for columns in range(1, count + 1):
+        rows = -(-count // columns)
+        if columns * rows - count >= columns:  # a whole empty row
+            continue
+        w, h = (width - (columns - 1)) // columns, height // rows
+        if w < min_width or h < min_height:
+            continue
+        badness = abs(math.log((w / h) / 3.0)) + (columns * rows - count)  # empty places cost
+        if best is None or badness < best[0]:
+            best = (badness, columns, rows)
+    return None if best is None else (best[1], best[2])
+
+
+def shared_x_range(charts: list[Chart], options: PlotOptions) -> tuple[float, float] | None:
+    """One x range for several charts, so that a step is at the same column in each."""
+    if options.x_range is not None:
+        return options.x_range
+    return x_range([c for chart in charts for c in chart.curves], options.window, options.wall_time)
+
+
+def render_grid(charts: list[Chart], markers: list[Marker], options: PlotOptions, width: int, height: int,
+                shape: tuple[int, int]) -> Text:
+    """Charts in `shape` (columns, rows), each with its own y axis, all over the same x range."""
+    columns, rows = shape
+    span = shared_x_range(charts, options)
+    shared = replace(options, x_range=span) if span is not None else options
+    cell_w = (width - (columns - 1)) // columns
+    out: list[Text] = []
+    bounds_cache: dict = {}
+    for row in range(rows):
+        cell_h = height // rows + (1 if row < height % rows else 0)
+        drawn = []
+        for column in range(columns):
+            number = row * columns + column
+            if number >= len(charts):
+                drawn.append([Text(" " * cell_w)] * cell_h)
+                continue
+            chart = charts[number]
+            lines = plot_lines(chart.curves, markers, shared, cell_w, cell_h, chart.title, bounds_cache)
+            lines = lines[:cell_h] + [Text("") for _ in range(cell_h - len(lines))]
+            for line in lines:
+                line.no_wrap, line.overflow = True, "crop"
+                line.set_length(cell_w)
+            drawn.append(lines)
+        for y in range(cell_h):
+            out.append(Text(" ").join(cells[y] for cells in drawn))
+    return Text("\n").join(out)
+
+
+def value_at(curve: Curve, at: float, wall_time: bool = False) -> tuple[float, float] | None:
+    """The point of `curve` nearest to x = `at` (in the newest segment that covers it, else in any):
+    (its x, its raw value); None without points."""
+    s = curve.series
+    xs = x_values(s, wall_time)
+    if xs is None or len(s.x) == 0:
+        return None
+    best: tuple[float, int] | None = None
+    for begin, end in reversed(s.segment_bounds()):
+        part = xs[begin:end]
+        if part.size == 0:
+            continue
+        i = int(np.clip(np.searchsorted(part, at), 1, part.size - 1)) if part.size > 1 else 0
+        candidates = [i - 1, i] if part.size > 1 else [0]
+        y = s.y.view[begin:end]
+        for j in candidates:  # nearest of the two neighbours that has a value
+            if not np.isnan(y[j]):
+                distance = abs(float(part[j]) - at)
+                if best is None or distance < best[0]:
+                    best = (distance, begin + j)
+        if part[0] <= at <= part[-1] and best is not None:
+            break  # the newest session that covers `at` wins over an abandoned one
+    if best is None:
+        return None
+    return float(xs[best[1]]), float(s.y.view[best[1]])
+
+
+def smoothed_at(curve: Curve, index_x: float, wall_time: bool = False) -> float | None:
+    s = curve.series
+    xs = x_values(s, wall_time)
+    if xs is None:
+        return None
+    for begin, end in reversed(s.segment_bounds()):
+        part = xs[begin:end]
+        i = int(np.searchsorted(part, index_x))
+        if i < part.size and part[i] == index_x:
+            return float(s.smooth.view[begin + i])
+    return None
+
+
+def _cursor_column(cursor: float | None, x_lo: float, x_hi: float, plot_w: int) -> int | None:
+    if cursor is None or not x_lo <= cursor <= x_hi or x_hi <= x_lo:
+        return None
+    return min(int((cursor - x_lo) / (x_hi - x_lo) * plot_w), plot_w - 1)
+
+
+def _cursor_line(lines: list[Text], column: int, options: PlotOptions) -> None:
+    """A vertical line at the cursor: on empty cells a bar, on drawn ones the cell in reverse video."""
+    bar = "|" if options.ascii else "│"
+    for row, line in enumerate(lines):
+        if column >= len(line.plain):
+            continue
+        if line.plain[column] == " ":
+            lines[row] = Text.assemble(line[:column], Text(bar, style="bold" if options.colour else ""),
+                                       line[column + 1:], no_wrap=True, overflow="crop")
+        else:
+            line.stylize("reverse", column, column + 1)
+
+
+def format_x(x: float, span: float, wall_time: bool) -> str:
+    """A step (12.3k), or a wall time as a clock: seconds shown for short spans, the date for long ones."""
+    if not wall_time:
+        return format_step(x)
+    if not math.isfinite(x):
+        return "?"
+    moment = time.localtime(x)
+    if span < 180:
+        return time.strftime("%H:%M:%S", moment)
+    if span < 2 * 86400:
+        return time.strftime("%H:%M", moment)
+    return time.strftime("%m-%d %H:%M", moment)
+
+
+def nice_step(span: float, count: int) -> float:
+    """The smallest 1, 2 or 5 times a power of ten that cuts `span` into at most `count` parts."""
+    if not span > 0 or not math.isfinite(span):
+        return 0.0
+    raw = span / max(count, 1)
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    for multiple in (1.0, 2.0, 5.0, 10.0):
+        if multiple * magnitude >= raw * (1 - 1e-9):
+            return multiple * magnitude
+    return 10.0 * magnitude
+
+
+def y_ticks(scale: YScale, count: int) -> list[float]:
+    """Round values inside the scale's range for at most `count` labels: multiples of 1, 2 or 5 times a
+    power of ten (linear), powers of ten (log, symmetric log), else round values as for linear."""
+    lo_value, hi_value = scale.value_at(0.0), scale.value_at(1.0)
+    if scale.kind != "linear" and scale.hi - scale.lo >= 1.5:
+        if scale.kind == "log":
+            decades = nice_step(scale.hi - scale.lo, count)
+            step = max(1, round(decades))
+            first = math.ceil(scale.lo / step) * step
+            return [10.0 ** e for e in range(int(first), int(math.floor(scale.hi)) + 1, step)]
+        candidates = [0.0] + [sign * 10.0 ** e for e in range(-30, 31) for sign in (1.0, -1.0)]
+        inside = sorted(v for v in candidates if lo_value <= v <= hi_value)
+        keep = max(1, -(-len(inside) // max(count, 1)))
+        return inside[::keep]
+    step = nice_step(hi_value - lo_value, count)
+    if step <= 0:
+        return []
+    first = math.ceil(lo_value / step)
+    last = math.floor(hi_value / step)
+    if last - first > 1000:
+        return []
+    return [round(k * step, 12) for k in range(int(first), int(last) + 1)]
+
+
+def format_tick(value: float) -> str:
+    """A round tick value, short: 0.05, 2, 40k, 1.5M, 1e-4."""
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if 1e3 <= magnitude < 1e9:
+        for unit, size in (("M", 1e6), ("k", 1e3)):
+            if magnitude >= size:
+                return f"{value / size:g}{unit}"
+    return format_value(value)
 
 
 def _legend(curves: list[Curve], options: PlotOptions, width: int, title: str) -> Text:
@@ -288,21 +529,58 @@ def _legend(curves: list[Curve], options: PlotOptions, width: int, title: str) -
         mark = curve.glyph if options.ascii else "━"
         line.append(mark, style=curve.style if options.colour else "")
         line.append(curve.label + " ")
+        if options.cursor is not None:
+            line.append(_readout(curve, options) + " ", style="bold" if options.colour else "")
     flags = []
-    if options.smooth:
-        weights = {c.series.weight for c in curves}
-        flags.append("EMA " + "/".join(f"{w:g}" for w in sorted(weights)) if weights else "EMA")
+    weights = {c.series.weight for c in curves if smoothed(c, options)}
+    if weights:  # only where something is smoothed: eval points and the learning rate never are
+        flags.append("EMA " + "/".join(f"{w:g}" for w in sorted(weights)))
     if options.log:
         flags.append("log")
-    flags.append("all" if options.window is None else f"last {format_step(options.window)}")
+    flags.append(options.view_label or ("all" if options.window is None else f"last {format_step(options.window)}"))
     bad = sum(c.series.nonfinite for c in curves)
     if bad:
         flags.append(f"{bad} non-finite")
     right = Text(" [" + " | ".join(flags) + "]", style="bold red" if bad and options.colour else "")
+    if options.cursor is not None:  # the values come first; the view's flags get what room is left
+        line.append_text(right)
+        _cut(line, width, options.ascii)
+        line.pad_right(width - line.cell_len)
+        return line
     room = width - right.cell_len
     if line.cell_len > room:
-        line.truncate(max(room, 0), overflow="ellipsis")
+        _cut(line, room, options.ascii)
     return Text.assemble(line, Text(" " * max(room - line.cell_len, 0)), right)
+
+
+def _cut(line: Text, width: int, ascii: bool) -> None:
+    """Cut a line to `width` cells with an ellipsis: "..." in ASCII mode, where everything is ASCII."""
+    if line.cell_len <= width:
+        return
+    if not ascii:
+        line.truncate(max(width, 0), overflow="ellipsis")
+        return
+    line.truncate(max(width - 3, 0), overflow="crop")
+    line.append("..."[: max(width, 0)])
+
+
+def _readout(curve: Curve, options: PlotOptions) -> str:
+    """A curve's value at the cursor: the raw value, then ~ and the smoothed one when smoothed, and the
+    point's own x when it is not at the cursor's column (sparse eval points)."""
+    assert options.cursor is not None
+    found = value_at(curve, options.cursor, options.wall_time)
+    if found is None:
+        return "-"
+    x, value = found
+    text = format_value(value)
+    if smoothed(curve, options):
+        average = smoothed_at(curve, x, options.wall_time)
+        if average is not None and math.isfinite(average):
+            text += f"~{format_value(average)}"
+    span = options.x_range[1] - options.x_range[0] if options.x_range else 0.0
+    if x != options.cursor:  # a point of its own (eval points are sparse): say where
+        text += "@" + format_x(x, span, options.wall_time)
+    return text
 
 
 def _nonfinite_markers(lines: list[Text], curves: list[Curve], x_lo: float, x_hi: float, plot_w: int,
@@ -329,20 +607,24 @@ def _nonfinite_markers(lines: list[Text], curves: list[Curve], x_lo: float, x_hi
 
 
 def _with_y_labels(lines: list[Text], scale: YScale, options: PlotOptions) -> list[Text]:
+    """The range's ends on the top and bottom rows (exact: a spike's height reads there), and round
+    ticks (1, 2 or 5 times a power of ten) on the rows between, at least a row apart."""
     count = len(lines)
-    label_rows = {0: 1.0, count - 1: 0.0}
+    labels: dict[int, str] = {0: format_value(scale.value_at(1.0)), count - 1: format_value(scale.value_at(0.0))}
     if count >= 5:
-        label_rows[(count - 1) // 2] = 1.0 - ((count - 1) // 2) / (count - 1)
-    if count >= 11:
-        for quarter in (1, 3):
-            row = round((count - 1) * quarter / 4)
-            label_rows[row] = 1.0 - row / (count - 1)
+        for value in y_ticks(scale, max(count // 2, 1)):
+            fraction = float(scale.fraction(np.array([value]))[0])
+            if not math.isfinite(fraction):
+                continue
+            row = round((1.0 - fraction) * (count - 1))
+            if 2 <= row <= count - 3 and not any(abs(row - taken) < 2 for taken in labels):
+                labels[row] = format_tick(value)
     edge = "|" if options.ascii else "┤"
     plain_edge = "|" if options.ascii else "│"
     out = []
     for row, line in enumerate(lines):
-        if row in label_rows:
-            label = format_value(scale.value_at(label_rows[row]))[: Y_LABEL_WIDTH - 1].rjust(Y_LABEL_WIDTH - 1)
+        if row in labels:
+            label = labels[row][: Y_LABEL_WIDTH - 1].rjust(Y_LABEL_WIDTH - 1)
             prefix = Text(label + edge, style="dim" if options.colour else "")
         else:
             prefix = Text(" " * (Y_LABEL_WIDTH - 1) + plain_edge, style="dim" if options.colour else "")
@@ -351,16 +633,17 @@ def _with_y_labels(lines: list[Text], scale: YScale, options: PlotOptions) -> li
 
 
 def _x_axis(markers: list[Marker], x_lo: float, x_hi: float, plot_w: int,
-            options: PlotOptions) -> tuple[Text, Text]:
+            options: PlotOptions, cursor_column: int | None = None) -> tuple[Text, Text]:
     corner, rule = ("+", "-") if options.ascii else ("└", "─")
     cells: list[tuple[str, str]] = [(rule, "dim" if options.colour else "")] * plot_w
     order = list(MARKER_GLYPHS)
     placed: dict[int, str] = {}
     span = x_hi - x_lo
     for marker in markers:
-        if not x_lo <= marker.step <= x_hi or marker.kind not in MARKER_GLYPHS:
+        at = marker.time if options.wall_time else marker.step
+        if at is None or not x_lo <= at <= x_hi or marker.kind not in MARKER_GLYPHS:
             continue
-        column = min(int((marker.step - x_lo) / span * plot_w), plot_w - 1)
+        column = min(int((at - x_lo) / span * plot_w), plot_w - 1)
         if column not in placed or order.index(marker.kind) > order.index(placed[column]):
             placed[column] = marker.kind
     for column, kind in placed.items():
@@ -369,10 +652,16 @@ def _x_axis(markers: list[Marker], x_lo: float, x_hi: float, plot_w: int,
     axis = Text(" " * (Y_LABEL_WIDTH - 1) + corner, style="dim" if options.colour else "", no_wrap=True)
     for glyph, style in cells:
         axis.append(glyph, style=style)
-    left, right = format_step(x_lo), format_step(x_hi)
-    middle = format_step((x_lo + x_hi) / 2)
+    left, right = format_x(x_lo, span, options.wall_time), format_x(x_hi, span, options.wall_time)
+    middle = format_x((x_lo + x_hi) / 2, span, options.wall_time)
     ticks = [" "] * plot_w
-    for text, at in ((left, 0), (middle, plot_w // 2 - len(middle) // 2), (right, plot_w - len(right))):
+    placed_texts = [(left, 0), (middle, plot_w // 2 - len(middle) // 2), (right, plot_w - len(right))]
+    if cursor_column is not None and options.cursor is not None:
+        # the cursor's own x, first so that it wins its place; the tick labels it would touch give way
+        here = format_x(options.cursor, span, options.wall_time)
+        here = ("^" if options.ascii else "↑") + here
+        placed_texts.insert(0, (here, min(max(cursor_column, 0), plot_w - len(here))))
+    for text, at in placed_texts:
         if at < 0 or at + len(text) > plot_w:
             continue
         if any(c != " " for c in ticks[max(at - 1, 0): at + len(text) + 1]):

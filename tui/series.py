@@ -8,6 +8,7 @@ A series is a list of segments: a segment is a run of points whose steps never g
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,11 +18,16 @@ BLOCK = 256
 """Points per block of the block extremes a long series keeps for fast decimation (tui.decimate)."""
 
 
-class Growable:
-    """A float64 array that grows by doubling (amortised O(1) appends; a view of the filled part)."""
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
-    def __init__(self, capacity: int = 256):
-        self._data = np.empty(max(capacity, 16), dtype=np.float64)
+
+class Growable:
+    """A float array that grows by doubling (amortised O(1) appends; a view of the filled part). float32
+    for figures shown to a few digits (learning rate, throughput): half the memory on a long run; values
+    beyond float32's range are clipped to it rather than turned into infinities."""
+
+    def __init__(self, capacity: int = 256, dtype: type = np.float64):
+        self._data = np.empty(max(capacity, 16), dtype=dtype)
         self._size = 0
 
     def __len__(self) -> int:
@@ -33,9 +39,11 @@ class Growable:
 
     def extend(self, values: np.ndarray | list[float]) -> None:
         values = np.asarray(values, dtype=np.float64)
+        if self._data.dtype == np.float32:
+            values = np.clip(values, -FLOAT32_MAX, FLOAT32_MAX)  # NaN stays NaN
         need = self._size + values.size
         if need > self._data.size:
-            grown = np.empty(max(need, self._data.size * 2), dtype=np.float64)
+            grown = np.empty(max(need, self._data.size * 2), dtype=self._data.dtype)
             grown[: self._size] = self._data[: self._size]
             self._data = grown
         self._data[self._size: need] = values
@@ -131,7 +139,11 @@ class Series:
 
     name: str
     weight: float = 0.9
+    smoothed: bool = True
+    """Drawn smoothed when the plot smooths (train curves); False: always raw (eval points)."""
     x: Growable = field(default_factory=Growable)
+    t: Growable = field(default_factory=Growable)
+    """Wall time of each point (when `extend` was given times; the plot's wall-time axis)."""
     y: Growable = field(default_factory=Growable)
     smooth: Growable = field(default_factory=Growable)
     segments: list[int] = field(default_factory=list)
@@ -164,9 +176,11 @@ class Series:
         self._break_next = True
 
     def extend(self, steps: list[float] | np.ndarray, values: list[float] | np.ndarray,
-               new_segment: bool = False) -> None:
+               new_segment: bool = False, times: list[float] | np.ndarray | None = None) -> None:
         steps = np.asarray(steps, dtype=np.float64)
         values = np.asarray(values, dtype=np.float64)
+        if times is not None:
+            self.t.extend(times)
         if steps.size == 0:
             self._break_next = self._break_next or new_segment
             return
@@ -214,11 +228,202 @@ class Series:
         tail read first. `continues`: this series' first segment carries on the earlier part's last."""
         if len(earlier) == 0:
             return
-        mine_x, mine_y = self.x.view.copy(), self.y.view.copy()
+        mine_x, mine_y, mine_t = self.x.view.copy(), self.y.view.copy(), self.t.view.copy()
+        timed = mine_t.size == mine_x.size and len(earlier.t) == len(earlier)
         bounds = list(zip(self.segments, self.segments[1:] + [mine_x.size]))
-        self.x, self.y, self.smooth = earlier.x, earlier.y, earlier.smooth
+        self.x, self.y, self.smooth, self.t = earlier.x, earlier.y, earlier.smooth, earlier.t
         self.segments, self._ema, self._break_next = list(earlier.segments), earlier._ema, False
         self.bad_x, self.bad_sign = earlier.bad_x, earlier.bad_sign
         self.y_blocks, self.smooth_blocks = earlier.y_blocks, earlier.smooth_blocks
         for number, (begin, end) in enumerate(bounds):
-            self.extend(mine_x[begin:end], mine_y[begin:end], new_segment=number > 0 or not continues)
+            self.extend(mine_x[begin:end], mine_y[begin:end], new_segment=number > 0 or not continues,
+                        times=mine_t[begin:end] if timed else None)
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    name: str
+    dtype: type = np.float32
+    """Values are drawn and read out to three or four digits: float32 halves a long run's memory (the
+    steps and times stay float64; non-finite values are noted before they are stored)."""
+    smoothed: bool = True
+
+
+class StepTable:
+    """The metrics of `step` events as columns over one shared step array and one wall-time array (not
+    one step array per metric: seven curves of two million points would not fit in the memory budget).
+    A metric an event lacks is NaN in its column and not counted as non-finite."""
+
+    def __init__(self, specs: typing.Iterable[ColumnSpec], weight: float = 0.9):
+        self.x = Growable()
+        self.t = Growable()
+        self.segments: list[int] = []
+        self._break_next = False
+        self.columns = {spec.name: Column(self, spec, weight) for spec in specs}
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def break_segment(self) -> None:
+        self._break_next = True
+
+    def segment_bounds(self) -> list[tuple[int, int]]:
+        ends = self.segments[1:] + [len(self.x)]
+        return list(zip(self.segments, ends))
+
+    def extend(self, steps: np.ndarray | list[float], times: np.ndarray | list[float] | None,
+               values: dict[str, tuple[np.ndarray, np.ndarray | None]], new_segment: bool = False) -> None:
+        """Append rows. `values`: column name -> (values, present mask or None for all present); a column
+        not named is absent in these rows. `times`: None for unknown (NaN)."""
+        steps = np.asarray(steps, dtype=np.float64)
+        if steps.size == 0:
+            self._break_next = self._break_next or new_segment
+            return
+        times = np.full(steps.size, np.nan) if times is None else np.asarray(times, dtype=np.float64)
+        starts = {int(i) for i in np.flatnonzero(np.diff(steps) < 0) + 1}
+        if new_segment or self._break_next or not self.segments or steps[0] < self.x.view[-1]:
+            starts.add(0)
+        self._break_next = False
+        grown_from = len(self.x)
+        cuts = sorted(starts | {0, steps.size})
+        absent = np.full(steps.size, np.nan)
+        for begin, end in zip(cuts, cuts[1:]):
+            if begin in starts:
+                self.segments.append(len(self.x))
+            self.x.extend(steps[begin:end])
+            self.t.extend(times[begin:end])
+            for name, column in self.columns.items():
+                column_values, present = values.get(name, (absent, np.zeros(steps.size, dtype=bool)))
+                column.append(steps[begin:end], np.asarray(column_values[begin:end], dtype=np.float64),
+                              None if present is None else present[begin:end], begin in starts)
+        for column in self.columns.values():
+            column.update_blocks(grown_from)
+
+    def rows(self, begin: int, end: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Rows [begin, end) as `extend` takes them: non-finite values as they came, absent ones masked."""
+        return {name: column.raw(begin, end) for name, column in self.columns.items()}
+
+    def prepend(self, earlier: StepTable, continues: bool) -> None:
+        """As `Series.prepend`, for every column at once."""
+        if len(earlier) == 0:
+            return
+        bounds = self.segment_bounds()
+        mine = [(self.x.view[b:e].copy(), self.t.view[b:e].copy(), self.rows(b, e)) for b, e in bounds]
+        self.x, self.t, self.segments, self._break_next = earlier.x, earlier.t, list(earlier.segments), False
+        for name, column in self.columns.items():
+            column.adopt(earlier.columns[name])
+        for number, (steps, times, rows) in enumerate(mine):
+            self.extend(steps, times, rows, new_segment=number > 0 or not continues)
+
+    def set_weight(self, weight: float) -> None:
+        for column in self.columns.values():
+            column.set_weight(weight)
+
+    @property
+    def nbytes(self) -> int:
+        return self.x.nbytes + self.t.nbytes + sum(c.nbytes for c in self.columns.values())
+
+
+class Column:
+    """One metric of a StepTable, with the same reading interface as a Series (x, t, y, smooth, segments,
+    block extremes, non-finite points), so the plot draws either."""
+
+    def __init__(self, table: StepTable, spec: ColumnSpec, weight: float):
+        self.table = table
+        self.name = spec.name
+        self.weight = weight
+        self.smoothed = spec.smoothed
+        self.dtype = spec.dtype
+        self.y = Growable(dtype=spec.dtype)
+        # the smoothed values are only drawn, never read out exactly: float32 is plenty
+        self.smooth = Growable(dtype=np.float32) if spec.smoothed else self.y
+        self.bad_x = Growable(16)
+        self.bad_sign = Growable(16)
+        self.bad_at = Growable(16)
+        """Row of each non-finite value (to give it back as it came when the rows move)."""
+        self.y_blocks = BlockExtremes()
+        self.smooth_blocks = BlockExtremes() if spec.smoothed else self.y_blocks
+        self.count = 0
+        """Rows where the metric is present."""
+        self._ema = EmaState()
+
+    @property
+    def x(self) -> Growable:
+        return self.table.x
+
+    @property
+    def t(self) -> Growable:
+        return self.table.t
+
+    @property
+    def segments(self) -> list[int]:
+        return self.table.segments
+
+    def segment_bounds(self) -> list[tuple[int, int]]:
+        return self.table.segment_bounds()
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def nonfinite(self) -> int:
+        return len(self.bad_x)
+
+    def last_step(self) -> float | None:
+        return float(self.x.view[len(self.y) - 1]) if len(self.y) else None
+
+    def append(self, steps: np.ndarray, values: np.ndarray, present: np.ndarray | None, new_segment: bool) -> None:
+        if new_segment:
+            self._ema = EmaState()
+        finite = np.isfinite(values)
+        bad = ~finite if present is None else present & ~finite
+        if bad.any():
+            self.bad_x.extend(steps[bad])
+            self.bad_sign.extend(np.nan_to_num(np.sign(values[bad]), nan=0.0))
+            self.bad_at.extend(len(self.y) + np.flatnonzero(bad))
+        stored = np.where(finite, values, np.nan)
+        self.count += int(values.size if present is None else present.sum())
+        if self.smoothed:
+            smoothed, self._ema = ema_debiased(stored, self.weight, self._ema)
+            self.smooth.extend(smoothed)
+        self.y.extend(stored)
+
+    def update_blocks(self, grown_from: int) -> None:
+        self.y_blocks.update(self.y.view, grown_from)
+        if self.smoothed:
+            self.smooth_blocks.update(self.smooth.view, grown_from)
+
+    def raw(self, begin: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        values = self.y.view[begin:end].astype(np.float64)
+        present = ~np.isnan(values)
+        at = self.bad_at.view.astype(np.int64)
+        inside = (at >= begin) & (at < end)
+        signs = self.bad_sign.view[inside]
+        values[at[inside] - begin] = np.where(signs > 0, np.inf, np.where(signs < 0, -np.inf, np.nan))
+        present[at[inside] - begin] = True
+        return values, present
+
+    def adopt(self, earlier: Column) -> None:
+        """Take the earlier part's arrays (the table re-appends this column's own rows after)."""
+        self.y, self.smooth, self._ema, self.count = earlier.y, earlier.smooth, earlier._ema, earlier.count
+        self.bad_x, self.bad_sign, self.bad_at = earlier.bad_x, earlier.bad_sign, earlier.bad_at
+        self.y_blocks, self.smooth_blocks = earlier.y_blocks, earlier.smooth_blocks
+
+    def set_weight(self, weight: float) -> None:
+        self.weight = weight
+        if not self.smoothed:
+            return
+        smoothed = np.empty(len(self.y))
+        for begin, end in self.segment_bounds():
+            smoothed[begin:end], self._ema = ema_debiased(self.y.view[begin:end].astype(np.float64), weight)
+        self.smooth = Growable(len(smoothed), dtype=np.float32)
+        self.smooth.extend(smoothed)
+        self.smooth_blocks = BlockExtremes()
+        self.smooth_blocks.update(self.smooth.view)
+
+    @property
+    def nbytes(self) -> int:
+        own = self.y.nbytes + self.bad_x.nbytes + self.bad_sign.nbytes + self.bad_at.nbytes + self.y_blocks.nbytes
+        if self.smoothed:
+            own += self.smooth.nbytes + self.smooth_blocks.nbytes
+        return own

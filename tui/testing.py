@@ -115,3 +115,45 @@ def write_fixture_run(run_dir: Path, max_steps: int = 400) -> float:
 
 FIXTURE_NOW = FIXTURE_START + 296.0
 """A clock for the fixture: 65 s after its last event."""
+
+
+def write_small_run(run_dir: Path, last_step: int = 100, scale: float = 1.0, end: str | None = "run_stopped",
+                    checkpoints: tuple[int, ...] = (50, 100), start: float = FIXTURE_START) -> float:
+    """A one-session run on the fixture host for the run comparison and the checkpoint list: a loss that
+    falls from about 8 * `scale`, an `eval` every 50 steps, checkpoints at `checkpoints` (files with the
+    time of their step's event) and `end` as its terminal event (None: no
+    terminal event). Returns the time of its last event."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t = start
+    lines = [encode_event("run_started", {
+        "step": 0, "settings": {"runtime": {"device": "cuda", "max_steps": last_step}}, "device": "cuda:0, bf16",
+        "resumed_from": None, "pid": FIXTURE_PID, "host": FIXTURE_HOST, "max_steps": last_step,
+        "batch_size": 1024}, now=t)]
+    for step in range(5, last_step + 1, 5):
+        t += SECONDS_PER_LOGGED_STEP
+        _total, policy, value = _loss(step)
+        policy, value = policy * scale, value * scale
+        lines.append(encode_event("step", {"step": step, "loss": policy + value, "policy_loss": policy,
+                                           "value_loss": value, "lr": 0.05, "positions_per_second": 2560.0}, now=t))
+        if step % 50 == 0:
+            lines.append(encode_event("eval", {"step": step, "policy_loss": policy + 0.1, "value_loss": value + 0.02,
+                                               "policy_accuracy": 0.2 + step / 2000.0 / scale,
+                                               "value_accuracy": 0.6 + step / 4000.0, "positions": 8192,
+                                               "skipped_records": 0}, now=t))
+        if step in checkpoints:
+            lines.append(encode_event("checkpoint_saved", {"step": step, "path": str(run_dir / f"step-{step:09d}.pt"),
+                                                           "bytes": 1000 + step, "seconds": 0.5, "pruned": []}, now=t))
+    if end is not None:
+        t += 1.0
+        fields = {"step": last_step, "reason": "SIGTERM", "checkpoint": str(run_dir / f"step-{last_step:09d}.pt")}
+        if end == "run_failed":
+            fields = {"step": last_step, "error": "RuntimeError: boom"}
+        lines.append(encode_event(end, fields, now=t))
+    (run_dir / "events.jsonl").write_bytes(b"".join(lines))
+    for step in checkpoints:
+        path = run_dir / f"step-{step:09d}.pt"
+        path.write_bytes(b"c" * (1000 + step))
+        saved = start + step // 5 * SECONDS_PER_LOGGED_STEP  # when its step event was written
+        os.utime(path, (saved, saved))
+    os.utime(run_dir / "events.jsonl", (t, t))
+    return t

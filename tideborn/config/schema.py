@@ -19,6 +19,10 @@ SCHEDULES = ("cosine", "step", "constant")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 PROGRESS_STYLES = ("auto", "line", "plain", "off")
 DATA_KINDS = ("auto", "synthetic", "hcpe", "psv", "hcpe3")
+EVAL_SCALE_FITS = ("off", "per_file")
+WEIGHT_DECAY_POLICIES = ("weights_only", "all")
+DLSHOGI_EVAL_SCALE = 1 / 0.0013226
+"""dlshogi's eval-to-win-rate scale, 756.0864962951762: `score_to_value` multiplies by 0.0013226."""
 ENGINE_TYPES = ("dl",)
 MODES = ("scratch", "finetune")
 MAX_STEPS_LIMIT = 999_999_999
@@ -118,9 +122,12 @@ class DataSettings:
     """Training files or globs (teacher data kinds only)."""
     test: tuple[str, ...] = ()
     """Held-out files or globs for evaluation (teacher data kinds only)."""
-    eval_scale: float = 756.0
+    eval_scale: float = DLSHOGI_EVAL_SCALE
     """Evaluation (centipawn-like) units per logit in the value target's `sigmoid(eval / eval_scale)` (dlshogi's
-    756)."""
+    1 / 0.0013226 = 756.0865)."""
+    eval_scale_fit: str = "off"
+    """`per_file` fits the scale to each teacher file at start-up (dlshogi's evalfix: least squares of the result
+    on `sigmoid(eval / a)`), logged in `run_started`; a file it cannot fit keeps `eval_scale`, with a warning."""
     bad_records: str = "skip"
     """A record whose move is empty or illegal: `skip` it (counted, reported in a `warning` event) or `error`."""
     workers: int = 2
@@ -139,6 +146,7 @@ class DataSettings:
     def __post_init__(self) -> None:
         _one_of(self.kind, DATA_KINDS, "data.kind")
         _check(self.eval_scale > 0, "data.eval_scale", f"must be > 0; got {self.eval_scale}")
+        _one_of(self.eval_scale_fit, EVAL_SCALE_FITS, "data.eval_scale_fit")
         _one_of(self.bad_records, ("skip", "error"), "data.bad_records")
         _check(self.workers >= 0, "data.workers", f"must be >= 0; got {self.workers}")
         _check(self.prefetch_batches >= 1, "data.prefetch_batches", f"must be >= 1; got {self.prefetch_batches}")
@@ -188,6 +196,11 @@ class OptimSettings:
     """AdamW's beta1 and beta2."""
     weight_decay: float = 1e-4
     """Decoupled (AdamW) or L2 (SGD) weight decay."""
+    weight_decay_policy: str = "weights_only"
+    """Which parameters `weight_decay` applies to: `weights_only` (convolution and linear weights) or `all`
+    (BatchNorm parameters and biases too, as dlshogi does)."""
+    policy_entropy_beta: float = 0.0
+    """Entropy bonus: the loss is lowered by this times the mean policy entropy (dlshogi's `--beta`); 0: off."""
     grad_clip_norm: float = 0.0
     """Clip the gradients' global L2 norm to this value; 0 disables clipping (the norm is logged either way)."""
     schedule: str = "cosine"
@@ -215,6 +228,9 @@ class OptimSettings:
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas",
                f"must be two numbers in [0, 1); got {list(self.betas)}")
         _check(self.weight_decay >= 0, "optim.weight_decay", f"must be >= 0; got {self.weight_decay}")
+        _one_of(self.weight_decay_policy, WEIGHT_DECAY_POLICIES, "optim.weight_decay_policy")
+        _check(self.policy_entropy_beta >= 0, "optim.policy_entropy_beta",
+               f"must be >= 0; got {self.policy_entropy_beta}")
         _check(self.grad_clip_norm >= 0, "optim.grad_clip_norm", f"must be >= 0; got {self.grad_clip_norm}")
         _one_of(self.schedule, SCHEDULES, "optim.schedule")
         _check(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0; got {self.warmup_steps}")
@@ -240,11 +256,20 @@ class LossSettings:
     value_lambda: float = 0.333
     """Value target mix: `(1 - value_lambda) * result + value_lambda * sigmoid(eval / data.eval_scale)` (dlshogi's
     ~1/3)."""
+    value_lambda_final: float = 0.0
+    """With `value_lambda_decay_steps`: the mix weight reached at that step and kept after (dlshogi decays to 0)."""
+    value_lambda_decay_steps: int = 0
+    """Steps over which the mix weight goes linearly from `value_lambda` to `value_lambda_final` (dlshogi's
+    `--val_lambda_decay_epoch`, by step); 0: no decay."""
 
     def __post_init__(self) -> None:
         _check(self.policy_weight >= 0, "loss.policy_weight", f"must be >= 0; got {self.policy_weight}")
         _check(self.value_weight >= 0, "loss.value_weight", f"must be >= 0; got {self.value_weight}")
         _check(0 <= self.value_lambda <= 1, "loss.value_lambda", f"must be in [0, 1]; got {self.value_lambda}")
+        _check(0 <= self.value_lambda_final <= 1, "loss.value_lambda_final",
+               f"must be in [0, 1]; got {self.value_lambda_final}")
+        _check(self.value_lambda_decay_steps >= 0, "loss.value_lambda_decay_steps",
+               f"must be >= 0 (0 = no decay); got {self.value_lambda_decay_steps}")
         _check(self.policy_weight + self.value_weight > 0, "loss.value_weight",
                "policy_weight and value_weight must not both be 0")
 
@@ -342,6 +367,27 @@ class RuntimeSettings:
 
 
 @dataclass(frozen=True)
+class WatchdogSettings:
+    enabled: bool = True
+    """Halt the run (`run_failed`, no checkpoint of the broken weights) when the gradient norm is non-finite or
+    stays far above its running median (docs/training.md, Gradient watchdog)."""
+    window: int = 100
+    """Steps whose gradient norms make the running median."""
+    factor: float = 10.0
+    """A step's gradient norm above this many times the running median counts as a spike."""
+    consecutive: int = 3
+    """Spikes in a row that halt the run (one spike is only a bad batch)."""
+    warmup_steps: int = 100
+    """Steps of this attempt whose norms are gathered before spikes are judged (the median needs history)."""
+
+    def __post_init__(self) -> None:
+        _check(self.window >= 1, "watchdog.window", f"must be >= 1; got {self.window}")
+        _check(self.factor > 1, "watchdog.factor", f"must be > 1; got {self.factor}")
+        _check(self.consecutive >= 1, "watchdog.consecutive", f"must be >= 1; got {self.consecutive}")
+        _check(self.warmup_steps >= 1, "watchdog.warmup_steps", f"must be >= 1; got {self.warmup_steps}")
+
+
+@dataclass(frozen=True)
 class Settings:
     run: RunSettings = field(default_factory=RunSettings)
     """What is trained and from where: engine family, network preset, mode."""
@@ -357,6 +403,8 @@ class Settings:
     """How the policy and value losses combine."""
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     """Length, device, precision, logging and checkpoint cadence."""
+    watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
+    """The gradient watchdog: halts a run whose gradient norm explodes, before its weights are saved."""
 
     def __post_init__(self) -> None:
         for step in self.optim.decay_steps:

@@ -88,9 +88,10 @@ class _Entries:
         self.count += len(self.hcp[-1])
 
 
-def _add_records(entries: _Entries, part, settings: Settings) -> None:
+def _add_records(entries: _Entries, part, settings: Settings, scales: dict[str, float] | None) -> None:
     """hcpe or psv records: one-hot on the move; psv positions re-packed as hcp."""
     data = settings.data
+    file_scale = np.array([scales[str(p)] if scales else data.eval_scale for p in part.records.paths])
     records_set = part.records
     kind = part.kind
     board = cshogi.Board()
@@ -132,14 +133,16 @@ def _add_records(entries: _Entries, part, settings: Settings) -> None:
             labels[i] = make_move_label(move, board.turn)
             moves16[i] = cshogi.move16(move)
         rows = np.flatnonzero(keep)
-        entries.add(hcp[rows], results[rows], _sigmoid(evals_for_side_to_move(records, kind)[rows], data.eval_scale),
+        scale = file_scale[np.searchsorted(records_set.offsets, indices[rows], side="right") - 1]
+        entries.add(hcp[rows], results[rows], _sigmoid(evals_for_side_to_move(records, kind)[rows], scale),
                     np.arange(len(rows)), labels[rows], moves16[rows], np.ones(len(rows)))
 
 
-def _add_hcpe3(entries: _Entries, part, settings: Settings) -> None:
+def _add_hcpe3(entries: _Entries, part, settings: Settings, scales: dict[str, float] | None) -> None:
     """hcpe3 positions: their visit distributions at `data.policy_temperature`."""
     data = settings.data
     for positions in part.files:
+        scale = scales[str(positions.path)] if scales else data.eval_scale
         for start in range(0, len(positions), CHUNK):
             index = np.arange(start, min(start + CHUNK, len(positions)), dtype=np.int64)
             hcp = np.asarray(positions.hcp[index])
@@ -170,15 +173,15 @@ def _add_hcpe3(entries: _Entries, part, settings: Settings) -> None:
             move16[fallback, 0] = selected[fallback]
             nonzero = probs > 0
             pos = np.broadcast_to(np.arange(len(index))[:, None], labels.shape)
-            entries.add(hcp, result, _sigmoid(positions.eval[index], data.eval_scale), pos[nonzero],
+            entries.add(hcp, result, _sigmoid(positions.eval[index], scale), pos[nonzero],
                         labels[nonzero], move16[nonzero], probs[nonzero])
 
 
-def average_key(source: TeacherSource, settings: Settings) -> str:
+def average_key(source: TeacherSource, settings: Settings, scales: dict[str, float] | None = None) -> str:
     data = settings.data
     inputs = [[str(Path(p).resolve()), source_fingerprint(Path(p))] for p in source.paths]
     text = json.dumps({"inputs": inputs, "temperature": data.policy_temperature, "eval_scale": data.eval_scale,
-                       "bad_records": data.bad_records, "version": 1}, sort_keys=True)
+                       "file_scales": scales, "bad_records": data.bad_records, "version": 1}, sort_keys=True)
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
@@ -187,14 +190,16 @@ def average_cache_path(source: TeacherSource, key: str) -> Path:
     return first.with_name(f".{first.name}.average-{key[:16]}.positions")
 
 
-def build_average(source: TeacherSource, settings: Settings) -> tuple[dict, dict[str, np.ndarray]]:
-    """(meta, arrays) of the merged set of `source`'s positions."""
+def build_average(source: TeacherSource, settings: Settings,
+                  scales: dict[str, float] | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """(meta, arrays) of the merged set of `source`'s positions; `scales`: each file's eval scale by path
+    (`data.eval_scale_fit = "per_file"`), else `data.eval_scale` for all."""
     entries = _Entries()
     for part in source.parts:
         if part.kind == "hcpe3":
-            _add_hcpe3(entries, part, settings)
+            _add_hcpe3(entries, part, settings, scales)
         else:
-            _add_records(entries, part, settings)
+            _add_records(entries, part, settings, scales)
     if entries.count == 0:
         raise UserError("data.train: no usable position to average (every record was skipped)")
     hcp = np.concatenate(entries.hcp)
@@ -272,8 +277,8 @@ class AveragedPart:
         result = np.asarray(a["result"][local], dtype=np.float32)
         lam = decoder.value_lambda
         value = ((1.0 - lam) * result.astype(np.float64) + lam * a["winprob"][local]).astype(np.float32)
-        return DecodedBatch(batch.features1, batch.features2, a["label"][local].astype(np.int64), value, result, [],
-                            labels, probs)
+        return DecodedBatch(batch.features1, batch.features2, a["label"][local].astype(np.int64), value, result,
+                            np.asarray(a["winprob"][local], dtype=np.float32), [], labels, probs)
 
     def describe(self, local: int) -> str:
         return f"{self.path}: averaged position {local}"
@@ -282,13 +287,13 @@ class AveragedPart:
         close_arrays(self.arrays.values())
 
 
-def averaged_source(source: TeacherSource, settings: Settings,
-                    warn: typing.Callable[[str], None] | None = None) -> TeacherSource:
+def averaged_source(source: TeacherSource, settings: Settings, warn: typing.Callable[[str], None] | None = None,
+                    scales: dict[str, float] | None = None) -> TeacherSource:
     """`source`'s positions with duplicates merged: read from the cache when it is there, else built (and
     written beside the first training file; in memory, with a warning, where that cannot be written)."""
     from tideborn.data.sources import TeacherSource
 
-    key = average_key(source, settings)
+    key = average_key(source, settings, scales)
     path = average_cache_path(source, key)
     say = warn or (lambda line: print(f"warning: {line}", file=sys.stderr))
     what, owners = "the averaged positions of data.train", trusted_owners(*source.paths)
@@ -298,7 +303,7 @@ def averaged_source(source: TeacherSource, settings: Settings,
     except HostileCache as exc:
         found, hostile = None, str(exc)
     if found is None or found[0].get("key") != key:
-        meta, arrays = build_average(source, settings)
+        meta, arrays = build_average(source, settings, scales)
         meta["key"] = key
         found = None
         if hostile:  # a link, FIFO, directory or someone else's file: left alone, never written through

@@ -87,7 +87,8 @@ def evals_for_side_to_move(records: np.ndarray, kind: str) -> np.ndarray:
     return records["eval" if kind == "hcpe" else "score"].astype(np.float32)
 
 
-def value_targets(result: np.ndarray, evals: np.ndarray, eval_scale: float, value_lambda: float) -> np.ndarray:
+def value_targets(result: np.ndarray, evals: np.ndarray, eval_scale: float | np.ndarray,
+                  value_lambda: float) -> np.ndarray:
     """`(1 - lambda) * result + lambda * sigmoid(eval / eval_scale)`, as float32."""
     mixed = (1.0 - value_lambda) * result.astype(np.float64)
     mixed += value_lambda / (1.0 + np.exp(-evals.astype(np.float64) / eval_scale))
@@ -130,6 +131,9 @@ class DecodedBatch:
     """[n] float32 value targets."""
     result: np.ndarray
     """[n] float32 game result for the side to move (1, 0.5, 0)."""
+    eval_value: np.ndarray
+    """[n] float32 `sigmoid(eval / eval_scale)`: the value target's other part (the trainer mixes the two itself
+    when `loss.value_lambda` decays)."""
     skipped: list[tuple[int, str]]
     """(position in the input, reason) of records left out for an empty or illegal move."""
     policy_labels: np.ndarray | None = None
@@ -186,12 +190,14 @@ class Decoder:
             return 0, f"move {move16:#06x} is illegal in this position"
         return move, None
 
-    def decode(self, records: np.ndarray, features1_out: np.ndarray | None = None) -> DecodedBatch:
+    def decode(self, records: np.ndarray, features1_out: np.ndarray | None = None,
+               eval_scale: np.ndarray | None = None) -> DecodedBatch:
         """Decode `records`. Raises `BadRecord` for an undecodable record, and for an empty or illegal
         move when `bad_records` is `error`; otherwise such moves are skipped and listed.
 
         `features1_out`, a zeroed [len(records), 62, 9, 9] uint8 array, receives the board planes (a worker
-        passes shared memory, so the batch crosses to the trainer without a copy)."""
+        passes shared memory, so the batch crosses to the trainer without a copy). `eval_scale`: one scale per
+        record (each file's fitted one, `data.eval_scale_fit`) instead of the decoder's."""
         n = len(records)
         packed = packed_positions(records)
         results = results_for_side_to_move(records, self.kind)
@@ -235,6 +241,8 @@ class Decoder:
             count += 1
         kept = kept[:count]
         result = results[kept]
-        value = value_targets(result, evals_for_side_to_move(records, self.kind)[kept],
-                              self.eval_scale, self.value_lambda)
-        return DecodedBatch(features1[:count], features2[:count], policy[:count], value, result, skipped)
+        evals = evals_for_side_to_move(records, self.kind)[kept]
+        scale = self.eval_scale if eval_scale is None else np.asarray(eval_scale, dtype=np.float64)[kept]
+        value = value_targets(result, evals, scale, self.value_lambda)
+        eval_value = value_targets(result, evals, scale, 1.0)
+        return DecodedBatch(features1[:count], features2[:count], policy[:count], value, result, eval_value, skipped)

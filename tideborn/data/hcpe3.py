@@ -275,10 +275,14 @@ def _build(path: Path, progress: typing.Callable[[int, int], None] | None = None
                         if candidate not in legal:
                             raise UserError(f"{where}: move {i} of {move_num}: candidate {candidate:#06x} is not "
                                             f"a legal move in the replayed position ({board.sfen()})")
-                if board.move_is_draw(move, REPETITION_PLIES) in REPETITIONS_SKIPPED:
+                to_hcp(hcp_buffer)
+                push(move)
+                # After the move, not `move_is_draw(move, 16)` before it: cshogi's `move_is_draw` misses the
+                # superior and inferior repetitions (a returned position with more or fewer pieces in hand),
+                # which dlshogi's `moveIsDraw` finds and skips; `is_draw` after the move finds all three.
+                if board.is_draw(REPETITION_PLIES) in REPETITIONS_SKIPPED:
                     repetitions += 1
                 else:
-                    to_hcp(hcp_buffer)
                     hcps += hcp_buffer.tobytes()
                     evals.append(evaluation)
                     moves16.append(selected)
@@ -291,7 +295,6 @@ def _build(path: Path, progress: typing.Callable[[int, int], None] | None = None
                         cand_moves.extend(candidates)
                         cand_visits.extend(pairs[1::2])
                         cand_labels.extend([make_move_label(m, turn) for m in candidates])
-                push(move)
             offset, game = p, game + 1
             if progress is not None and game % 256 == 0:
                 progress(offset, size)

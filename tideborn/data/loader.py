@@ -23,11 +23,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from tideborn.config.schema import Settings
 from tideborn.data.dataset import ShardedOrder
+from tideborn.data.evalfix import ScaleFit, fit_files, scales_by_file
 from tideborn.data.features import FEATURES1_NUM, BadRecord
 from tideborn.data.records import training_records
 from tideborn.data.sources import BatchDecoder, TeacherSource
 from tideborn.errors import UserError
 from tideborn.trainer.synthetic import Batch
+from tideborn.trainer.targets import value_lambda_decays
 
 SKIP_EXAMPLES = 5
 """How many recently skipped records `skipped_examples` keeps for the warning event."""
@@ -79,6 +81,7 @@ def decode_indices(records: TeacherSource, decoder: BatchDecoder, indices: np.nd
     item = {
         "features1": torch.from_numpy(decoded.features1) if planes is None else planes[:len(decoded)],
         "features2": decoded.features2, "policy": decoded.policy, "value": decoded.value, "result": decoded.result,
+        "eval_value": decoded.eval_value,
         "skipped": [(records.describe(int(indices[pos])), reason) for pos, reason in decoded.skipped],
     }
     if decoded.policy_probs is not None:  # a distribution target (hcpe3 visits, averaged duplicates)
@@ -109,7 +112,7 @@ def pins_memory(device: torch.device, settings: Settings) -> bool:
     return device.type == "cuda" and settings.runtime.pin_memory
 
 
-def to_device_batch(item: dict, device: torch.device, pinned: bool = True) -> Batch:
+def to_device_batch(item: dict, device: torch.device, pinned: bool = True, value_parts: bool = False) -> Batch:
     """Decoded uint8 planes to the float tensors the model takes, on `device`. On CUDA with `pinned`
     (`runtime.pin_memory`) the copies come from pinned memory and overlap the step.
 
@@ -135,8 +138,11 @@ def to_device_batch(item: dict, device: torch.device, pinned: bool = True) -> Ba
     if item.get("policy_probs") is not None:
         labels = _to_device(item["policy_labels"], device, non_blocking)
         probs = _to_device(item["policy_probs"], device, non_blocking)
+    # `value_parts`: the result and eval parts of the value target too, which the trainer mixes itself when the
+    # mix weight decays (loss.value_lambda_decay_steps); otherwise they are not copied.
+    parts = [_to_device(item[key], device, non_blocking) if value_parts else None for key in ("result", "eval_value")]
     return Batch(features1, features2, _to_device(item["policy"], device, non_blocking),
-                 _to_device(item["value"], device, non_blocking), labels, probs)
+                 _to_device(item["value"], device, non_blocking), labels, probs, *parts)
 
 
 def _to_device(array: np.ndarray | torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
@@ -156,19 +162,25 @@ class TeacherBatches:
         self.device = torch.device(device)
         self.pinned = pins_memory(self.device, settings)
         self.records = training_records(settings)
+        # fitted on the files as they are (before any averaging, which then uses each file's scale)
+        self.scale_fits: list[ScaleFit] = (fit_files(self.records, data.eval_scale)
+                                           if data.eval_scale_fit == "per_file" else [])
+        """`data.eval_scale_fit = "per_file"`: each training file's eval scale (dlshogi's evalfix)."""
         self.averaging: dict | None = None
         """With `data.use_average`: inputs, merged positions, skipped records and the cache file (see `average`)."""
         if data.use_average:
             from tideborn.data.average import averaged_source
 
-            self.records = averaged_source(self.records, settings)
+            self.records = averaged_source(self.records, settings, scales=scales_by_file(self.scale_fits))
             self.averaging = self.records.note.get("average")
         self.kind = data.resolved_kind
         batch_size = micro_batch_size or settings.optim.micro_batch_size
         if len(self.records) < world_size:
             raise UserError(f"data.train: {len(self.records)} records cannot be shared among {world_size} ranks")
         self.order = ShardedOrder(len(self.records), settings.runtime.seed, batch_size, rank, world_size)
-        self.decoder_args = (data.eval_scale, settings.loss.value_lambda, data.bad_records, data.policy_temperature)
+        self.decoder_args = (data.eval_scale, settings.loss.value_lambda, data.bad_records, data.policy_temperature,
+                             None if data.use_average else scales_by_file(self.scale_fits))
+        self.value_parts = value_lambda_decays(settings.loss)
         self.epoch, self.batch_in_epoch = 0, 0
         self.batches_delivered = 0
         self.skipped_records = 0
@@ -213,7 +225,7 @@ class TeacherBatches:
                 self.skipped_records += 1
                 self.skipped_examples.append(f"{where}: {reason}")
             if item["policy"].shape[0]:
-                return to_device_batch(item, self.device, self.pinned)
+                return to_device_batch(item, self.device, self.pinned, self.value_parts)
             # every record of this batch was skipped: take the next one rather than train on nothing
             empty_batches += 1
             if empty_batches >= self.order.batches_per_epoch:
@@ -237,8 +249,11 @@ class TeacherBatches:
                  "batch_size": "the micro-batch size", "world_size": "the world size", "seed": "runtime.seed"}
         for key, now in expected.items():
             if key in state and state[key] != now:
+                hint = ("; the files data.train names changed (new files under a glob?): restore them, or train on "
+                        "the new set from this checkpoint in a new run directory (--mode finetune with "
+                        "run.init_checkpoint)") if key == "records" else ""
                 raise UserError(f"cannot resume the data order: {names[key]} was {state[key]!r} when the "
-                                f"checkpoint was written and is {now!r} now")
+                                f"checkpoint was written and is {now!r} now{hint}")
         self.close()
         self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
         if self.batch_in_epoch >= self.order.batches_per_epoch:

@@ -71,13 +71,11 @@ def expand_paths(patterns: typing.Sequence[str], data_root: str | os.PathLike = 
         if glob.has_magic(str(path)):
             matches = sorted(Path(m) for m in glob.glob(str(path), recursive=True))
             if not matches:
-                raise UserError(f"{key}: {pattern!r} matches no files (looked for {path})")
+                raise UserError(f"{key}: {pattern!r} matches no files (looked for {path}){_how_to_make(key, 'them')}")
             files.extend(matches)
         else:
             if key.startswith("data.") and not path.exists():
-                # the usual first stumble: the teacher files were never made; say which setting and how
-                raise UserError(f"{key}: {path}: no such file; make it with `tideborn data convert RECORDS "
-                                f"--output ALL.hcpe` then `tideborn data split` (README, docs/data.md)")
+                raise UserError(f"{key}: {path}: no such file{_how_to_make(key, 'it')}")
             files.append(path)
     return files
 
@@ -85,6 +83,15 @@ def expand_paths(patterns: typing.Sequence[str], data_root: str | os.PathLike = 
 class ChangedWhileRead(UserError):
     """A file got shorter (or went away) while it was being read through: a problem of the moment, not of
     the file's contents (`verify` says so and exits 2 rather than reporting the file as bad)."""
+
+
+def _how_to_make(key: str, what: str) -> str:
+    """The usual first stumble, a glob's as a path's: the teacher files were never made. A setting's message
+    says how to make them; a data tool's FILE argument gets the bare fact."""
+    if not key.startswith("data."):
+        return ""
+    return (f"; make {what} with `tideborn data convert RECORDS --output ALL.hcpe` then `tideborn data split` "
+            "(README, docs/data.md)")
 
 
 COALESCE_BYTES = 1024

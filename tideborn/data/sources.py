@@ -55,7 +55,20 @@ class RecordPart:
         return len(self.records)
 
     def decode(self, decoder: BatchDecoder, local: np.ndarray, planes: np.ndarray | None) -> DecodedBatch:
-        return decoder.decoder(self.kind).decode(self.records.read(local), planes)
+        scales = None
+        if decoder.file_scales is not None:
+            file_ids = np.searchsorted(self.records.offsets, local, side="right") - 1
+            scales = np.array([decoder.file_scales[str(p)] for p in self.paths], dtype=np.float64)[file_ids]
+        return decoder.decoder(self.kind).decode(self.records.read(local), planes, scales)
+
+    def record_groups(self, local: np.ndarray) -> list[tuple[np.ndarray, str]]:
+        return [(self.records.read(local), self.kind)]
+
+    def file_samples(self, pick: typing.Callable[[int], np.ndarray]) -> typing.Iterator[tuple[Path, np.ndarray, str]]:
+        """(path, records at `pick(count)` of that file, kind) for each file."""
+        for file_index, path in enumerate(self.paths):
+            local = pick(int(self.records.counts[file_index]))
+            yield path, self.records.read(local + self.records.offsets[file_index]), self.kind
 
     def describe(self, local: int) -> str:
         return self.records.describe(local)
@@ -84,9 +97,12 @@ class Hcpe3Part:
             rows = np.flatnonzero(file_ids == file_id)
             positions = self.files[int(file_id)]
             within = local[rows] - self.offsets[file_id]
+            scales = None
+            if decoder.file_scales is not None:
+                scales = np.full(len(rows), decoder.file_scales[str(positions.path)], dtype=np.float64)
             try:
                 part = decoder.decoder("hcpe").decode(positions.hcpe_records(within),
-                                                      None if planes is None else planes[done:done + len(rows)])
+                                                      None if planes is None else planes[done:done + len(rows)], scales)
             except BadRecord as bad:
                 raise BadRecord(int(rows[bad.position]), bad.reason) from None
             kept = _kept(len(rows), part.skipped)
@@ -101,6 +117,16 @@ class Hcpe3Part:
     def describe(self, local: int) -> str:
         file_id = int(np.searchsorted(self.offsets, local, side="right") - 1)
         return self.files[file_id].describe(int(local - self.offsets[file_id]))
+
+    def record_groups(self, local: np.ndarray) -> list[tuple[np.ndarray, str]]:
+        file_ids = np.searchsorted(self.offsets, local, side="right") - 1
+        return [(self.files[int(f)].hcpe_records(local[file_ids == f] - self.offsets[f]), "hcpe")
+                for f in np.unique(file_ids)]
+
+    def file_samples(self, pick: typing.Callable[[int], np.ndarray]) -> typing.Iterator[tuple[Path, np.ndarray, str]]:
+        """(path, hcpe-like records at `pick(count)` of that file's positions, "hcpe") for each file."""
+        for positions in self.files:
+            yield positions.path, positions.hcpe_records(pick(len(positions))), "hcpe"
 
     def close(self) -> None:
         from tideborn.data.cachefile import close_arrays
@@ -143,15 +169,19 @@ def _join(pieces: list[tuple[np.ndarray, DecodedBatch]], planes: np.ndarray | No
     return DecodedBatch(
         features1, np.concatenate([b.features2 for _, b in pieces]), np.concatenate([b.policy for _, b in pieces]),
         np.concatenate([b.value for _, b in pieces]), np.concatenate([b.result for _, b in pieces]),
+        np.concatenate([b.eval_value for _, b in pieces]),
         [(int(rows[pos]), reason) for rows, b in pieces for pos, reason in b.skipped], labels, probs)
 
 
 class BatchDecoder:
     """One per process: a `Decoder` per record kind, and the policy temperature for hcpe3 visit counts."""
 
-    def __init__(self, eval_scale: float, value_lambda: float, bad_records: str = "skip", temperature: float = 1.0):
+    def __init__(self, eval_scale: float, value_lambda: float, bad_records: str = "skip", temperature: float = 1.0,
+                 file_scales: dict[str, float] | None = None):
         self.eval_scale, self.value_lambda, self.bad_records = eval_scale, value_lambda, bad_records
         self.temperature = temperature
+        self.file_scales = file_scales
+        """Each file's eval scale by path (`data.eval_scale_fit = "per_file"`), else None: `eval_scale` for all."""
         self._decoders: dict[str, Decoder] = {}
 
     def decoder(self, kind: str) -> Decoder:
@@ -198,6 +228,19 @@ class TeacherSource:
     @property
     def kinds(self) -> list[str]:
         return sorted({part.kind for part in self.parts})
+
+    def record_groups(self, indices: np.ndarray) -> list[tuple[np.ndarray, str]]:
+        """The stored records of positions `indices` (sorted), as (records, kind) groups in that order: hcpe3
+        positions as hcpe records. What `BatchDecoder.decode` keeps of sorted indices is in the same order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        part_ids = np.searchsorted(self.offsets, indices, side="right") - 1
+        groups = []
+        for part_id in np.unique(part_ids):
+            part = self.parts[int(part_id)]
+            if not hasattr(part, "record_groups"):
+                raise UserError(f"{part.path}: averaged positions have no stored records to read")
+            groups += part.record_groups(indices[part_ids == part_id] - self.offsets[part_id])
+        return groups
 
     def describe(self, index: int) -> str:
         part_id = int(np.searchsorted(self.offsets, index, side="right") - 1)

@@ -1,1 +1,1 @@
-"""Command-line tools around a training run (`train_run`) and benchmarks (`bench`, which imports torch)."""
+"""Command-line tools around a training run (`train_run`). Benchmarks live in `tideborn.bench`."""

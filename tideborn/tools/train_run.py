@@ -13,13 +13,13 @@ import os
 import signal
 import sys
 import time
-import typing
 from pathlib import Path
 
 import psutil
 
 from tideborn.anomaly import Anomaly, AnomalyThresholds
-from tideborn.errors import UserError, report_user_error
+from tideborn.cliparser import OneLineParser
+from tideborn.errors import UserError, report_error, report_user_error
 from tideborn.events import as_float, encode_event
 from tideborn.humanize import clock, duration, number
 from tideborn.runcontrol import (
@@ -44,12 +44,6 @@ SAVE_TIMEOUT_SECONDS = 300.0
 WAIT_REPORT_SECONDS = 5.0
 WATCH_CHECK_MILLISECONDS = 1000
 """watch asks about the process (vanished? stalled?) at least this often while the files are quiet."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(USAGE)
 
 
 def _thresholds(parser: argparse.ArgumentParser) -> None:
@@ -130,8 +124,8 @@ def thresholds_of(args: argparse.Namespace) -> AnomalyThresholds:
                         "--stall-seconds)") from None
 
 
-def run_dir_problem(run_dir: Path) -> str | None:
-    """Why `run_dir` holds no run to report on, or None."""
+def run_dir_problem(run_dir: Path, prog: str = "python -m tideborn.tools.train_run") -> str | None:
+    """Why `run_dir` holds no run to report on, or None (`prog`: how the user called the run tools)."""
     try:
         exists, is_dir = run_dir.exists(), run_dir.is_dir()
     except OSError as exc:  # a name too long, a directory we may not enter: no run we can read
@@ -141,7 +135,7 @@ def run_dir_problem(run_dir: Path) -> str | None:
     if not is_dir:
         return f"{run_dir}: not a directory"
     if not (run_dir / PID_FILE).exists() and not (run_dir / EVENTS_FILE).exists():
-        return f"{run_dir}: no run here (neither {PID_FILE} nor {EVENTS_FILE}); start one with train_run start"
+        return f"{run_dir}: no run here (neither {PID_FILE} nor {EVENTS_FILE}); start one with {prog} start"
     return None
 
 
@@ -179,8 +173,7 @@ def status_text(report: dict) -> str:
         lines[-1] += (f"; CHANGED since it was saved ({ck['bytes']:,} bytes, saved as {ck['saved_bytes']:,}): "
                       "the next train skips it if it does not load")
     if r["last_eval"]:
-        shown = {k: v for k, v in r["last_eval"].items() if k not in ("time", "kind")}
-        lines.append("eval        " + " ".join(f"{k} {number(v, '.4g')}" for k, v in shown.items()))
+        lines.append("eval        " + " ".join(f"{k} {v}" for k, v in eval_figures(r["last_eval"])))
     else:
         lines.append("eval        none")
     if r.get("elo_curve"):
@@ -208,6 +201,12 @@ def status_text(report: dict) -> str:
         if count > shown:
             lines.append(f"  ({count - shown} earlier {rule} lines in train.log not shown)")
     return "\n".join(lines)
+
+
+def eval_figures(last_eval: dict) -> list[tuple[str, str]]:
+    """The figures of a status report's `last_eval` as status prints them, (name, text) in the event's order;
+    the TUI's eval table shows the same."""
+    return [(k, number(v, '.4g')) for k, v in last_eval.items() if k not in ("time", "kind")]
 
 
 ELO_CURVE_SHOWN = 10
@@ -247,6 +246,13 @@ def event_text(event: dict) -> str:
 
 # -- commands ---------------------------------------------------------------------------------------
 
+def fail(args: argparse.Namespace, message: str, exit_code: int) -> int:
+    """The one error line in every command's style, `PROG COMMAND: error: ...`, for the failures that are
+    not bad input (those are a `UserError`, exit 2): no run there (3), a trainer that crashed (1)."""
+    report_error(message, f"{args.prog} {args.command}")
+    return exit_code
+
+
 def command_start(args: argparse.Namespace, prog: str) -> int:
     extra: list[str] = ["--fresh"] if args.fresh else []
     if args.resume:
@@ -259,8 +265,7 @@ def command_start(args: argparse.Namespace, prog: str) -> int:
     try:
         launched = launch_run(request, wait_seconds=args.wait)
     except TrainerExited as exc:
-        print(f"{'train_run' if prog.endswith('train_run') else prog}: {exc}", file=sys.stderr)
-        return ANOMALY
+        return fail(args, str(exc), ANOMALY)
     run_dir = launched.run_dir
     pid = launched.record.pid
     step = f" at step {launched.started_step:,}" if launched.started_step is not None else ""
@@ -283,11 +288,10 @@ def command_start(args: argparse.Namespace, prog: str) -> int:
 def command_status(args: argparse.Namespace) -> int:
     thresholds = thresholds_of(args)
     run_dir: Path = args.out_dir
-    if problem := run_dir_problem(run_dir):
+    if problem := run_dir_problem(run_dir, args.prog):
         if args.json:
             print(json.dumps({"run_dir": str(run_dir), "state": "not started", "error": problem, "anomalies": []}))
-        print(f"status: {problem}", file=sys.stderr)
-        return NO_RUN
+        return fail(args, problem, NO_RUN)
     tracker = RunTracker(run_dir, thresholds, start="tail")
     tracker.refresh(keep_events=False)
     tracker.finish_log()
@@ -298,23 +302,20 @@ def command_status(args: argparse.Namespace) -> int:
 
 def command_stop(args: argparse.Namespace) -> int:
     run_dir: Path = args.out_dir
-    if problem := run_dir_problem(run_dir):
-        print(f"stop: {problem}", file=sys.stderr)
-        return NO_RUN
+    if problem := run_dir_problem(run_dir, args.prog):
+        return fail(args, problem, NO_RUN)
     tracker = RunTracker(run_dir, start="end")
     tracker.refresh()
     if tracker.ended():
-        print(f"stop: {run_dir}: the run is not running: it already ended ({tracker.terminal['kind']} at step "
-              f"{tracker.terminal.get('step')}); nothing was signalled", file=sys.stderr)
-        return NO_RUN
+        return fail(args, f"{run_dir}: the run is not running: it already ended ({tracker.terminal['kind']} "
+                          f"at step {tracker.terminal.get('step')}); nothing was signalled", NO_RUN)
     stopping = tracker.stopping()
     try:
         # A stop in progress is waited for, never signalled again: the trainer would ignore a repeated
         # SIGTERM anyway, and an older one would have died of it in the middle of its checkpoint save.
         record = recorded_process(run_dir) if stopping is not None else signal_run(run_dir, signal.SIGTERM)
     except NotRunning as exc:
-        print(f"stop: {exc}; state: {tracker.state}", file=sys.stderr)
-        return NO_RUN
+        return fail(args, f"{exc}; state: {tracker.state}", NO_RUN)
     step = (tracker.last_step or {}).get("step")
     if stopping is not None:
         asked = as_float(stopping.get("requested_at")) or as_float(stopping.get("time")) or time.time()
@@ -460,9 +461,8 @@ def _print_stop_progress(events: list[dict]) -> None:
 def command_watch(args: argparse.Namespace) -> int:
     thresholds = thresholds_of(args)
     run_dir: Path = args.out_dir
-    if problem := run_dir_problem(run_dir):
-        print(f"watch: {problem}", file=sys.stderr)
-        return NO_RUN
+    if problem := run_dir_problem(run_dir, args.prog):
+        return fail(args, problem, NO_RUN)
     tracker = RunTracker(run_dir, thresholds, start="end" if args.follow_only else "beginning")
     text = args.format == "text"
     flagged = False
@@ -502,6 +502,7 @@ def _anomaly_line(anomaly: Anomaly, text: bool) -> str:
 
 def main(argv: list[str] | None = None, prog: str = "python -m tideborn.tools.train_run") -> int:
     args = build_parser(prog).parse_args(argv)
+    args.prog = prog
     try:
         if args.command == "start":
             return command_start(args, prog)

@@ -11,17 +11,10 @@ import json
 import sys
 from pathlib import Path
 
+from tideborn.cliparser import OneLineParser
 from tideborn.errors import UserError, report_user_error
 
 COMMANDS = ("summary", "train", "config")
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit status 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:

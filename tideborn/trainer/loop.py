@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 import traceback
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,9 +29,11 @@ from tideborn.rundir import (
     ARCHIVE_DIR,
     EVENTS_FILE,
     MATCH_REFERENCE_FILE,
+    WATCHDOG_ARCHIVE,
     check_run_dir,
     list_checkpoints,
     make_dirs,
+    move_to_archive,
     os_error_text,
     refuse_link,
     temp_checkpoints,
@@ -57,6 +60,8 @@ from tideborn.trainer.resume import StartPoint, choose_start
 from tideborn.trainer.rundir_lock import RunDirLock
 from tideborn.trainer.signals import StopRequest
 from tideborn.trainer.state import TrainingState, versions
+from tideborn.trainer.targets import value_lambda_at
+from tideborn.trainer.watchdog import GradientWatchdog, Trip
 
 
 @dataclass(frozen=True)
@@ -197,17 +202,20 @@ class Trainer:
                 launcher_pid=os.getppid() if self.env.distributed else None,
                 host=socket.gethostname(), argv=p.argv, max_steps=s.runtime.max_steps,
                 batch_size=s.optim.batch_size, run_dir=str(p.run_dir), data=getattr(self.state.data, "summary", None),
-                **boot_relative_start(os.getpid()),
+                **boot_relative_start(os.getpid()), eval_scales=self._eval_scales(),
             )
             average = (getattr(self.state.data, "summary", None) or {}).get("average")
             if average:
                 self.progress.message(f"data.use_average: {average['inputs']:,} positions merged into "
                                       f"{average['positions']:,} ({average['merged']:,} duplicates)")
+                if average.get("skipped"):  # left out while merging, so the loader never counts them: say it here
+                    warnings = [*warnings, f"data.use_average: left out {average['skipped']:,} teacher record(s) "
+                                           f"with an empty or illegal move (data.bad_records=\"skip\")"]
             self.announced = True
             # Stop signals become events as they arrive (`stop_requested`, a repeat's `warning`), so a second
             # `stop` or a monitor sees a stop in progress even in the middle of a long step or save.
             self.stop.listen(lambda kind, fields: self.events.emit(kind, step=self.step, **fields))
-            for text in warnings:  # after run_started, so that readers credit them to this attempt
+            for text in warnings + self._eval_scale_warnings():  # after run_started: credited to this attempt
                 self.events.emit("warning", step=self.step, message=text)
                 self.progress.message(f"warning: {text}")
             where = f"resuming from {p.start.checkpoint} at step {self.step}" if p.start.checkpoint else "from step 0"
@@ -218,7 +226,10 @@ class Trainer:
         except UserError as exc:  # bad input met only now (a bad record, data that changed under a cursor)
             self.progress.end_line()
             report_failure(self.env, str(exc))
-            self._terminal("run_failed", error=str(exc), traceback=None, rank=self.env.rank)
+            if self.announced:
+                self._terminal("run_failed", error=str(exc), traceback=None, rank=self.env.rank)
+            # else the attempt was refused before its run_started (a checkpoint's data cursor that does not fit
+            # the files, say): nothing started, so there is no run_failed to write, and the error is the one line
             raise
         except Exception as exc:  # any failure after run_started must still end with one terminal event
             self.progress.end_line()
@@ -240,21 +251,27 @@ class Trainer:
         last_saved: Path | None = self.p.start.checkpoint
         saved_step = self.p.start.step
         window = torch.zeros(4, device=device)  # sums of loss, policy, value, grad norm
+        window_norms: list[torch.Tensor] = []  # each step's grad norm, read back with the window
         window_steps, window_wait, window_start, lr = 0, 0.0, time.perf_counter(), 0.0
+        watchdog = GradientWatchdog(s.watchdog, nonfinite_is_skipped=state.scaler is not None)
         next_gpu_event = time.perf_counter()
         compile_reported = False
 
         def log_window() -> list[float]:
             nonlocal window_steps, window_wait, window_start
             means = mean_over_ranks(window / window_steps, env).tolist()
+            norms = torch.stack(window_norms).tolist()  # the same on every rank: taken after the all-reduce
             elapsed = time.perf_counter() - window_start
             record = {
                 "step": self.step, "loss": means[0], "policy_loss": means[1], "value_loss": means[2],
-                "grad_norm": means[3], "lr": lr,
+                "grad_norm": means[3], "grad_norm_max": max(norms, key=_nan_first),
+                "grad_norms": [float(f"{norm:.4g}") for norm in norms], "lr": lr,
                 "positions_per_second": window_steps * s.optim.batch_size * env.world_size / elapsed,
                 "data_wait_seconds": window_wait, "compute_seconds": max(0.0, elapsed - window_wait),
                 "steps": window_steps,
             }
+            if state.value_lambda_decays:
+                record["value_lambda"] = value_lambda_at(self.step - 1, s.loss)
             if state.allreduce_counter is not None:  # runtime.ddp_diagnostics: checked after every step
                 record["allreduce_calls"] = state.allreduce_counter.calls
                 record["ranks_in_sync"] = True
@@ -263,6 +280,7 @@ class Trainer:
             self.progress.step(self.step, runtime.max_steps, record,
                                (runtime.max_steps - self.step) * elapsed / window_steps)
             window.zero_()
+            window_norms.clear()
             window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
             return means
 
@@ -275,7 +293,7 @@ class Trainer:
                 next_gpu_event = time.perf_counter() + runtime.gpu_event_seconds
                 self.events.emit("gpu", step=self.step, **gpu_snapshot(self.setup.device))
             first_step_started = time.perf_counter()
-            result = state.train_step()
+            result = state.train_step(self.step)
             if runtime.compile and not compile_reported:
                 # torch.compile compiles lazily, inside the first step: time that step (synchronised).
                 if self.setup.is_cuda:
@@ -286,23 +304,33 @@ class Trainer:
                 compile_reported = True
             self.step += 1
             window += torch.cat([result.losses, result.grad_norm.reshape(1).float()])
+            window_norms.append(result.grad_norm.reshape(()).float())
+            watchdog.add(self.step, result.grad_norm)
             window_steps += 1
             window_wait += result.data_wait_seconds
             lr = result.lr
             final = self.step in (runtime.max_steps, self.p.stop_at_step)
             if self.step % runtime.log_every == 0 or final:
                 means = log_window()
+                if self._watchdog_tripped(watchdog, last_saved):
+                    stop_vote.drain()
+                    return 1
                 if runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):
                     stop_vote.drain()
                     return self._fail_nonfinite(means)
             if state.evaluator is not None and (self.step % runtime.eval_every == 0 or final):
                 self._evaluate()
             if self.step % runtime.checkpoint_every == 0 or final:
+                # Never save the weights of the steps since a trip; their step event is written first, so that
+                # every step's norm is in the events.
+                if self._watchdog_tripped(watchdog, last_saved, log_window if window_steps else None):
+                    stop_vote.drain()
+                    return 1
                 if not self._finite_window(window, window_steps):
                     stop_vote.drain()
                     return self._fail_nonfinite(mean_over_ranks(window / window_steps, env).tolist())
                 with self.stop.saving():  # a repeated Ctrl-C never cuts a save short (trainer/signals.py)
-                    last_saved, saved_step = self._save(), self.step
+                    last_saved, saved_step = self._save(prune=not watchdog.streak_open), self.step
                 if runtime.match_every and last_saved is not None and not runtime.match_reference:
                     self._keep_first(last_saved)
                 if (runtime.match_every and last_saved is not None and self.step % runtime.match_every == 0
@@ -311,11 +339,15 @@ class Trainer:
         stop_vote.drain()
         if window_steps:
             means = log_window()
+            if self._watchdog_tripped(watchdog, last_saved):
+                return 1
             if runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):
                 return self._fail_nonfinite(means)
+        if self._watchdog_tripped(watchdog, last_saved):
+            return 1
         if saved_step != self.step:
             with self.stop.saving():
-                last_saved = self._save()
+                last_saved = self._save(prune=not watchdog.streak_open)
         if self.step >= runtime.max_steps:
             if runtime.export_onnx and self.env.is_main:
                 self._export(last_saved)
@@ -329,6 +361,70 @@ class Trainer:
         self.progress.message(f"stopped ({reason}) at step {self.step}; checkpoint {last_saved}")
         return 0
 
+    def _watchdog_tripped(self, watchdog: GradientWatchdog, last_saved: Path | None,
+                          flush: typing.Callable[[], object] | None = None) -> bool:
+        """Judge the gradient norms since the last check (every rank: the decision is agreed); on a trip, call
+        `flush` (the pending step event), write the `watchdog` event and `run_failed`, and say so. The caller
+        then returns 1 without saving."""
+        if not watchdog.enabled:
+            return False
+        trip = watchdog.check()
+        if not any_rank(trip is not None, self.env, self.setup.device):
+            return False
+        if flush is not None:
+            flush()
+        text = trip.text() if trip is not None else "gradient watchdog tripped on another rank"
+        if trip is not None:
+            self.events.emit("watchdog", step=self.step, **trip.event_fields())
+        if self.env.is_main:
+            last_saved = self._set_aside_streak(trip, last_saved)
+        text += (f"; stopped without saving, the last checkpoint before it ({last_saved or 'none yet'}) is the one "
+                 "to resume from; settings: [watchdog]")
+        self._terminal("run_failed", error=text, traceback=None)
+        self.progress.message(f"run failed: {text}")
+        return True
+
+    def _set_aside_streak(self, trip: Trip | None, last_saved: Path | None) -> Path | None:
+        """Move the checkpoints saved since the streak's first step (their weights took its updates) to
+        `archive/watchdog-STAMP/`, with a warning; returns the newest checkpoint left."""
+        first = int(trip.spikes[0][0]) if trip is not None and trip.spikes else self.step
+        run_dir = self.p.run_dir
+        tainted = [path for step, path in list_checkpoints(run_dir) if step >= first]
+        if tainted:
+            names = ", ".join(path.name for path in tainted)
+            try:
+                folder = move_to_archive(run_dir, tainted, WATCHDOG_ARCHIVE)
+                text = (f"moved {names}, saved during the gradient norm spikes since step {first}, to {folder}/: "
+                        "not a point to resume from")
+            except OSError as exc:
+                text = (f"could not move {names} (saved during the gradient norm spikes since step {first}) to "
+                        f"{run_dir}/archive/: {os_error_text(exc)}; do not resume from them")
+            self.events.emit("warning", step=self.step, message=text)
+            self.progress.message(f"warning: {text}")
+        remaining = list_checkpoints(run_dir)
+        return remaining[-1][1] if remaining else (None if tainted else last_saved)
+
+    def _eval_scales(self) -> dict[str, float] | None:
+        """`run_started.eval_scales`: each teacher file's eval scale with `data.eval_scale_fit = "per_file"`."""
+        if self.settings.data.eval_scale_fit != "per_file" or self.state is None:
+            return None
+        from tideborn.data.evalfix import scales_field  # teacher data only: cshogi is not needed otherwise
+
+        fits = list(getattr(self.state.data, "scale_fits", []))
+        if self.state.evaluator is not None:
+            fits += self.state.evaluator.scale_fits
+        return scales_field(fits)
+
+    def _eval_scale_warnings(self) -> list[str]:
+        if self.state is None or self.settings.data.eval_scale_fit != "per_file":
+            return []
+        from tideborn.data.evalfix import fit_warning
+
+        found = [fit_warning(fit, "data.train") for fit in getattr(self.state.data, "scale_fits", []) if fit.problem]
+        if self.state.evaluator is not None:
+            found += [fit_warning(fit, "data.test") for fit in self.state.evaluator.scale_fits if fit.problem]
+        return found
+
     def _finite_window(self, window: torch.Tensor, steps: int) -> bool:
         """Whether the losses since the last log are finite on every rank (checked before saving weights)."""
         broken_here = steps > 0 and not bool(torch.isfinite(window[:3]).all())
@@ -339,9 +435,11 @@ class Trainer:
         assert state is not None and state.evaluator is not None
         started = time.perf_counter()
         # The plain module, not the DDP wrapper: only rank 0 evaluates, and DDP's forward may communicate.
-        result = state.evaluator.run(state.model, self.setup.autocast)
+        # While the value mix decays, the held-out value loss is taken at this step's mix, as training's is.
+        mix = value_lambda_at(max(0, self.step - 1), self.settings.loss) if state.value_lambda_decays else None
+        result = state.evaluator.run(state.model, self.setup.autocast, mix)
         if state.ema is not None:
-            averaged = state.evaluator.run(state.ema.module, self.setup.autocast)
+            averaged = state.evaluator.run(state.ema.module, self.setup.autocast, mix)
             result["ema"] = {k: averaged[k] for k in ("policy_loss", "value_loss", "policy_accuracy",
                                                       "value_accuracy")}
         result["seconds"] = time.perf_counter() - started
@@ -349,7 +447,8 @@ class Trainer:
         value = result["value_accuracy"]
         self.progress.message(
             f"eval at step {self.step}: policy loss {result['policy_loss']:.4f}, value loss "
-            f"{result['value_loss']:.4f}, policy top-1 {result['policy_accuracy']:.1%}, value accuracy "
+            f"{result['value_loss']:.4f}, policy top-1 {result['policy_accuracy']:.1%} "
+            f"(among legal moves {result['policy_accuracy_legal']:.1%}), value accuracy "
             f"{'n/a' if value is None else f'{value:.1%}'} ({result['positions']:,} positions)"
             + (f"; EMA policy top-1 {result['ema']['policy_accuracy']:.1%}" if "ema" in result else ""))
 
@@ -400,13 +499,15 @@ class Trainer:
             self.events_lost = True
             _tell(f"could not write {kind} to {self.p.run_dir / EVENTS_FILE}: {exc}")
 
-    def _save(self) -> Path | None:
-        """Rank 0 writes the checkpoint; every rank returns its path (None on the others)."""
+    def _save(self, prune: bool = True) -> Path | None:
+        """Rank 0 writes the checkpoint; every rank returns its path (None on the others). `prune=False`: keep
+        the older ones (the gradient watchdog is counting spikes: the one before them may be needed)."""
         assert self.state is not None
         if not self.env.is_main:
             return None
         saved = save_checkpoint(self.p.run_dir, self.step, self.state.payload(self.step))
-        pruned = prune_checkpoints(self.p.run_dir, self.settings.runtime.keep_checkpoints, saved.path)
+        pruned = (prune_checkpoints(self.p.run_dir, self.settings.runtime.keep_checkpoints, saved.path)
+                  if prune else [])
         self.events.emit("checkpoint_saved", step=self.step, path=str(saved.path), bytes=saved.bytes,
                          seconds=saved.seconds, pruned=[str(path) for path in pruned])
         return saved.path
@@ -467,6 +568,11 @@ class Trainer:
         self._terminal("run_failed", error=text, traceback=None)
         self.progress.message(f"run failed: {text}")
         return 1
+
+
+def _nan_first(value: float) -> float:
+    """Sort key for the window's largest grad norm: a NaN counts as the largest (plain max would skip it)."""
+    return math.inf if math.isnan(value) else value
 
 
 def _unbounded(report: dict, key: str) -> float:

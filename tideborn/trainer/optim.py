@@ -11,14 +11,16 @@ from tideborn.config.schema import OptimSettings
 
 
 def build_optimizer(model: torch.nn.Module, optim: OptimSettings, fused: bool = False) -> torch.optim.Optimizer:
-    # Weight decay on convolution and linear weights only: decaying BatchNorm scales and biases only
-    # hurts a ResNet (the usual practice in dlshogi-style trainers and torchvision recipes).
+    # `weights_only` (the default): weight decay on convolution and linear weights only; decaying BatchNorm
+    # scales and biases only hurts a ResNet (torchvision's recipes). `all` decays every parameter, as dlshogi
+    # does (it hands `model.parameters()` to the optimizer with one weight_decay). The two groups stay either
+    # way, so the optimizer state keeps its layout and a run can resume under the other policy.
     decay, no_decay = [], []
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.ndim > 1 else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": optim.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+              {"params": no_decay, "weight_decay": optim.weight_decay if optim.weight_decay_policy == "all" else 0.0}]
     extra = {"fused": True} if fused else {}
     if optim.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum,

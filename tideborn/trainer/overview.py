@@ -21,8 +21,33 @@ def _optimizer_line(optim) -> str:
                 "step": f"step x{optim.decay_gamma:g} at {list(optim.decay_steps)}",
                 "constant": "constant"}[optim.schedule]
     clip = f"clip grad norm at {optim.grad_clip_norm:g}" if optim.grad_clip_norm else "no clipping"
-    return (f"{kind}, lr {optim.lr:g}, weight decay {optim.weight_decay:g}, "
+    decayed = "every parameter" if optim.weight_decay_policy == "all" else "weights only"
+    return (f"{kind}, lr {optim.lr:g}, weight decay {optim.weight_decay:g} ({decayed}), "
             f"warm-up {optim.warmup_steps} steps then {schedule}, {clip}")
+
+
+def _loss_line(s) -> str:
+    loss = s.loss
+    text = f"{loss.policy_weight:g} x policy cross-entropy + {loss.value_weight:g} x value BCE"
+    if s.optim.policy_entropy_beta:
+        text += f" - {s.optim.policy_entropy_beta:g} x policy entropy"
+    mix = f"lambda {loss.value_lambda:g}"
+    if loss.value_lambda_decay_steps:
+        mix += f" to {loss.value_lambda_final:g} over {loss.value_lambda_decay_steps:,} steps"
+    scale = "fitted per file" if s.data.eval_scale_fit == "per_file" else f"{s.data.eval_scale:g}"
+    return f"{text}; value target {mix}, eval scale {scale}"
+
+
+def _data_line(data) -> str:
+    if not data.train:
+        return f"{data.resolved_kind} (random batches, seeded)"
+    options = []  # the target options a dlshogi user sets (--use_average, --temperature), visible before a run
+    if data.use_average:
+        options.append("duplicate positions averaged")
+    if data.kind == "hcpe3" or (data.kind == "auto" and any(p.lower().endswith(".hcpe3") for p in data.train)):
+        options.append(f"hcpe3 policy temperature {data.policy_temperature:g}")
+    return (f"{data.resolved_kind}: train {list(data.train)}, test {list(data.test)}"
+            + (f"; {', '.join(options)}" if options else ""))
 
 
 def summary_text(resolved: Resolved) -> str:
@@ -43,12 +68,14 @@ def summary_text(resolved: Resolved) -> str:
         ("Run", f"type {s.run.type}, network {s.run.network or '(model as given)'}, mode {s.run.mode}"),
         ("Network", f"{s.model.blocks} blocks x {s.model.channels} channels, {s.model.activation}; "
                     f"{network.total_parameters:,} parameters ({parameter_bytes(model) / 2**20:.1f} MiB fp32)"),
-        ("Data", f"{s.data.resolved_kind}" + (f": train {list(s.data.train)}, test {list(s.data.test)}"
-                                              if s.data.train else " (random batches, seeded)")),
+        ("Data", _data_line(s.data)),
         ("Batch", f"{s.optim.batch_size} positions per step per rank = {s.optim.accumulation_steps} "
                   f"micro-batch(es) of {s.optim.micro_batch_size}"),
         ("Optimizer", _optimizer_line(s.optim)),
-        ("Loss", f"{s.loss.policy_weight:g} x policy cross-entropy + {s.loss.value_weight:g} x value BCE"),
+        ("Loss", _loss_line(s)),
+        ("Watchdog", (f"halt on a non-finite gradient norm, or one above {s.watchdog.factor:g} x its median of "
+                      f"{s.watchdog.window} for {s.watchdog.consecutive} steps after {s.watchdog.warmup_steps}")
+                     if s.watchdog.enabled else "off"),
         ("Device", f"{device}; tf32 {'on' if runtime.tf32 else 'off'}, "
                    f"compile {'on' if runtime.compile else 'off'}, torch {torch.__version__}"),
         ("Steps", f"{runtime.max_steps:,} (seed {runtime.seed}); log every {runtime.log_every}, checkpoint "

@@ -32,6 +32,7 @@ from tideborn.trainer.optim import (
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.synthetic import SyntheticBatches
+from tideborn.trainer.targets import mixed_value_target, policy_entropy, value_lambda_at, value_lambda_decays
 
 
 def versions() -> dict[str, str]:
@@ -91,6 +92,7 @@ class TrainingState:
             from tideborn.data.evaluation import Evaluator
 
             self.evaluator = Evaluator(s, setup.device)
+        self.value_lambda_decays = value_lambda_decays(s.loss)
         self.allreduce_counter: AllReduceCounter | None = None
         self.ddp: DistributedDataParallel | None = None
 
@@ -136,9 +138,16 @@ class TrainingState:
             "versions": versions(), "saved_at": time.time(), "world_size": self.env.world_size,
         }
 
-    def train_step(self) -> StepResult:
-        """One optimizer step. Under DDP every micro-batch but the last runs in `no_sync()`, so the step
-        makes one gradient all-reduce however many micro-batches it has."""
+    def _value_target(self, batch, step: int) -> torch.Tensor:
+        """The decoder's mixed target, or, while `loss.value_lambda` decays, the step's own mix of the result and
+        eval parts (synthetic batches have only their one target)."""
+        if self.value_lambda_decays and batch.result is not None and batch.eval_value is not None:
+            return mixed_value_target(batch.result, batch.eval_value, value_lambda_at(step, self.settings.loss))
+        return batch.value
+
+    def train_step(self, step: int = 0) -> StepResult:
+        """One optimizer step, the one that makes step `step + 1`. Under DDP every micro-batch but the last runs
+        in `no_sync()`, so the step makes one gradient all-reduce however many micro-batches it has."""
         s, setup = self.settings, self.setup
         self.model.train()
         micro_steps = s.optim.accumulation_steps
@@ -157,8 +166,10 @@ class TrainingState:
                 with setup.autocast():
                     policy_logits, value_logit = self.forward(x1, x2)
                 policy_loss = policy_cross_entropy(policy_logits, batch)
-                value_loss = F.binary_cross_entropy_with_logits(value_logit.float(), batch.value)
+                value_loss = F.binary_cross_entropy_with_logits(value_logit.float(), self._value_target(batch, step))
                 loss = s.loss.policy_weight * policy_loss + s.loss.value_weight * value_loss
+                if s.optim.policy_entropy_beta > 0:  # dlshogi's --beta: adds beta * sum(p log p), i.e. - beta * H
+                    loss = loss - s.optim.policy_entropy_beta * policy_entropy(policy_logits).mean()
                 scaled = loss / micro_steps
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             totals += torch.stack([loss, policy_loss, value_loss]).detach() / micro_steps

@@ -36,6 +36,10 @@ class Batch:
     averaged duplicates); None: `policy` is the one-hot target."""
     policy_probs: torch.Tensor | None = None
     """[N, K] float probabilities of `policy_labels` (rows sum to 1; padding has probability 0)."""
+    result: torch.Tensor | None = None
+    """[N] float game results (teacher data): with `eval_value`, what the trainer mixes when the mix decays."""
+    eval_value: torch.Tensor | None = None
+    """[N] float `sigmoid(eval / eval_scale)` (teacher data)."""
 
     def __len__(self) -> int:
         return int(self.policy.shape[0])

@@ -20,7 +20,7 @@ from tideborn.errors import UserError
 from tideborn.events import TERMINAL_KINDS
 from tideborn.humanize import duration
 from tideborn.runcontrol import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
-from tideborn.rundir import LAUNCH_FILE
+from tideborn.rundir import LAUNCH_FILE, list_checkpoints
 from tui.follow import RunFollower, follow
 from tui.history import RunHistory, load_history
 from tui.messages import (
@@ -47,9 +47,11 @@ from tui.widgets.anomalies import AnomalyList, clock_text, evidence_text
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.header import RunHeader
 from tui.widgets.log_pane import LogPane
-from tui.widgets.loss_plot import LossPlot
+from tui.widgets.loss_plot import ZOOM_FACTOR, LossPlot
 
 LIVE_STATES = ("running", "stalled")
+SMOOTHING_WEIGHTS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
+"""What < and > step through (0: off)."""
 
 
 LOG_NOTES = """\
@@ -63,14 +65,29 @@ class DashboardScreen(Screen):
     HELP = LOG_NOTES + "\n\n" + PLOT_NOTES
     BINDINGS = [
         Binding("s", "start", "Start"),
+        # While the run is live, Start is not offered; s only says so (check_action).
+        Binding("s", "start_while_live", "Start", show=False),
         Binding("x", "stop", "Stop"),
         # While a stop is in progress, x only says so: Stop is not offered again (check_action).
         Binding("x", "stop_in_progress", "Stop", show=False),
+        # Nor while the run is not running (finished, stopped, failed...): x says there is nothing to stop.
+        Binding("x", "stop_not_running", "Stop", show=False),
+        Binding("k", "checkpoints", "Checkpoints"),
         Binding("m", "smooth", "Smooth"),
         Binding("l", "log_scale", "Log"),
         Binding("n", "last_steps", "Last N"),
         Binding("a", "all_steps", "All", show=False),
-        Binding("c", "curves", "Curves", show=False),
+        Binding("c", "curves", "Curves: all, train, eval", show=False),
+        Binding("g", "next_chart", "Chart"),
+        Binding("plus", "zoom_in", "Zoom in (x axis)", show=False),
+        Binding("minus", "zoom_out", "Zoom out", show=False),
+        Binding("left_square_bracket", "pan_left", "Pan left (cursor left while it is on)", show=False),
+        Binding("right_square_bracket", "pan_right", "Pan right (cursor right while it is on)", show=False),
+        Binding("0", "reset_zoom", "Zoom: all", show=False),
+        Binding("v", "cursor", "Cursor: values at a step", show=False),
+        Binding("t", "wall_time", "x axis: step / wall time", show=False),
+        Binding("less_than_sign", "smoothing_down", "Less smoothing (0 is off)", show=False),
+        Binding("greater_than_sign", "smoothing_up", "More smoothing", show=False),
         Binding("e", "edit", "Overrides"),
         # Without a plan (no --config, no launch.json) s and e are not offered; pressed, they say why.
         Binding("s,e", "no_plan", "Start / Overrides (needs --config)", show=False),
@@ -97,6 +114,8 @@ class DashboardScreen(Screen):
         self._generation = 0
         self._events_seen = False
         self._launched: list[subprocess.Popen] = []
+        self._offered: tuple[bool, bool] | None = None
+        """What the footer last offered: (a stop in progress, a plan to start)."""
 
     # -- layout ---------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -188,11 +207,14 @@ class DashboardScreen(Screen):
         if message.generation != self._generation:
             return  # read from a file that has since been replaced
         continues = self._first_event_kind != "run_started"
+        if message.history.weight != self.history.weight:  # the weight was changed while it was read
+            message.history.set_weight(self.history.weight)
         earlier = message.history.nonfinite_anomalies()
         self.history.prepend(message.history, continues)
         if earlier:  # NaNs before the tail read first: listed and marked as those in the tail are
             self.query_one("#anomalies", AnomalyList).add_anomalies(earlier, earlier=True)
-            self.plot.anomaly_markers[:0] = [Marker(float(a.evidence["step"]), "anomaly") for a in earlier]
+            self.plot.anomaly_markers[:0] = [Marker(float(a.evidence["step"]), "anomaly", a.time or None)
+                                             for a in earlier]
         self.plot.data_changed()
         self.header.note = ""
         self.header.show()
@@ -217,7 +239,13 @@ class DashboardScreen(Screen):
         if pane.add_anomalies([a for a in holding if a.rule not in (STALLED, VANISHED) or a.rule not in listed]):
             pane.alert()
         pane.hold(bool(holding))
-        self.refresh_bindings()  # Stop is offered, or not, by whether a stop is in progress
+        # Stop is offered, or not, by whether a stop is in progress (and Start by whether there is a plan).
+        # Only when that changes: redrawing the footer restyles all its keys (while a run is followed,
+        # status arrives about once a second, and that restyling was most of the TUI's CPU use).
+        offered = (self._stopping() is not None, self.can_start())
+        if offered != self._offered:
+            self._offered = offered
+            self.refresh_bindings()
 
     def on_anomalies_found(self, message: AnomaliesFound) -> None:
         pane = self.query_one("#anomalies", AnomalyList)
@@ -225,7 +253,7 @@ class DashboardScreen(Screen):
         for anomaly in new:
             step = anomaly.evidence.get("step")
             if isinstance(step, int):
-                self.plot.anomaly_markers.append(Marker(float(step), "anomaly"))
+                self.plot.anomaly_markers.append(Marker(float(step), "anomaly", anomaly.time or None))
         if new:
             self.plot.data_changed()
             pane.alert()
@@ -270,10 +298,11 @@ class DashboardScreen(Screen):
         plan = self.app.plan if self.app.plan is not None else LaunchPlan.from_launch_file(self.run_dir)
         return plan.aimed_at(self.run_dir) if plan is not None else None
 
-    def action_start(self) -> None:
-        """Check the plan as `train_run start` would (a refusal is shown, and nothing starts), then ask."""
+    def action_start(self, resume: Path | None = None) -> None:
+        """Check the plan as `train_run start` would (a refusal is shown, and nothing starts), then ask.
+        `resume`: a checkpoint picked in the checkpoint list, passed to the trainer as `--resume`."""
         if self.state in LIVE_STATES:
-            self.notify(f"the run is {self.state} already; stop it first (x)", severity="warning")
+            self.action_start_while_live()
             return
         try:
             plan = self.launch_plan()
@@ -284,6 +313,8 @@ class DashboardScreen(Screen):
             self.notify(f"nothing to start: no launch.json in {self.run_dir} and no --config given",
                         title="cannot start", severity="error", timeout=15)
             return
+        if resume is not None:
+            plan = plan.resuming_from(resume)
         self.header.note = "checking the settings..."
         self.header.show()
         self._check(plan)
@@ -345,14 +376,22 @@ class DashboardScreen(Screen):
         return self.app.plan is not None or (self.run_dir / LAUNCH_FILE).exists()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("start", "edit"):  # not offered where they could only refuse: nothing to start
+        # Only what works in the run's state is offered; the hidden twins of a key say why it does not.
+        live = self.state in LIVE_STATES
+        if action == "edit":  # not offered where it could only refuse: nothing to start
             return self.can_start()
+        if action == "start":
+            return self.can_start() and not live
+        if action == "start_while_live":
+            return self.can_start() and live
         if action == "no_plan":
             return not self.can_start()
         if action == "stop":
-            return self._stopping() is None
+            return live and self._stopping() is None
         if action == "stop_in_progress":
             return self._stopping() is not None
+        if action == "stop_not_running":
+            return not live and self._stopping() is None
         return True
 
     def _stopping(self) -> tuple[str, float] | None:
@@ -375,12 +414,18 @@ class DashboardScreen(Screen):
         self.notify(f"nothing to start: no launch.json in {self.run_dir} and no --config given",
                     title="cannot start", severity="error", timeout=15)
 
+    def action_start_while_live(self) -> None:
+        self.notify(f"the run is {self.state} already; stop it first (x)", severity="warning")
+
+    def action_stop_not_running(self) -> None:
+        self.notify(f"the run is not running ({self.state}); nothing to stop", severity="warning")
+
     def action_stop_in_progress(self) -> None:
         self.notify(self.stopping_note() or "", title="stopping", severity="warning", timeout=10)
 
     def action_stop(self) -> None:
         if self.state not in LIVE_STATES:
-            self.notify(f"the run is not running ({self.state}); nothing to stop", severity="warning")
+            self.action_stop_not_running()
             return
         pid = (self.status or {}).get("pid")
         question = (f"Stop the run in {self.run_dir}?\n\nSIGTERM to pid {pid}: it finishes its step, saves a "
@@ -435,6 +480,60 @@ class DashboardScreen(Screen):
         view = self.plot.next_view()
         self.notify(f"curves: {view}", timeout=2)
 
+    def action_next_chart(self) -> None:
+        self.plot.next_chart()  # the chart's title says which it is (2/6 accuracy): no notification over it
+
+    def action_zoom_in(self) -> None:
+        self.plot.zoom_by(ZOOM_FACTOR)
+
+    def action_zoom_out(self) -> None:
+        self.plot.zoom_by(1 / ZOOM_FACTOR)
+
+    def action_pan_left(self) -> None:
+        self._pan(-1)
+
+    def action_pan_right(self) -> None:
+        self._pan(1)
+
+    def _pan(self, direction: int) -> None:
+        if self.plot.cursor is not None:
+            self.plot.move_cursor(direction)
+        else:
+            self.plot.pan(direction)
+
+    def action_reset_zoom(self) -> None:
+        self.plot.reset_zoom()
+
+    def action_cursor(self) -> None:
+        on = self.plot.toggle_cursor() is not None
+        self.notify("cursor on: [ and ] move it, the legends read the values there" if on else "cursor off",
+                    timeout=3)
+
+    def action_wall_time(self) -> None:
+        wall = self.plot.toggle_wall_time()
+        self.notify(f"x axis: {'wall time' if wall else 'step'}", timeout=2)
+
+    def action_smoothing_down(self) -> None:
+        self._smoothing(-1)
+
+    def action_smoothing_up(self) -> None:
+        self._smoothing(1)
+
+    def _smoothing(self, direction: int) -> None:
+        """The next EMA weight down or up (0 is off); train curves only, eval points are never smoothed."""
+        current = self.options.smoothing if self.plot.options.smooth else 0.0
+        if direction > 0:
+            weight = next((w for w in SMOOTHING_WEIGHTS if w > current), SMOOTHING_WEIGHTS[-1])
+        else:
+            weight = next((w for w in reversed(SMOOTHING_WEIGHTS) if w < current), 0.0)
+        if weight > 0:
+            self.options.smoothing = weight
+            if self.history.weight != weight:
+                self.history.set_weight(weight)
+        self.plot.set_smoothing(weight > 0)
+        self.notify(f"smoothing {weight:g} (train curves; eval points are never smoothed)" if weight
+                    else "smoothing off", timeout=2)
+
     def action_edit(self) -> None:
         from tui.screens.override_editor import OverrideEditorScreen
 
@@ -474,6 +573,16 @@ class DashboardScreen(Screen):
         if self.from_picker:
             self.app.pop_screen()
 
+    def action_checkpoints(self) -> None:
+        """The last eval and the checkpoints; one picked there is resumed from through the start key's path."""
+        from tui.screens.checkpoints import CheckpointScreen
+
+        def picked(checkpoint: Path | None) -> None:
+            if checkpoint is not None:
+                self.action_start(resume=checkpoint)
+
+        self.app.push_screen(CheckpointScreen(self.run_dir, self.options, lambda: self.status, self.can_start), picked)
+
 
 def start_question(plan: LaunchPlan, checked: CheckedLaunch) -> str:
     """The start confirmation: where, with what, and from which step."""
@@ -487,6 +596,10 @@ def start_question(plan: LaunchPlan, checked: CheckedLaunch) -> str:
     elif checked.resumes_from is not None:
         path, step = checked.resumes_from
         where = f"resumes from {path.name} (step {step:,}) to step {max_steps:,}"
+        later = [s for s, _p in list_checkpoints(checked.run_dir) if s > step]
+        if "--resume" in plan.trainer_args and later:
+            where += (f"\n(--resume: the {len(later)} later checkpoint(s), to step {max(later):,}, are abandoned: "
+                      "the trainer moves them to archive/branch-*)")
     else:
         where = f"starts at step 0 (no checkpoint there), to step {max_steps:,}"
     return f"Start a run in {checked.run_dir}?\n\n{settings}\n{where}\n(from {plan.origin})"

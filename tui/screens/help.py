@@ -3,6 +3,8 @@ viewer for an anomaly's full evidence: modal screens closed with Escape, q or ?.
 
 from __future__ import annotations
 
+import re
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -11,10 +13,21 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
 PLOT_NOTES = """\
-The plot: x is the training step. Raw values are faint under the smoothed curve (EMA with TensorBoard's
-debiasing) while smoothing is on; a column spans the lowest to the highest value of the steps it covers,
-so a spike always shows. On the axis: + / ┼ a checkpoint, < / ◀ a resume, ! an anomaly. NaN and +inf
-values are marked x / × at the top, -inf v / ▼ at the bottom, and counted in the legend.
+The charts: losses (train and eval), accuracy (eval), learning rate, gradient norm, throughput
+(positions/s) and data wait (the share of each step window spent waiting for batches), each with its own
+y axis: the range's ends at the top and bottom, round values (1, 2 or 5 times a power of ten) between.
+Where the terminal has room (about 160x40 and up) all six are shown in a grid; else one at a time, titled
+with its place ("2/6 accuracy"); g shows the next (from the grid: each alone, then the grid again).
+x is the training step, or with t the events' wall time. + and - zoom the x axis (about the cursor when
+it is on, else the middle; the mouse wheel zooms about the pointer), [ and ] pan (sideways scrolling
+too), 0 shows everything again; while zoomed the view stays put as steps arrive. v puts a cursor on a
+logged step: [ and ] move it, each legend reads its curves' values there (raw~smoothed for smoothed
+curves, value@step for an eval point elsewhere).
+Smoothing (m on/off, < and > change the weight, 0 is off) is TensorBoard's debiased EMA and applies to
+train curves only: raw values stay faint under the smoothed curve; eval points and the learning rate are
+never smoothed. A column spans the lowest to the highest value of the steps it covers, so a spike always
+shows. On the x axis: + / ┼ a checkpoint, < / ◀ a resume, ! an anomaly. NaN and +inf values are marked
+x / × at the top, -inf v / ▼ at the bottom, and counted in the legend.
 Log scale: log10 when every value shown is positive, else symmetric log (linear near zero).
 Quitting (q) never stops a run; start the TUI again to reattach."""
 
@@ -60,6 +73,8 @@ def help_text(screen: Screen) -> Text:
         text.append(f"  {keys:<16}", style="bold")
         text.append(f"{binding.description or binding.action}\n")
     notes = getattr(screen, "HELP", "")
+    if notes and screen.app.has_class("-ascii"):  # "+ / ┼ a checkpoint": only the ASCII glyph
+        notes = re.sub(r" / [^\x00-\x7f]", "", notes)
     if notes:
         text.append("\n" + notes.strip() + "\n")
     return text

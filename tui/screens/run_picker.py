@@ -1,5 +1,7 @@
 """A folder of runs at a glance: each run's state, progress, latest losses, anomalies and last event,
-refreshed by a worker that keeps one tracker per run (reading only what is new); Enter opens a run."""
+refreshed by a worker that keeps one tracker per run (reading only what is new); Enter opens a run.
+The list sorts (name, last update, state, step) and filters (state, a part of the name); runs marked with
+space are compared (`tui.screens.compare`)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,18 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Footer, Input, Static
 
 from tideborn.humanize import duration, number
-from tideborn.runstate import RunTracker
+from tideborn.runstate import STATES, RunTracker
 from tui.messages import RunsListed
 from tui.options import TuiOptions, runs_in
 from tui.widgets.header import STATE_STYLES
 
 REFRESH_SECONDS = 3.0
+SORTS = ("name", "last update", "state", "step")
+"""The `s` key cycles through these: name A-Z, newest event first, by state (as STATES lists them), most
+steps first."""
 
 
 def runs_report(folder: Path, trackers: dict[Path, RunTracker], options: TuiOptions) -> list[dict]:
@@ -38,14 +43,37 @@ def runs_report(folder: Path, trackers: dict[Path, RunTracker], options: TuiOpti
 
 
 class RunPickerScreen(Screen):
-    HELP = "Enter (or o) opens the highlighted run; Esc in a run's dashboard comes back here. r refreshes now."
-    BINDINGS = [Binding("o", "open", "Open"), Binding("r", "refresh", "Refresh")]
+    HELP = ("Enter (or o) opens the highlighted run; Esc in a run's dashboard comes back here. r refreshes now.\n"
+            "space marks a run (and unmarks it); c compares the marked runs (two or more) on one plot. s sorts by "
+            "name, last update, state or step; t shows only the runs in one state (cycling through those "
+            "present); / filters by a part of the name (Enter keeps the filter, Esc in it clears it); Esc here "
+            "clears the filters.")
+    BINDINGS = [
+        Binding("o", "open", "Open"),
+        Binding("space", "mark", "Mark"),
+        Binding("c", "compare", "Compare"),
+        # Fewer than two runs marked: c is not offered, and pressed, it says what it needs (check_action).
+        Binding("c", "compare_needs_two", "Compare", show=False),
+        Binding("s", "sort", "Sort"),
+        Binding("t", "state_filter", "State filter"),
+        Binding("slash", "name_filter", "Filter"),
+        Binding("escape", "clear_filters", "Clear filters", show=False),
+        Binding("r", "refresh", "Refresh"),
+    ]
 
     def __init__(self, folder: Path, options: TuiOptions) -> None:
         super().__init__()
         self.folder = folder
         self.options = options
         self.runs: list[dict] = []
+        """Every run of the folder, by name (as the worker lists them)."""
+        self.shown: list[dict] = []
+        """The runs in the table: filtered and sorted."""
+        self.marked: set[str] = set()
+        """Run directories marked for comparison (they stay marked while filtered out)."""
+        self.sort = SORTS[0]
+        self.state_filter: str | None = None
+        self.name_filter = ""
         self.ready = threading.Event()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -53,13 +81,15 @@ class RunPickerScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Static(id="picker-title")
         yield DataTable(id="runs", cursor_type="row")
+        yield Input(placeholder="a part of the run's name; Enter keeps it, Esc clears it", id="picker-filter",
+                    classes="-hidden")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#picker-title", Static).update(Text.assemble((" runs in ", "bold"), str(self.folder)))
+        self._show_title()
         table = self.query_one("#runs", DataTable)
-        for label in ("run", "state", "step", "loss", "anomalies", "last event"):
-            table.add_column(label, key=label)
+        for label in ("", "run", "state", "step", "loss", "anomalies", "last event"):
+            table.add_column(label, key=label or "mark")
         table.focus()
         self._watch()
 
@@ -79,18 +109,41 @@ class RunPickerScreen(Screen):
 
     def on_runs_listed(self, message: RunsListed) -> None:
         self.runs = message.runs
+        present = {run["run_dir"] for run in self.runs}
+        self.marked &= present  # a run that went away is no longer compared
+        self._fill()
+        self.ready.set()
+
+    def _visible(self) -> list[dict]:
+        runs = [run for run in self.runs
+                if (self.state_filter is None or str(run["state"]) == self.state_filter)
+                and self.name_filter.casefold() in str(run["name"]).casefold()]
+        if self.sort == "last update":
+            runs.sort(key=lambda run: -float(run["last_event_time"]) if isinstance(run.get("last_event_time"),
+                                                                                    (int, float)) else float("inf"))
+        elif self.sort == "state":
+            order = {state: index for index, state in enumerate(STATES)}
+            runs.sort(key=lambda run: order.get(str(run["state"]), len(order)))
+        elif self.sort == "step":
+            runs.sort(key=lambda run: -run["step"] if isinstance(run.get("step"), int) else 0)
+        return runs  # by name otherwise, and within equal keys (sorts are stable; runs_in lists by name)
+
+    def _fill(self) -> None:
         table = self.query_one("#runs", DataTable)
-        cursor = table.cursor_row
+        highlighted = self.highlighted()
         table.clear()
+        self.shown = self._visible()
         now = self.options.clock()
         colour = self.options.colour
-        for run in self.runs:
+        for run in self.shown:
             state = str(run["state"])
             max_steps = f"/{run['max_steps']:,}" if isinstance(run.get("max_steps"), int) else ""
             loss = (run.get("loss") or {}).get("loss")
             anomalies = len(run.get("anomalies") or [])
             last = run.get("last_event_time")
+            marked = run["run_dir"] in self.marked
             table.add_row(
+                Text("[x]" if marked else "[ ]", style="bold" if marked else "dim" if colour else ""),
                 run["name"],
                 Text(state, style=STATE_STYLES.get(state, "") if colour else ""),
                 f"{run['step']:,}{max_steps}",
@@ -99,19 +152,39 @@ class RunPickerScreen(Screen):
                 f"{duration(now - last)} ago" if isinstance(last, (int, float)) else "-",
                 key=run["run_dir"],
             )
-        if self.runs:
-            table.move_cursor(row=min(cursor, len(self.runs) - 1))
-        table.border_title = f"{len(self.runs)} runs" + ("" if self.runs else ": none here yet")
-        self.ready.set()
+        keys = [run["run_dir"] for run in self.shown]
+        if keys:
+            table.move_cursor(row=keys.index(highlighted) if highlighted in keys else 0)
+        hidden = len(self.runs) - len(self.shown)
+        table.border_title = (f"{len(self.runs)} runs" + ("" if self.runs else ": none here yet")
+                              + (f", {hidden} filtered out" if hidden else ""))
+        table.border_subtitle = f"{len(self.marked)} marked" if self.marked else ""
+        self._show_title()
+        self.refresh_bindings()  # c is offered once two runs are marked
+
+    def _show_title(self) -> None:
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append(" runs in ", style="bold")
+        line.append(str(self.folder))
+        line.append(f"  sort: {self.sort}")
+        if self.state_filter is not None:
+            line.append(f"  state: {self.state_filter}")
+        if self.name_filter:
+            line.append(f"  name: *{self.name_filter}*")
+        self.query_one("#picker-title", Static).update(line)
+
+    def highlighted(self) -> str | None:
+        table = self.query_one("#runs", DataTable)
+        if not table.row_count:
+            return None
+        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
 
     @on(DataTable.RowSelected, "#runs")
     def _selected(self, event: DataTable.RowSelected) -> None:
         self._open(event.row_key.value)
 
     def action_open(self) -> None:
-        table = self.query_one("#runs", DataTable)
-        if table.row_count:
-            self._open(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+        self._open(self.highlighted())
 
     def _open(self, run_dir: str | None) -> None:
         if run_dir is None:
@@ -122,3 +195,82 @@ class RunPickerScreen(Screen):
 
     def action_refresh(self) -> None:
         self._wake.set()
+
+    # -- marking and comparing ------------------------------------------------------------------------
+    def action_mark(self) -> None:
+        run_dir = self.highlighted()
+        if run_dir is None:
+            return
+        self.marked ^= {run_dir}
+        self._fill()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "compare":
+            return len(self.marked) >= 2
+        if action == "compare_needs_two":
+            return len(self.marked) < 2
+        if action == "clear_filters":
+            return self.state_filter is not None or bool(self.name_filter)
+        return True
+
+    def action_compare_needs_two(self) -> None:
+        self.notify(f"mark two or more runs with space to compare them ({len(self.marked)} marked)",
+                    severity="warning", timeout=5)
+
+    def action_compare(self) -> None:
+        from tui.screens.compare import ComparedRun, CompareScreen
+
+        # In the table's order; marked runs the filters hide are compared too (the title says how many).
+        order = {run["run_dir"]: index for index, run in enumerate(self.shown)}
+        chosen = sorted((run for run in self.runs if run["run_dir"] in self.marked),
+                        key=lambda run: (order.get(run["run_dir"], len(order)), run["name"]))
+        self.app.push_screen(CompareScreen([ComparedRun(run["name"], Path(run["run_dir"]), str(run["state"]))
+                                            for run in chosen], self.options))
+
+    # -- sorting and filtering ------------------------------------------------------------------------
+    def action_sort(self) -> None:
+        self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
+        self._fill()
+        self.notify(f"sorted by {self.sort}", timeout=2)
+
+    def action_state_filter(self) -> None:
+        states = [state for state in STATES if any(str(run["state"]) == state for run in self.runs)]
+        choices: list[str | None] = [None, *states]
+        current = choices.index(self.state_filter) if self.state_filter in choices else 0
+        self.state_filter = choices[(current + 1) % len(choices)]
+        self._fill()
+        self.notify(f"state: {self.state_filter or 'all'}", timeout=2)
+
+    def action_name_filter(self) -> None:
+        box = self.query_one("#picker-filter", Input)
+        box.remove_class("-hidden")
+        box.value = self.name_filter
+        box.focus()
+
+    @on(Input.Changed, "#picker-filter")
+    def _filter_typed(self, event: Input.Changed) -> None:
+        self.name_filter = event.value.strip()
+        self._fill()
+
+    @on(Input.Submitted, "#picker-filter")
+    def _filter_kept(self, event: Input.Submitted) -> None:
+        self._close_filter()
+
+    def _close_filter(self) -> None:
+        self.query_one("#picker-filter", Input).add_class("-hidden")
+        self.query_one("#runs", DataTable).focus()
+
+    def action_clear_filters(self) -> None:
+        self.state_filter, self.name_filter = None, ""
+        self._close_filter()
+        self._fill()
+
+    def on_key(self, event) -> None:
+        """Esc in the name filter clears it (the Input would otherwise keep the key to itself)."""
+        box = self.query_one("#picker-filter", Input)
+        if event.key == "escape" and box.has_focus:
+            event.stop()
+            self.name_filter = ""
+            box.value = ""
+            self._close_filter()
+            self._fill()

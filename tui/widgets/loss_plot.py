@@ -1,4 +1,7 @@
-"""The loss plot: step and eval curves of a `RunHistory`, drawn by `tui.plotting`.
+"""The metrics view: a chart per metric group (losses, accuracy, learning rate, gradient norm,
+throughput, data wait) of a `RunHistory`, each with its own y axis, drawn by `tui.plotting`. Several in
+a grid where the terminal has room for them, else one at a time (`g` cycles). Zoom and pan on the x axis
+(keys and the mouse wheel), step or wall-time x, a cursor that reads each curve's value.
 
 Redraws at once when a view setting changes; when data arrives, at most once a second or every twenty
 times its own drawing time, whichever is longer (following a fast trainer costs a few percent of a
@@ -10,11 +13,24 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import numpy as np
 from rich.text import Text
+from textual import events
 from textual.widget import Widget
 
-from tui.history import RunHistory
-from tui.plotting import Curve, Marker, PlotOptions, render_plot
+from tui.history import COLUMN_NAMES, RunHistory
+from tui.plotting import (
+    Y_LABEL_WIDTH,
+    Chart,
+    Curve,
+    Marker,
+    PlotOptions,
+    format_x,
+    grid_shape,
+    render_grid,
+    render_plot,
+    shared_x_range,
+)
 
 CURVES = (  # series name, label, colour, ASCII glyph
     ("loss", "loss", "#e5c07b", "#"),
@@ -24,44 +40,126 @@ CURVES = (  # series name, label, colour, ASCII glyph
     ("eval_value_loss", "eval-val", "#98c379", "V"),
     ("eval_policy_accuracy", "acc-pol", "#d19a66", "a"),
     ("eval_value_accuracy", "acc-val", "#e06c9f", "A"),
+    ("eval_policy_accuracy_legal", "acc-legal", "#c678dd", "L"),
+    ("lr", "lr", "#e5c07b", "r"),
+    ("grad_norm", "grad-norm", "#61afef", "g"),
+    ("positions_per_second", "pos/s", "#98c379", "s"),
+    ("data_wait_fraction", "wait-share", "#e06c9f", "w"),
 )
-VIEWS = {
+GROUPS = (  # title, series
+    ("losses", ("loss", "policy_loss", "value_loss", "eval_policy_loss", "eval_value_loss")),
+    ("accuracy", ("eval_policy_accuracy", "eval_value_accuracy", "eval_policy_accuracy_legal")),
+    ("learning rate", ("lr",)),
+    ("grad norm", ("grad_norm",)),
+    ("throughput", ("positions_per_second",)),
+    ("data wait", ("data_wait_fraction",)),
+)
+VIEWS = {  # the `c` key: which curves the charts show
     "all": tuple(name for name, *_ in CURVES),
-    "losses": ("loss", "policy_loss", "value_loss", "eval_policy_loss", "eval_value_loss"),
-    "eval": ("eval_policy_loss", "eval_value_loss", "eval_policy_accuracy", "eval_value_accuracy"),
+    "train": COLUMN_NAMES,
+    "eval": tuple(name for name, *_ in CURVES if name.startswith("eval_")),
 }
+MIN_CHART = (40, 9)
+"""The smallest chart of a grid (cells); where six do not fit, one is shown at a time."""
+ZOOM_FACTOR = 2.0
+PAN_FRACTION = 0.25
 REDRAW_FACTOR = 20
 MIN_REDRAW_INTERVAL = 1.0
 MAX_REDRAW_INTERVAL = 2.0
 
 
 class LossPlot(Widget):
-    """Curves over steps, with checkpoint, resume and anomaly markers on the x axis."""
+    """Charts over steps (or wall time), with checkpoint, resume and anomaly markers on the x axes."""
 
     def __init__(self, history: RunHistory, options: PlotOptions, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.history = history
         self.options = options
         self.view = "all"
+        self.chart: int | None = None
+        """The one chart shown (an index into GROUPS), or None for the grid (where it fits)."""
+        self.zoom: tuple[float, float] | None = None
+        """The x range shown after zooming or panning; None: all (or the last N steps)."""
+        self.cursor: float | None = None
         self.anomaly_markers: list[Marker] = []
         self.last_draw_seconds = 0.0
         self.draws = 0
         self.drawn_points = 0
         """Step points the last drawing had (the benchmark and tests wait on it)."""
+        self.last_text = Text()
         self._last_draw_at = 0.0
+        self._layout: tuple[tuple[int, int] | None, int, int] = (None, 0, 0)
         self.redraw_pending = False
 
-    def curves(self) -> list[Curve]:
+    # -- what is drawn --------------------------------------------------------------------------------
+    def charts(self) -> list[Chart]:
+        """Every group's chart, with the curves the view (`c`) shows that have points."""
         shown = VIEWS[self.view]
-        return [Curve(self.history.series[name], label, colour, glyph) for name, label, colour, glyph in CURVES
-                if name in shown and len(self.history.series[name])]
+        styles = {name: (label, colour, glyph) for name, label, colour, glyph in CURVES}
+        charts = []
+        for title, names in GROUPS:
+            curves = [Curve(self.history.series[name], *styles[name]) for name in names
+                      if name in shown and len(self.history.series[name])]
+            charts.append(Chart(title, curves))
+        return charts
+
+    def shape(self, width: int | None = None, height: int | None = None) -> tuple[int, int] | None:
+        """The grid's (columns, rows) at this size, or None where the charts do not fit together."""
+        size = self.content_size
+        return grid_shape(len(GROUPS), size.width if width is None else width,
+                          size.height if height is None else height, *MIN_CHART)
+
+    def showing_grid(self) -> bool:
+        return self.chart is None and self.shape() is not None
+
+    def shown_charts(self) -> list[Chart]:
+        charts = self.charts()
+        return charts if self.showing_grid() else [charts[self.chart or 0]]
+
+    def curves(self) -> list[Curve]:
+        """The curves on screen, in every chart shown."""
+        return [curve for chart in self.shown_charts() for curve in chart.curves]
+
+    def chart_name(self) -> str:
+        """"grid", or the chart shown alone with its place: "2/6 accuracy"."""
+        if self.showing_grid():
+            return "grid"
+        number = self.chart or 0
+        return f"{number + 1}/{len(GROUPS)} {GROUPS[number][0]}"
+
+    def full_range(self) -> tuple[float, float] | None:
+        """The x range of all the data, every chart (zoom and pan stay inside it)."""
+        return shared_x_range(self.charts(), replace(self.options, window=None, x_range=None))
+
+    def span(self) -> tuple[float, float] | None:
+        """The x range on screen."""
+        return self.zoom or shared_x_range(self.charts(), replace(self.options, x_range=None))
+
+    def draw_options(self) -> PlotOptions:
+        span = self.span()
+        label = None
+        if self.zoom is not None:
+            wall = self.options.wall_time
+            width = self.zoom[1] - self.zoom[0]
+            label = f"zoom {format_x(self.zoom[0], width, wall)}-{format_x(self.zoom[1], width, wall)}"
+        return replace(self.options, x_range=span, cursor=self.cursor, view_label=label)
 
     def render(self) -> Text:
         started = time.perf_counter()
         size = self.content_size
         markers = self.history.markers + self.anomaly_markers
-        text = render_plot(self.curves(), markers, self.options, size.width, size.height,
-                           title="" if self.view == "all" else self.view)
+        options = self.draw_options()
+        shape = self.shape()
+        if self.chart is None and shape is not None:
+            text = render_grid(self.charts(), markers, options, size.width, size.height, shape)
+            self._layout = (shape, size.width, size.height)
+        else:
+            number = self.chart or 0
+            chart = self.charts()[number]
+            title = f"{number + 1}/{len(GROUPS)} {chart.title}"
+            text = render_plot(chart.curves, markers, options, size.width, size.height, title=title)
+            self._layout = (None, size.width, size.height)
+        self.last_text = text
         self.last_draw_seconds = time.perf_counter() - started
         self._last_draw_at = time.monotonic()
         self.draws += 1
@@ -69,12 +167,12 @@ class LossPlot(Widget):
         return text
 
     def data_changed(self) -> None:
-        """New points: redraw soon (at once if the last drawing was cheap)."""
+        """New points: redraw soon (at once if the last drawing was cheap, or showed no points yet)."""
         if self.redraw_pending:
             return
         wait = min(max(self.last_draw_seconds * REDRAW_FACTOR, MIN_REDRAW_INTERVAL), MAX_REDRAW_INTERVAL)
         delay = self._last_draw_at + wait - time.monotonic()
-        if delay <= 0:
+        if delay <= 0 or self.drawn_points == 0:  # the first points are drawn at once: the first screen
             self.refresh()
             return
         self.redraw_pending = True
@@ -86,6 +184,7 @@ class LossPlot(Widget):
 
     def set_history(self, history: RunHistory) -> None:
         self.history = history
+        self.zoom = self.cursor = None
         self.refresh()
 
     # -- view settings (the dashboard's keys) ---------------------------------------------------------
@@ -94,6 +193,10 @@ class LossPlot(Widget):
         self.refresh()
         return self.options.smooth
 
+    def set_smoothing(self, on: bool) -> None:
+        self.options = replace(self.options, smooth=on)
+        self.refresh()
+
     def toggle_log(self) -> bool:
         self.options = replace(self.options, log=not self.options.log)
         self.refresh()
@@ -101,6 +204,7 @@ class LossPlot(Widget):
 
     def show_window(self, window: int | None) -> None:
         self.options = replace(self.options, window=window)
+        self.zoom = None
         self.refresh()
 
     def next_view(self) -> str:
@@ -108,3 +212,140 @@ class LossPlot(Widget):
         self.view = names[(names.index(self.view) + 1) % len(names)]
         self.refresh()
         return self.view
+
+    def next_chart(self) -> str:
+        """The grid, then each chart alone, then the grid again (where it fits; else chart after chart)."""
+        if self.chart is None:
+            self.chart = 1 if self.shape() is None else 0
+        elif self.chart + 1 < len(GROUPS):
+            self.chart += 1
+        else:
+            self.chart = None if self.shape() is not None else 0
+        self.refresh()
+        return self.chart_name()
+
+    def toggle_wall_time(self) -> bool:
+        self.options = replace(self.options, wall_time=not self.options.wall_time)
+        self.zoom = self.cursor = None  # both are in the other axis's units
+        self.refresh()
+        return self.options.wall_time
+
+    def zoom_by(self, factor: float, centre: float | None = None) -> tuple[float, float] | None:
+        """Zoom the x axis by `factor` (> 1 in, < 1 out) about `centre` (default: the cursor, else the
+        middle), inside the data's range; all of it again once zoomed out that far."""
+        span, full = self.span(), self.full_range()
+        if span is None or full is None:
+            return None
+        lo, hi = span
+        if centre is None:
+            centre = self.cursor if self.cursor is not None and lo <= self.cursor <= hi else (lo + hi) / 2
+        width = max((hi - lo) / factor, 2.0)
+        if width >= (full[1] - full[0]) * (1 - 1e-9):
+            self.zoom = None
+        else:
+            share = (centre - lo) / (hi - lo) if hi > lo else 0.5
+            self.zoom = self._clamped(centre - width * share, width, full)
+        self.refresh()
+        return self.zoom
+
+    def pan(self, direction: int) -> tuple[float, float] | None:
+        """Move the x range a quarter of its width left (-1) or right (+1), inside the data's range."""
+        span, full = self.span(), self.full_range()
+        if span is None or full is None:
+            return None
+        width = span[1] - span[0]
+        if width >= (full[1] - full[0]) * (1 - 1e-9):
+            return self.zoom
+        self.zoom = self._clamped(span[0] + direction * width * PAN_FRACTION, width, full)
+        self.refresh()
+        return self.zoom
+
+    @staticmethod
+    def _clamped(lo: float, width: float, full: tuple[float, float]) -> tuple[float, float]:
+        lo = min(max(lo, full[0]), full[1] - width)
+        return lo, lo + width
+
+    def reset_zoom(self) -> None:
+        self.zoom = None
+        self.refresh()
+
+    def toggle_cursor(self) -> float | None:
+        """The cursor on, at the logged step nearest the middle of the view; or off."""
+        span = self.span()
+        self.cursor = None if self.cursor is not None or span is None else self._snap((span[0] + span[1]) / 2)
+        self.refresh()
+        return self.cursor
+
+    def move_cursor(self, direction: int) -> float | None:
+        """To the logged step nearest one cell left or right (at least the next one); past the edge of a
+        zoomed view the view pans with it."""
+        span = self.span()
+        if self.cursor is None or span is None:
+            return None
+        cells = max(self._chart_width() - Y_LABEL_WIDTH, 1)
+        moved = self._snap(self.cursor + direction * (span[1] - span[0]) / cells)
+        if (moved - self.cursor) * direction <= 0:
+            moved = self._snap(self.cursor, direction)
+        self.cursor = moved
+        if not span[0] <= self.cursor <= span[1]:
+            self.pan(direction)
+        self.refresh()
+        return self.cursor
+
+    def _snap(self, at: float, beyond: int = 0) -> float:
+        """The x of the logged step nearest `at` (beyond: the first strictly right (+1) or left (-1) of
+        it), so the readout is of a real point; `at` itself where there is none."""
+        table = self.history.steps
+        xs = table.t.view if self.options.wall_time else table.x.view
+        found: list[float] = []
+        for begin, end in table.segment_bounds():
+            part = xs[begin:end]
+            if part.size == 0:
+                continue
+            if beyond > 0:
+                i = int(np.searchsorted(part, at, "right"))
+                found += [float(part[i])] if i < part.size else []
+            elif beyond < 0:
+                i = int(np.searchsorted(part, at, "left")) - 1
+                found += [float(part[i])] if i >= 0 else []
+            else:
+                i = int(np.searchsorted(part, at))
+                found += [float(part[j]) for j in (i - 1, i) if 0 <= j < part.size]
+        found = [x for x in found if np.isfinite(x)]
+        if not found:
+            return at
+        return min(found, key=lambda x: abs(x - at))
+
+    def _chart_width(self) -> int:
+        shape, width, _height = self._layout
+        if shape is None:
+            return width or self.content_size.width
+        return (width - (shape[0] - 1)) // shape[0]
+
+    def x_at(self, column: int) -> float | None:
+        """The x under a column of this widget (in whichever chart of the grid it falls)."""
+        span = self.span()
+        if span is None:
+            return None
+        cell_w = self._chart_width()
+        inside = column % (cell_w + 1) if self._layout[0] is not None else column
+        plot_w = max(cell_w - Y_LABEL_WIDTH, 1)
+        fraction = min(max((inside - Y_LABEL_WIDTH + 0.5) / plot_w, 0.0), 1.0)
+        return span[0] + fraction * (span[1] - span[0])
+
+    # -- the mouse: the wheel zooms about the pointer, sideways scrolling pans ---------------------------
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        event.stop()
+        self.zoom_by(ZOOM_FACTOR, self.x_at(event.x))
+
+    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        event.stop()
+        self.zoom_by(1 / ZOOM_FACTOR, self.x_at(event.x))
+
+    def on_mouse_scroll_left(self, event: events.MouseScrollLeft) -> None:
+        event.stop()
+        self.pan(-1)
+
+    def on_mouse_scroll_right(self, event: events.MouseScrollRight) -> None:
+        event.stop()
+        self.pan(1)

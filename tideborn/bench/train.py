@@ -1,4 +1,4 @@
-"""Benchmarks that print figures (never pass/fail): `python -m tideborn.tools.bench train-overhead`.
+"""Benchmarks that print figures (never pass/fail): `python -m tideborn.bench.train train-overhead`.
 
 train-overhead runs the real trainer (events on, default checkpoint cadence) and a minimal hand-written
 PyTorch loop on the same model, batch and synthetic data, alternating, several repetitions in one
@@ -123,7 +123,7 @@ def train_overhead(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tideborn.tools.bench")
+    parser = argparse.ArgumentParser(prog="python -m tideborn.bench.train")
     sub = parser.add_subparsers(dest="command", required=True)
     overhead = sub.add_parser("train-overhead", help="trainer vs a hand-written loop, positions/s")
     overhead.add_argument("--network", default="resnet5x64")

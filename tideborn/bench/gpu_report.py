@@ -1,4 +1,4 @@
-"""results.md for `tideborn.tools.bench_gpu`: the figures of results.json as Markdown tables (no torch)."""
+"""results.md for `tideborn.bench.gpu`: the figures of results.json as Markdown tables (no torch)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Data-pipeline benchmarks that print figures (never pass/fail).
 
-    python -m tideborn.tools.bench_data pipeline [--file X.hcpe] [--workers 0,1,2]
-    python -m tideborn.tools.bench_data wait --config configs/smoke-teacher.toml
+    python -m tideborn.bench.data pipeline [--file X.hcpe] [--workers 0,1,2]
+    python -m tideborn.bench.data wait --config configs/smoke-teacher.toml
 
 `pipeline` times positions/s into ready tensors: `TeacherBatches` with each worker count against the
 naive loop a user would write (per record: `board.set_hcp`, `make_input_features`, `make_move_label` into
@@ -160,7 +160,7 @@ def command_wait(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m tideborn.tools.bench_data", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m tideborn.bench.data", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     pipeline = sub.add_parser("pipeline", help="positions/s of the pipeline against the naive loop")
     pipeline.add_argument("--file", type=Path, help="hcpe file to read (default: random games, --positions)")

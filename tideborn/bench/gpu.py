@@ -1,6 +1,6 @@
 """GPU check: the smoke config on CUDA, then a training-throughput sweep of the fast-path switches.
 
-`python -m tideborn.tools.bench_gpu --out OUTDIR [--quick] [--peak-tflops N]` (scripts/gpu-check.sh
+`python -m tideborn.bench.gpu --out OUTDIR [--quick] [--peak-tflops N]` (scripts/gpu-check.sh
 runs it). It prints and writes figures, never pass/fail: OUTDIR/results.json and OUTDIR/results.md.
 
 The smoke part is a real `tideborn train` process with `runtime.device="cuda"`. The sweep times the
@@ -34,11 +34,11 @@ from pathlib import Path
 import torch
 
 import tideborn
+from tideborn.bench.gpu_report import render_markdown
 from tideborn.config import load_settings
 from tideborn.config.schema import RuntimeSettings
 from tideborn.events import read_events
 from tideborn.rundir import EVENTS_FILE
-from tideborn.tools.bench_gpu_report import render_markdown
 from tideborn.trainer.device import resolve_device
 from tideborn.trainer.model import build_model
 from tideborn.trainer.rank import DistEnv
@@ -162,7 +162,7 @@ def teacher_run(device: str, out: Path, timeout_seconds: float) -> dict:
 
     if importlib.util.find_spec("cshogi") is None:
         return {"skipped": "cshogi is not installed here (carry its wheel to run the teacher-data path)"}
-    from tideborn.tools.bench_data import random_game_records  # imports cshogi
+    from tideborn.bench.data import random_game_records  # imports cshogi
 
     with tempfile.TemporaryDirectory(prefix="tideborn-teacher-data-") as scratch:
         data = Path(scratch) / "random-play.hcpe"
@@ -399,7 +399,7 @@ def describe_row(row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tideborn.tools.bench_gpu", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tideborn.bench.gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for results.json and results.md")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="one batch size, fewer and shorter repetitions")
@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"tool": "tideborn.tools.bench_gpu", "tideborn": tideborn.__version__, "quick": args.quick,
+    results: dict = {"tool": "tideborn.bench.gpu", "tideborn": tideborn.__version__, "quick": args.quick,
                      "started_at": time.time(), "device": device_info(args.device, args.peak_tflops),
                      "smoke": None, "teacher": None, "models": {}, "sweep": [], "finished": False}
 

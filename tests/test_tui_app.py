@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,6 +207,52 @@ async def test_a_replaced_events_file_starts_the_curves_over(fixture_run):
         os.replace(fresh, fixture_run / "events.jsonl")  # what --fresh does: the old file is archived
         await until(pilot, lambda: len(screen.history.series["loss"]) == 1, "the curves to start over")
         assert screen.history.series["loss"].y.view[0] == 9.0 and screen.history.markers == []
+
+
+def later_steps(first: int, last: int, when: float) -> bytes:
+    """Step events after the fixture's last one (step 400), 2 s apart from `when`."""
+    return b"".join(encode_event("step", {"step": step, "loss": 1.0 + step / 1000, "policy_loss": 0.8,
+                                          "value_loss": 0.2}, now=when + 2.0 * i)
+                    for i, step in enumerate(range(first, last + 1, 5)))
+
+
+async def test_a_rotated_events_file_keeps_the_curves_read_before(fixture_run):
+    """logrotate's copytruncate under a live run: the points read before stay, the new file's follow."""
+    events = fixture_run / "events.jsonl"
+    async with app_for(fixture_run, follow=True).run_test(size=(120, 40)) as pilot:
+        screen = await attached(pilot)
+        before = screen.plot.history.steps.x.view.copy()
+        markers = list(screen.plot.history.markers)
+        evals = len(screen.plot.history.series["eval_policy_loss"])
+        assert evals and before.size > 50 and before[-1] == 400
+        shutil.copyfile(events, fixture_run / "events.jsonl.1")  # copytruncate: copy, then truncate in place
+        with open(events, "r+b") as handle:
+            handle.truncate(0)
+            handle.write(later_steps(405, 420, FIXTURE_NOW))
+        await until(pilot, lambda: screen.plot.history.steps.x.view[-1:].tolist() == [420.0], "the new steps")
+        steps = screen.plot.history.steps.x.view
+        assert steps[:before.size].tolist() == before.tolist()  # the curve read before the rotation is kept
+        assert steps[before.size:].tolist() == [405.0, 410.0, 415.0, 420.0]
+        assert screen.plot.history.markers == markers
+        assert len(screen.plot.history.series["eval_policy_loss"]) == evals
+
+
+async def test_a_replaced_events_file_that_repeats_events_adds_only_the_new_ones(fixture_run):
+    """A rotation that replaces events.jsonl with a file holding the last events already read and new ones:
+    each step is drawn once."""
+    events = fixture_run / "events.jsonl"
+    lines = events.read_bytes().split(b"\n")[:-1]  # without the fixture's torn last line
+    async with app_for(fixture_run, follow=True).run_test(size=(120, 40)) as pilot:
+        screen = await attached(pilot)
+        before = screen.plot.history.steps.x.view.copy()
+        evals = len(screen.plot.history.series["eval_policy_loss"])
+        replaced = fixture_run / "events.new"
+        replaced.write_bytes(b"\n".join(lines[-30:]) + b"\n" + later_steps(405, 415, FIXTURE_NOW))
+        os.replace(replaced, events)
+        await until(pilot, lambda: screen.plot.history.steps.x.view[-1:].tolist() == [415.0], "the new steps")
+        steps = screen.plot.history.steps.x.view
+        assert steps.tolist() == before.tolist() + [405.0, 410.0, 415.0]
+        assert len(screen.plot.history.series["eval_policy_loss"]) == evals
 
 
 async def test_a_replaced_log_is_read_from_its_start(fixture_run):

@@ -176,6 +176,58 @@ class RunHistory:
         return [a for a in found if a is not None][-limit:]
 
 
+def starts_a_new_run(first: dict) -> bool:
+    """Does a file read again from the top (replaced or truncated) that begins with `first` hold a run
+    of its own from its start? Yes for a `run_started` that is not a resume (--fresh, a new run, or the
+    same run's file replaced whole): the curves start over from it. No otherwise (log rotation under a
+    run: the new file begins mid-run, or with a resumed session's `run_started`): the curves go on."""
+    return first.get("kind") == "run_started" and (bool(first.get("fresh")) or not first.get("resumed_from"))
+
+
+class SeenEvents:
+    """Which events a rotated events.jsonl repeats. The boundary is the latest event time read before the
+    rotation (with the (kind, step) pairs read at that very time): after a rotation, events up to it are
+    ones already folded (a replaced file holding the old events and new ones) and are dropped, until the
+    first later one; from then on all pass. Time, not step, is the key because a resume makes steps go
+    back while the trainer's event times only go forward. An event without a time falls back to its
+    step: dropped while its step is not past the last one read."""
+
+    def __init__(self) -> None:
+        self.last_time: float | None = None
+        self.last_step: int | None = None
+        self._at_last: set[tuple[object, object]] = set()
+        self._boundary: tuple[float | None, int | None, frozenset] | None = None
+
+    def hold_back(self) -> None:
+        """The file was rotated: drop what repeats events read so far."""
+        if self.last_time is not None or self.last_step is not None:
+            self._boundary = (self.last_time, self.last_step, frozenset(self._at_last))
+
+    def unseen(self, events: list[dict]) -> list[dict]:
+        kept = []
+        for event in events:
+            key = (event.get("kind"), event.get("step"))
+            when, step = as_float(event.get("time")), event.get("step")
+            if self._boundary is not None:
+                last_time, last_step, at_last = self._boundary
+                if when is not None and last_time is not None:
+                    repeated = when < last_time or (when == last_time and key in at_last)
+                else:
+                    repeated = isinstance(step, int) and last_step is not None and step <= last_step
+                if repeated:
+                    continue
+                self._boundary = None
+            kept.append(event)
+            if when is not None and (self.last_time is None or when >= self.last_time):
+                if when != self.last_time:
+                    self._at_last = set()
+                self.last_time = when
+                self._at_last.add(key)
+            if isinstance(step, int):
+                self.last_step = step
+        return kept
+
+
 # The trainer writes step events as compact JSON with these fields first, in this order; lines in that
 # form are read with one regex pass over a chunk instead of json.loads per line (ten times faster on a
 # two-million-step run). Any other form falls back to json.loads.

@@ -22,7 +22,7 @@ from tideborn.humanize import duration
 from tideborn.runcontrol import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
 from tideborn.rundir import LAUNCH_FILE, list_checkpoints
 from tui.follow import RunFollower, follow
-from tui.history import RunHistory, load_history
+from tui.history import RunHistory, SeenEvents, load_history, starts_a_new_run
 from tui.messages import (
     AnomaliesFound,
     EventsArrived,
@@ -113,6 +113,9 @@ class DashboardScreen(Screen):
         """events.jsonl and the offset where the tail read first begins (a long run), else None."""
         self._generation = 0
         self._events_seen = False
+        self._reset_pending = False
+        """events.jsonl was read again from the top and its first event has not arrived yet."""
+        self._seen = SeenEvents()
         self._launched: list[subprocess.Popen] = []
         self._offered: tuple[bool, bool] | None = None
         """What the footer last offered: (a stop in progress, a plan to start)."""
@@ -176,20 +179,32 @@ class DashboardScreen(Screen):
             self.post_message(HistoryLoaded(history, generation))
 
     def on_events_arrived(self, message: EventsArrived) -> None:
-        if message.reset:  # events.jsonl was replaced (--fresh) or truncated: it is read again from the top
+        events = message.events
+        if message.reset:  # events.jsonl was replaced or truncated: it is read again from the top
+            # A history read in flight read the old file: its result is dropped. Whether the new file is
+            # a new run or the same run rotated is told by its first event, which may not be there yet
+            # (copytruncate leaves it empty).
             self._generation += 1
-            self.history = RunHistory(self.options.smoothing)
-            self.plot.set_history(self.history)
-            self.plot.anomaly_markers.clear()
-            self._first_event_kind = None
+            self._reset_pending = True
             self.header.note = ""
-            self.ready.set()  # the new file is read whole, from its first byte
-        if message.events and self._first_event_kind is None:
-            self._first_event_kind = str(message.events[0].get("kind"))
-        if self.history.add(message.events):
+            self.ready.set()
+        if self._reset_pending and events:
+            self._reset_pending = False
+            if starts_a_new_run(events[0]):  # --fresh, or a file that holds the run whole from its start
+                self.history = RunHistory(self.options.smoothing)
+                self.plot.set_history(self.history)
+                self.plot.anomaly_markers.clear()
+                self._first_event_kind = None
+                self._seen = SeenEvents()
+            else:  # rotated under the run: the curve so far stays, the new file's events go after it
+                self._seen.hold_back()
+        events = self._seen.unseen(events)
+        if events and self._first_event_kind is None:
+            self._first_event_kind = str(events[0].get("kind"))
+        if self.history.add(events):
             self.plot.data_changed()
         if self._events_seen:
-            self._announce(message.events)
+            self._announce(events)
         self._events_seen = True
 
     def _announce(self, events: list[dict]) -> None:

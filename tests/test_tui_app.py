@@ -27,6 +27,7 @@ from tideborn.events import encode_event
 from tideborn.runfiles import PidRecord, this_host
 from tui.app import create_app, main
 from tui.gpu import NvmlProbe
+from tui.history import load_history
 from tui.options import TuiOptions, parse_options
 from tui.plan import LaunchPlan
 from tui.screens.confirm import ConfirmScreen
@@ -253,6 +254,40 @@ async def test_a_replaced_events_file_that_repeats_events_adds_only_the_new_ones
         steps = screen.plot.history.steps.x.view
         assert steps.tolist() == before.tolist() + [405.0, 410.0, 415.0]
         assert len(screen.plot.history.series["eval_policy_loss"]) == evals
+
+
+def rotate_fixture(run_dir: Path, run_dir_named: str) -> list[float]:
+    """Split the fixture's events.jsonl as copytruncate leaves it: the first 60 lines in events.jsonl.1
+    (its run_started naming `run_dir_named`), the rest in events.jsonl. Returns the steps of the whole."""
+    events = run_dir / "events.jsonl"
+    whole = load_history(events, events.stat().st_size, 0.9)
+    lines = events.read_bytes().split(b"\n")
+    head = json.loads(lines[0])
+    head["run_dir"] = run_dir_named
+    (run_dir / "events.jsonl.1").write_bytes(b"\n".join([json.dumps(head).encode(), *lines[1:60]]) + b"\n")
+    events.write_bytes(b"\n".join(lines[60:]))
+    return whole.steps.x.view.tolist()
+
+
+async def test_opened_after_a_rotation_the_rotated_away_file_is_read_first(fixture_run):
+    whole = rotate_fixture(fixture_run, str(fixture_run))
+    async with app_for(fixture_run).run_test(size=(120, 40)) as pilot:
+        screen = await attached(pilot)
+        assert screen.plot.history.steps.x.view.tolist() == whole
+
+
+@pytest.mark.parametrize("case", ["another run", "a symlink"])
+async def test_a_rotated_away_file_of_another_run_or_a_symlink_is_not_read(fixture_run, tmp_path, case):
+    other = tmp_path / "other"
+    other.mkdir()
+    whole = rotate_fixture(fixture_run, str(other if case == "another run" else fixture_run))
+    if case == "a symlink":
+        os.replace(fixture_run / "events.jsonl.1", tmp_path / "elsewhere.jsonl")
+        (fixture_run / "events.jsonl.1").symlink_to(tmp_path / "elsewhere.jsonl")
+    async with app_for(fixture_run).run_test(size=(120, 40)) as pilot:
+        screen = await attached(pilot)
+        steps = screen.plot.history.steps.x.view.tolist()
+        assert steps and steps == whole[len(whole) - len(steps):] and len(steps) < len(whole)
 
 
 async def test_a_replaced_log_is_read_from_its_start(fixture_run):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
+import stat
 import typing
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import numpy as np
 
 from tideborn.anomaly import Anomaly, nonfinite_loss
 from tideborn.events import as_float, loads_bounded, open_regular
+from tideborn.runfiles import first_event
 from tui.plotting import Marker
 from tui.series import Column, ColumnSpec, Series, StepTable
 
@@ -182,6 +185,39 @@ def starts_a_new_run(first: dict) -> bool:
     same run's file replaced whole): the curves start over from it. No otherwise (log rotation under a
     run: the new file begins mid-run, or with a resumed session's `run_started`): the curves go on."""
     return first.get("kind") == "run_started" and (bool(first.get("fresh")) or not first.get("resumed_from"))
+
+
+ROTATED_SUFFIX = ".1"
+"""logrotate's name for the file it rotated away (events.jsonl.1); a compressed one (.1.gz) is not read."""
+
+
+def rotated_away(events_path: Path) -> Path | None:
+    """events.jsonl.1 beside `events_path` when it holds the same run's earlier events, to be read before
+    it (a monitor opened after a rotation then shows the whole curve); else None. Only when all of these
+    hold: it is a regular file, not a symlink; events.jsonl does not hold the run whole from its start
+    (`starts_a_new_run`); events.jsonl.1 begins with `run_started` naming this very directory (`run_dir`,
+    an absolute path the trainer writes); and it began no later than events.jsonl. The two are taken to be
+    disjoint, as logrotate makes them (copytruncate or create): nothing is deduplicated between them."""
+    previous = events_path.with_name(events_path.name + ROTATED_SUFFIX)
+    try:
+        if not stat.S_ISREG(os.lstat(previous).st_mode):
+            return None  # a symlink, a FIFO, a directory: not followed
+    except OSError:
+        return None  # none there (the usual case), or not readable
+    current = first_event(events_path)
+    if current is None or starts_a_new_run(current):
+        return None
+    head = first_event(previous)
+    if head is None or head.get("kind") != "run_started" or not isinstance(head.get("run_dir"), str):
+        return None
+    try:
+        same_run_dir = os.path.samefile(head["run_dir"], events_path.parent)
+    except OSError:  # that directory is gone, or another machine's path: another run
+        return None
+    began, now = as_float(head.get("time")), as_float(current.get("time"))
+    if not same_run_dir or began is None or now is None or began > now:
+        return None
+    return previous
 
 
 class SeenEvents:

@@ -111,15 +111,6 @@ class ExportJob:
         remove_stale_temps(self.out)
 
 
-def run_export(checkpoint: Path, out: Path) -> tuple[bool, str]:
-    """Run `tideborn export` for `checkpoint` and wait for it (blocking: call it in a worker)."""
-    try:
-        job = ExportJob(checkpoint, out)
-    except OSError as exc:
-        return False, f"cannot run tideborn export: {exc}"
-    return job.result()
-
-
 class ChoiceScreen(ModalScreen[str | None]):
     """What to do with a checkpoint: resume from it, export it, or nothing."""
 
@@ -194,8 +185,9 @@ class CheckpointScreen(Screen):
             "are the run's step-XXXXXXXXX.pt files, newest first (the one a plain start resumes from), with their "
             "size and age. Enter on one asks what to do with it; r resumes the run from it (train --resume, after "
             "the start checks and a y/n question; not while the run is live); x exports it to ONNX (tideborn "
-            "export runs in the background; a notification says how it went). Resuming from an older checkpoint "
-            "abandons the newer ones: the trainer moves them to archive/branch-*.")
+            "export runs in the background; a notification says how it went; q while it runs asks, then stops "
+            "it). Resuming from an older checkpoint abandons the newer ones: the trainer moves them to "
+            "archive/branch-*.")
     BINDINGS = [
         Binding("r", "resume", "Resume from"),
         # While the run is live, or without a plan to start with, r is not offered; pressed, it says why.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from tideborn.events import encode_event
 from tideborn.runfiles import PidRecord, this_host
 from tui.app import create_app, main
 from tui.gpu import NvmlProbe
+from tui.history import load_history
 from tui.options import TuiOptions, parse_options
 from tui.plan import LaunchPlan
 from tui.screens.confirm import ConfirmScreen
@@ -206,6 +208,86 @@ async def test_a_replaced_events_file_starts_the_curves_over(fixture_run):
         os.replace(fresh, fixture_run / "events.jsonl")  # what --fresh does: the old file is archived
         await until(pilot, lambda: len(screen.history.series["loss"]) == 1, "the curves to start over")
         assert screen.history.series["loss"].y.view[0] == 9.0 and screen.history.markers == []
+
+
+def later_steps(first: int, last: int, when: float) -> bytes:
+    """Step events after the fixture's last one (step 400), 2 s apart from `when`."""
+    return b"".join(encode_event("step", {"step": step, "loss": 1.0 + step / 1000, "policy_loss": 0.8,
+                                          "value_loss": 0.2}, now=when + 2.0 * i)
+                    for i, step in enumerate(range(first, last + 1, 5)))
+
+
+async def test_a_rotated_events_file_keeps_the_curves_read_before(fixture_run):
+    """logrotate's copytruncate under a live run: the points read before stay, the new file's follow."""
+    events = fixture_run / "events.jsonl"
+    async with app_for(fixture_run, follow=True).run_test(size=(120, 40)) as pilot:
+        screen = await attached(pilot)
+        before = screen.plot.history.steps.x.view.copy()
+        markers = list(screen.plot.history.markers)
+        evals = len(screen.plot.history.series["eval_policy_loss"])
+        assert evals and before.size > 50 and before[-1] == 400
+        shutil.copyfile(events, fixture_run / "events.jsonl.1")  # copytruncate: copy, then truncate in place
+        with open(events, "r+b") as handle:
+            handle.truncate(0)
+            handle.write(later_steps(405, 420, FIXTURE_NOW))
+        await until(pilot, lambda: screen.plot.history.steps.x.view[-1:].tolist() == [420.0], "the new steps")
+        steps = screen.plot.history.steps.x.view
+        assert steps[:before.size].tolist() == before.tolist()  # the curve read before the rotation is kept
+        assert steps[before.size:].tolist() == [405.0, 410.0, 415.0, 420.0]
+        assert screen.plot.history.markers == markers
+        assert len(screen.plot.history.series["eval_policy_loss"]) == evals
+
+
+async def test_a_replaced_events_file_that_repeats_events_adds_only_the_new_ones(fixture_run):
+    """A rotation that replaces events.jsonl with a file holding the last events already read and new ones:
+    each step is drawn once."""
+    events = fixture_run / "events.jsonl"
+    lines = events.read_bytes().split(b"\n")[:-1]  # without the fixture's torn last line
+    async with app_for(fixture_run, follow=True).run_test(size=(120, 40)) as pilot:
+        screen = await attached(pilot)
+        before = screen.plot.history.steps.x.view.copy()
+        evals = len(screen.plot.history.series["eval_policy_loss"])
+        replaced = fixture_run / "events.new"
+        replaced.write_bytes(b"\n".join(lines[-30:]) + b"\n" + later_steps(405, 415, FIXTURE_NOW))
+        os.replace(replaced, events)
+        await until(pilot, lambda: screen.plot.history.steps.x.view[-1:].tolist() == [415.0], "the new steps")
+        steps = screen.plot.history.steps.x.view
+        assert steps.tolist() == before.tolist() + [405.0, 410.0, 415.0]
+        assert len(screen.plot.history.series["eval_policy_loss"]) == evals
+
+
+def rotate_fixture(run_dir: Path, run_dir_named: str) -> list[float]:
+    """Split the fixture's events.jsonl as copytruncate leaves it: the first 60 lines in events.jsonl.1
+    (its run_started naming `run_dir_named`), the rest in events.jsonl. Returns the steps of the whole."""
+    events = run_dir / "events.jsonl"
+    whole = load_history(events, events.stat().st_size, 0.9)
+    lines = events.read_bytes().split(b"\n")
+    head = json.loads(lines[0])
+    head["run_dir"] = run_dir_named
+    (run_dir / "events.jsonl.1").write_bytes(b"\n".join([json.dumps(head).encode(), *lines[1:60]]) + b"\n")
+    events.write_bytes(b"\n".join(lines[60:]))
+    return whole.steps.x.view.tolist()
+
+
+async def test_opened_after_a_rotation_the_rotated_away_file_is_read_first(fixture_run):
+    whole = rotate_fixture(fixture_run, str(fixture_run))
+    async with app_for(fixture_run).run_test(size=(120, 40)) as pilot:
+        screen = await attached(pilot)
+        assert screen.plot.history.steps.x.view.tolist() == whole
+
+
+@pytest.mark.parametrize("case", ["another run", "a symlink"])
+async def test_a_rotated_away_file_of_another_run_or_a_symlink_is_not_read(fixture_run, tmp_path, case):
+    other = tmp_path / "other"
+    other.mkdir()
+    whole = rotate_fixture(fixture_run, str(other if case == "another run" else fixture_run))
+    if case == "a symlink":
+        os.replace(fixture_run / "events.jsonl.1", tmp_path / "elsewhere.jsonl")
+        (fixture_run / "events.jsonl.1").symlink_to(tmp_path / "elsewhere.jsonl")
+    async with app_for(fixture_run).run_test(size=(120, 40)) as pilot:
+        screen = await attached(pilot)
+        steps = screen.plot.history.steps.x.view.tolist()
+        assert steps and steps == whole[len(whole) - len(steps):] and len(steps) < len(whole)
 
 
 async def test_a_replaced_log_is_read_from_its_start(fixture_run):

@@ -507,3 +507,49 @@ async def test_export_failure_is_one_line(tmp_path, monkeypatch):
     assert message.startswith("exit status 2: tideborn export: ") and "step-000000100.pt" in message, message
     assert "\n" not in message
     assert not (tmp_path / "run-step-000000100.onnx").exists()
+
+
+def export_children() -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "export" in child.cmdline():
+                found.append(child)
+        except psutil.NoSuchProcess:  # ended while listed
+            continue
+    return found
+
+
+@pytest.mark.slow
+async def test_quitting_during_an_export_asks_then_stops_it_and_leaves_no_file(template_run, tmp_path, monkeypatch):
+    """A real `tideborn export` running when q is pressed: a y/n question, then the export is stopped (no
+    process left behind, no ONNX file, no temp file)."""
+    run_dir = copy_run(template_run, tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    app = create_app(options(run_dir=run_dir, clock=time.time))
+    exporting: list[psutil.Process] = []
+    try:
+        async with app.run_test(size=(110, 32)) as pilot:
+            await dashboard(pilot)
+            await pilot.press("k")
+            await pilot.pause()
+            await pilot.press("x", "enter")
+            exporting = await until(pilot, export_children, "tideborn export to start")
+            assert all(p.is_running() for p in exporting)  # still importing torch: caught mid-way
+            await pilot.press("q")
+            question = await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen) and pilot.app.screen,
+                                   "the question", timeout=30)
+            assert "an export is running" in question.question and "quit and stop it?" in question.question
+            await pilot.press("y")
+            await until(pilot, lambda: not pilot.app.is_running, "the app to quit")
+        assert exporting and not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in exporting)
+        assert not export_children()
+        assert not (tmp_path / "run-step-000000004.onnx").exists()
+        assert not list(tmp_path.glob(".*.tmp-*"))
+    finally:
+        for process in exporting + export_children():  # the old code left it running: end it here
+            try:
+                process.kill()
+                process.wait(30)
+            except psutil.NoSuchProcess:
+                pass

@@ -48,6 +48,9 @@ class TidebornApp(App[None]):
         self.options = options
         self._exiting = False
         self.plan: LaunchPlan | None = options.plan
+        self.exports: list = []
+        """`tideborn export` jobs started from the checkpoint screen (tui.screens.checkpoints.ExportJob)
+        still running: quitting asks first, and every way out stops them."""
         """What the start key launches; the override editor replaces it."""
         if options.ascii:
             self.add_class("-ascii")
@@ -110,6 +113,34 @@ class TidebornApp(App[None]):
         watchdog = threading.Timer(EXIT_GRACE_SECONDS, os._exit, (status,))
         watchdog.daemon = True
         watchdog.start()
+
+    async def action_quit(self) -> None:
+        """Quit; while an export runs, ask first (quitting stops it: nothing would be left to report it)."""
+        from tui.screens.confirm import ConfirmScreen
+
+        running = [job for job in self.exports if job.running()]
+        if not running:
+            self.exit()
+            return
+        if isinstance(self.screen, ConfirmScreen):
+            return  # a question is already open
+        names = ", ".join(str(job.out) for job in running)
+        what = "an export is" if len(running) == 1 else f"{len(running)} exports are"
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.exit()
+
+        self.push_screen(ConfirmScreen(f"{what} running ({names}): quit and stop it? Its file is not written."),
+                         answer)
+
+    def exit(self, result: None = None, return_code: int = 0, message: typing.Any = None) -> None:
+        """Every way out (the quit key, SIGTERM, SIGHUP, the terminal gone) stops the exports still running
+        first, so that none goes on alone or leaves a partial file (ExportJob.stop)."""
+        for job in list(self.exports):
+            job.stop()
+        self.exports.clear()
+        super().exit(result, return_code, message)
 
     def action_help(self) -> None:
         from tui.screens.help import TextScreen, help_text

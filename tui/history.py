@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
+import stat
 import typing
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import numpy as np
 
 from tideborn.anomaly import Anomaly, nonfinite_loss
 from tideborn.events import as_float, loads_bounded, open_regular
+from tideborn.runfiles import first_event
 from tui.plotting import Marker
 from tui.series import Column, ColumnSpec, Series, StepTable
 
@@ -174,6 +177,91 @@ class RunHistory:
                 bad.setdefault(step, {})[name] = {0: "nan", 1: "inf", -1: "-inf"}.get(int(sign), "nan")
         found = [nonfinite_loss({"kind": "step", "step": step, **values}) for step, values in sorted(bad.items())]
         return [a for a in found if a is not None][-limit:]
+
+
+def starts_a_new_run(first: dict) -> bool:
+    """Does a file read again from the top (replaced or truncated) that begins with `first` hold a run
+    of its own from its start? Yes for a `run_started` that is not a resume (--fresh, a new run, or the
+    same run's file replaced whole): the curves start over from it. No otherwise (log rotation under a
+    run: the new file begins mid-run, or with a resumed session's `run_started`): the curves go on."""
+    return first.get("kind") == "run_started" and (bool(first.get("fresh")) or not first.get("resumed_from"))
+
+
+ROTATED_SUFFIX = ".1"
+"""logrotate's name for the file it rotated away (events.jsonl.1); a compressed one (.1.gz) is not read."""
+
+
+def rotated_away(events_path: Path) -> Path | None:
+    """events.jsonl.1 beside `events_path` when it holds the same run's earlier events, to be read before
+    it (a monitor opened after a rotation then shows the whole curve); else None. Only when all of these
+    hold: it is a regular file, not a symlink; events.jsonl does not hold the run whole from its start
+    (`starts_a_new_run`); events.jsonl.1 begins with `run_started` naming this very directory (`run_dir`,
+    an absolute path the trainer writes); and it began no later than events.jsonl. The two are taken to be
+    disjoint, as logrotate makes them (copytruncate or create): nothing is deduplicated between them."""
+    previous = events_path.with_name(events_path.name + ROTATED_SUFFIX)
+    try:
+        if not stat.S_ISREG(os.lstat(previous).st_mode):
+            return None  # a symlink, a FIFO, a directory: not followed
+    except OSError:
+        return None  # none there (the usual case), or not readable
+    current = first_event(events_path)
+    if current is None or starts_a_new_run(current):
+        return None
+    head = first_event(previous)
+    if head is None or head.get("kind") != "run_started" or not isinstance(head.get("run_dir"), str):
+        return None
+    try:
+        same_run_dir = os.path.samefile(head["run_dir"], events_path.parent)
+    except OSError:  # that directory is gone, or another machine's path: another run
+        return None
+    began, now = as_float(head.get("time")), as_float(current.get("time"))
+    if not same_run_dir or began is None or now is None or began > now:
+        return None
+    return previous
+
+
+class SeenEvents:
+    """Which events a rotated events.jsonl repeats. The boundary is the latest event time read before the
+    rotation (with the (kind, step) pairs read at that very time): after a rotation, events up to it are
+    ones already folded (a replaced file holding the old events and new ones) and are dropped, until the
+    first later one; from then on all pass. Time, not step, is the key because a resume makes steps go
+    back while the trainer's event times only go forward. An event without a time falls back to its
+    step: dropped while its step is not past the last one read."""
+
+    def __init__(self) -> None:
+        self.last_time: float | None = None
+        self.last_step: int | None = None
+        self._at_last: set[tuple[object, object]] = set()
+        self._boundary: tuple[float | None, int | None, frozenset] | None = None
+
+    def hold_back(self) -> None:
+        """The file was rotated: drop what repeats events read so far."""
+        if self.last_time is not None or self.last_step is not None:
+            self._boundary = (self.last_time, self.last_step, frozenset(self._at_last))
+
+    def unseen(self, events: list[dict]) -> list[dict]:
+        kept = []
+        for event in events:
+            key = (event.get("kind"), event.get("step"))
+            when, step = as_float(event.get("time")), event.get("step")
+            if self._boundary is not None:
+                last_time, last_step, at_last = self._boundary
+                if when is not None and last_time is not None:
+                    repeated = when < last_time or (when == last_time and key in at_last)
+                else:
+                    repeated = isinstance(step, int) and last_step is not None and step <= last_step
+                if repeated:
+                    continue
+                self._boundary = None
+            kept.append(event)
+            if when is not None and (self.last_time is None or when >= self.last_time):
+                if when != self.last_time:
+                    self._at_last = set()
+                self.last_time = when
+                self._at_last.add(key)
+            if isinstance(step, int):
+                self.last_step = step
+        return kept
 
 
 # The trainer writes step events as compact JSON with these fields first, in this order; lines in that

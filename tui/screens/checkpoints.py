@@ -4,6 +4,7 @@ and question) or to export as ONNX (`tideborn export`, in a subprocess that neve
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import typing
@@ -19,6 +20,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from tideborn.humanize import duration, shortened
+from tideborn.outputs import remove_stale_temps
 from tideborn.rundir import list_checkpoints
 from tideborn.tools.train_run import eval_figures
 from tui.options import TuiOptions
@@ -27,6 +29,9 @@ LIVE_STATES = ("running", "stalled")
 REFRESH_SECONDS = 2.0
 EXPORT_ARGV = [sys.executable, "-c", "import sys; from tideborn.cli import main; sys.exit(main())", "export"]
 """`tideborn export`, with this interpreter (the console script may not be on PATH)."""
+EXPORT_STOP_SECONDS = 3.0
+"""How long an export stopped by quitting has to end after SIGINT before it is killed (less than the
+app's EXIT_GRACE_SECONDS, so that a signalled app still stops it before its watchdog ends the process)."""
 
 
 @dataclass(frozen=True)
@@ -66,19 +71,44 @@ def export_command(checkpoint: Path, out: Path) -> list[str]:
     return [*EXPORT_ARGV, "--checkpoint", str(checkpoint), "--out", str(out)]
 
 
-def run_export(checkpoint: Path, out: Path) -> tuple[bool, str]:
-    """Run `tideborn export` for `checkpoint` (blocking: call it in a worker). (ok, one line to show)."""
-    try:
-        done = subprocess.run(export_command(checkpoint, out), stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, errors="replace", check=False)
-    except OSError as exc:
-        return False, f"cannot run tideborn export: {exc}"
-    said = [line.strip() for line in (done.stdout + "\n" + done.stderr).splitlines() if line.strip()]
-    if done.returncode == 0:
-        return True, f"wrote {out}" + (f": {said[-1]}" if said else "")
-    errors = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    reason = errors[-1] if errors else (said[-1] if said else "no output")
-    return False, shortened(f"exit status {done.returncode}: {reason}", 400)
+class ExportJob:
+    """`tideborn export` for one checkpoint, as a subprocess the app can wait for or stop (`stop`): the
+    app keeps its jobs (`TidebornApp.exports`) so that quitting never leaves one running on its own."""
+
+    def __init__(self, checkpoint: Path, out: Path) -> None:
+        self.checkpoint, self.out = checkpoint, out
+        self.stopped = False
+        """Stopped by the app (quitting): its result is not reported."""
+        self.process = subprocess.Popen(export_command(checkpoint, out), stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def result(self) -> tuple[bool, str]:
+        """Wait for it (blocking: call it in a worker). (ok, one line to show)."""
+        stdout, stderr = self.process.communicate()
+        said = [line.strip() for line in (stdout + "\n" + stderr).splitlines() if line.strip()]
+        if self.process.returncode == 0:
+            return True, f"wrote {self.out}" + (f": {said[-1]}" if said else "")
+        errors = [line.strip() for line in stderr.splitlines() if line.strip()]
+        reason = errors[-1] if errors else (said[-1] if said else "no output")
+        return False, shortened(f"exit status {self.process.returncode}: {reason}", 400)
+
+    def stop(self, grace: float = EXPORT_STOP_SECONDS) -> None:
+        """End it and leave no partial output. SIGINT first: tideborn export takes it as Ctrl-C and removes
+        its hidden temp file (tideborn.outputs.StagedOutputs; the ONNX file itself only ever appears whole,
+        by rename). SIGKILL if it has not ended after `grace` seconds (deep in native code), and then its
+        temp file is removed here, as the next export of that file would (`remove_stale_temps`)."""
+        self.stopped = True
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        remove_stale_temps(self.out)
 
 
 class ChoiceScreen(ModalScreen[str | None]):
@@ -155,8 +185,9 @@ class CheckpointScreen(Screen):
             "are the run's step-XXXXXXXXX.pt files, newest first (the one a plain start resumes from), with their "
             "size and age. Enter on one asks what to do with it; r resumes the run from it (train --resume, after "
             "the start checks and a y/n question; not while the run is live); x exports it to ONNX (tideborn "
-            "export runs in the background; a notification says how it went). Resuming from an older checkpoint "
-            "abandons the newer ones: the trainer moves them to archive/branch-*.")
+            "export runs in the background; a notification says how it went; q while it runs asks, then stops "
+            "it). Resuming from an older checkpoint abandons the newer ones: the trainer moves them to "
+            "archive/branch-*.")
     BINDINGS = [
         Binding("r", "resume", "Resume from"),
         # While the run is live, or without a plan to start with, r is not offered; pressed, it says why.
@@ -317,14 +348,30 @@ class CheckpointScreen(Screen):
         self.app.push_screen(ExportScreen(ck, suggestion), chosen)
 
     def start_export(self, ck: CheckpointFile, out: Path) -> None:
-        """`tideborn export` in a thread of the app's (it goes on, and reports, after this screen closes)."""
+        """`tideborn export` in a thread of the app's (it goes on, and reports, after this screen closes;
+        quitting the app asks first, then stops it: see TidebornApp.action_quit)."""
         app = self.app
+        try:
+            job = ExportJob(ck.path, out)
+        except OSError as exc:
+            self.notify(f"cannot run tideborn export: {exc}", title="export failed", severity="error", timeout=20)
+            return
+        jobs = getattr(app, "exports", None)
+        if jobs is not None:
+            jobs.append(job)
         self.notify(f"exporting {ck.path.name} to {out}...", title="export", timeout=5)
 
         def export() -> None:
-            ok, line = run_export(ck.path, out)
-            app.call_from_thread(app.notify, line, title="export" if ok else "export failed",
-                                 severity="information" if ok else "error", timeout=20)
+            ok, line = job.result()
+            if jobs is not None and job in jobs:
+                jobs.remove(job)
+            if job.stopped:
+                return  # stopped by quitting: nobody to tell
+            try:
+                app.call_from_thread(app.notify, line, title="export" if ok else "export failed",
+                                     severity="information" if ok else "error", timeout=20)
+            except RuntimeError:  # the app ended (a signal) while it ran: its output is on disk, whole
+                return
 
         app.run_worker(export, thread=True, group="export", name=f"export {ck.path.name}")
 

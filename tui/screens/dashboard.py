@@ -21,8 +21,9 @@ from tideborn.events import TERMINAL_KINDS
 from tideborn.humanize import duration
 from tideborn.runcontrol import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
 from tideborn.rundir import LAUNCH_FILE, list_checkpoints
+from tideborn.runfiles import file_size, first_event
 from tui.follow import RunFollower, follow
-from tui.history import RunHistory, load_history
+from tui.history import RunHistory, SeenEvents, load_history, rotated_away, starts_a_new_run
 from tui.messages import (
     AnomaliesFound,
     EventsArrived,
@@ -109,10 +110,14 @@ class DashboardScreen(Screen):
         """Set once the first poll and, for a long run, the full history have arrived (tests wait on it)."""
         self._stop = threading.Event()
         self._first_event_kind: str | None = None
-        self._history_source: tuple[Path, int] | None = None
-        """events.jsonl and the offset where the tail read first begins (a long run), else None."""
+        self._history_source: tuple[Path, int, Path | None] | None = None
+        """events.jsonl, the offset where the tail read first begins (a long run), and events.jsonl.1 when it
+        is this run's earlier part (`rotated_away`); None when the tail read it all."""
         self._generation = 0
         self._events_seen = False
+        self._reset_pending = False
+        """events.jsonl was read again from the top and its first event has not arrived yet."""
+        self._seen = SeenEvents()
         self._launched: list[subprocess.Popen] = []
         self._offered: tuple[bool, bool] | None = None
         """What the footer last offered: (a stop in progress, a plan to start)."""
@@ -150,8 +155,9 @@ class DashboardScreen(Screen):
     @work(thread=True, group="follow", exclusive=True)
     def _follow(self) -> None:
         follower = RunFollower(self.run_dir, self.options.thresholds, self.options.clock, self.options.use_nvml)
-        if follower.tail_start > 0:
-            self._history_source = (follower.events_path, follower.tail_start)
+        previous = rotated_away(follower.events_path)
+        if follower.tail_start > 0 or previous is not None:
+            self._history_source = (follower.events_path, follower.tail_start, previous)
         if self.options.follow:
             follow(follower, self.post_message, self._stop)
             return
@@ -168,28 +174,48 @@ class DashboardScreen(Screen):
         self.call_after_refresh(self._load_history, *self._history_source, self._generation)
 
     @work(thread=True, group="history", exclusive=True)
-    def _load_history(self, path: Path, end: int, generation: int) -> None:
-        history = load_history(path, end, self.options.smoothing,
-                               progress=lambda f: self.post_message(HistoryProgressed(f)),
-                               cancelled=lambda: self._stop.is_set() or generation != self._generation)
+    def _load_history(self, path: Path, end: int, previous: Path | None, generation: int) -> None:
+        def read(source: Path, until: int) -> RunHistory | None:
+            return load_history(source, until, self.options.smoothing,
+                                progress=lambda f: self.post_message(HistoryProgressed(f)),
+                                cancelled=lambda: self._stop.is_set() or generation != self._generation)
+
+        history = read(path, end)
+        if history is not None and previous is not None:  # the run's earlier part, rotated away: read first
+            earlier = read(previous, file_size(previous))
+            if earlier is None:
+                return
+            history.prepend(earlier, continues=(first_event(path) or {}).get("kind") != "run_started")
         if history is not None:
             self.post_message(HistoryLoaded(history, generation))
 
     def on_events_arrived(self, message: EventsArrived) -> None:
-        if message.reset:  # events.jsonl was replaced (--fresh) or truncated: it is read again from the top
+        events = message.events
+        if message.reset:  # events.jsonl was replaced or truncated: it is read again from the top
+            # A history read in flight read the old file: its result is dropped. Whether the new file is
+            # a new run or the same run rotated is told by its first event, which may not be there yet
+            # (copytruncate leaves it empty).
             self._generation += 1
-            self.history = RunHistory(self.options.smoothing)
-            self.plot.set_history(self.history)
-            self.plot.anomaly_markers.clear()
-            self._first_event_kind = None
+            self._reset_pending = True
             self.header.note = ""
-            self.ready.set()  # the new file is read whole, from its first byte
-        if message.events and self._first_event_kind is None:
-            self._first_event_kind = str(message.events[0].get("kind"))
-        if self.history.add(message.events):
+            self.ready.set()
+        if self._reset_pending and events:
+            self._reset_pending = False
+            if starts_a_new_run(events[0]):  # --fresh, or a file that holds the run whole from its start
+                self.history = RunHistory(self.options.smoothing)
+                self.plot.set_history(self.history)
+                self.plot.anomaly_markers.clear()
+                self._first_event_kind = None
+                self._seen = SeenEvents()
+            else:  # rotated under the run: the curve so far stays, the new file's events go after it
+                self._seen.hold_back()
+        events = self._seen.unseen(events)
+        if events and self._first_event_kind is None:
+            self._first_event_kind = str(events[0].get("kind"))
+        if self.history.add(events):
             self.plot.data_changed()
         if self._events_seen:
-            self._announce(message.events)
+            self._announce(events)
         self._events_seen = True
 
     def _announce(self, events: list[dict]) -> None:

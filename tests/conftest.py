@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tideborn.events import TERMINAL_KINDS, read_events
 from tideborn.rundir import EVENTS_FILE
+from tideborn.rundir.events import TERMINAL_KINDS, read_events
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOKE_CONFIG = REPO_ROOT / "configs" / "smoke.toml"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tideborn.anomaly import (
+from tideborn.rundir.anomaly import (
     CUDA_ERROR,
     CUDA_OOM,
     DIVERGENCE,

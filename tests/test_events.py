@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tideborn.events import EventReader, EventWriter, as_float, encode_event, read_events
+from tideborn.rundir.events import EventReader, EventWriter, as_float, encode_event, read_events
 
 
 def line(kind: str, **fields: object) -> bytes:

@@ -16,7 +16,7 @@ import torch
 from conftest import REPO_ROOT, child_env, describe, events_of, step_events, terminal_events, train
 
 from tideborn.bench import gpu as bench_gpu
-from tideborn.events import as_float
+from tideborn.rundir.events import as_float
 
 
 def test_bf16_autocast_trains_on_the_cpu_with_finite_falling_losses(tmp_path: Path) -> None:

@@ -9,13 +9,14 @@ import sys
 
 import pytest
 
-TORCH_FREE = ["tideborn.config", "tideborn.events", "tideborn.rundir", "tideborn.errors", "tideborn.cli",
+TORCH_FREE = ["tideborn.config", "tideborn.rundir.events", "tideborn.rundir", "tideborn.errors", "tideborn.cli",
               "tideborn.trainer.cli", "tideborn.trainer.preflight", "tideborn.trainer.signals", "tideborn.trainer.rank",
-              "tideborn.anomaly", "tideborn.runfiles", "tideborn.runstate", "tideborn.runcontrol", "tideborn.cliparser",
+              "tideborn.rundir.anomaly", "tideborn.rundir.files", "tideborn.rundir.state", "tideborn.rundir.control",
+              "tideborn.cliparser",
               "tideborn.tools.train_run", "tideborn.humanize", "tideborn.bench.monitor", "tui.app",
               "tui.screens.dashboard", "tui.screens.override_editor", "tui.screens.run_picker", "tui.follow",
               "tui.history", "tui.plotting", "tui.overrides"]
-HEADLESS = ["tideborn.trainer.loop", "tideborn.trainer.cli", "tideborn.config", "tideborn.events"]
+HEADLESS = ["tideborn.trainer.loop", "tideborn.trainer.cli", "tideborn.config", "tideborn.rundir.events"]
 
 
 def imported_after(module: str) -> set[str]:

@@ -39,9 +39,9 @@ from test_reliability_support import toml_string
 from tideborn.config import load_settings
 from tideborn.config.schema import SECTIONS
 from tideborn.errors import UserError
-from tideborn.events import EventReader, well_formed
 from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE
-from tideborn.runstate import RunTracker
+from tideborn.rundir.events import EventReader, well_formed
+from tideborn.rundir.state import RunTracker
 from tideborn.tools import train_run
 
 SCALE = float(os.environ.get("TIDEBORN_FUZZ_SCALE", "1"))
@@ -466,7 +466,7 @@ def test_status_watch_the_tracker_and_the_tui_follower_survive_any_run_dir_conte
 def test_a_line_longer_than_the_read_limit_is_skipped_not_waited_for(tmp_path: Path) -> None:
     """A line with no newline for more than the reader's whole buffer (64 MiB) would stall a reader for
     good: it is counted malformed and the events after it are read."""
-    from tideborn.events import encode_event
+    from tideborn.rundir.events import encode_event
 
     path = tmp_path / EVENTS_FILE
     with open(path, "wb") as handle:
@@ -664,7 +664,7 @@ def test_settings_the_fuzz_broke_are_user_errors_now() -> None:
 def test_event_fields_the_fuzz_broke_are_handled_now(tmp_path: Path) -> None:
     """A terminal event without `time` (KeyError in status) and a `time` past any calendar (OverflowError
     in watch's text lines) are shown, not raised."""
-    from tideborn.events import encode_event
+    from tideborn.rundir.events import encode_event
 
     with open(tmp_path / EVENTS_FILE, "wb") as handle:
         handle.write(encode_event("run_started", {"step": 0, "pid": 1}, now=67768036191676796))

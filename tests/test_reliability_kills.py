@@ -27,8 +27,8 @@ from test_reliability_support import (
     read_history,
 )
 
-from tideborn.events import TERMINAL_KINDS, EventReader
 from tideborn.rundir import EVENTS_FILE, list_checkpoints, temp_checkpoints
+from tideborn.rundir.events import TERMINAL_KINDS, EventReader
 from tideborn.trainer.checkpoint import load_checkpoint
 
 CHECKPOINT_EVERY = 3

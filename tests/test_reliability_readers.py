@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT, child_env
 
-from tideborn.events import EventReader
 from tideborn.rundir import EVENTS_FILE
-from tideborn.runstate import RunTracker
+from tideborn.rundir.events import EventReader
+from tideborn.rundir.state import RunTracker
 
 EVENTS = 15_000
 TORN_EVERY = 97
@@ -28,7 +28,7 @@ WAIT_SECONDS = 120  # a reader that never sees the end fails the test; not a per
 
 WRITER = r'''
 import os, socket, sys, time
-from tideborn.events import encode_event
+from tideborn.rundir.events import encode_event
 path, count, torn_every, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 os.write(fd, encode_event("run_started", {"step": 0, "pid": os.getpid(), "host": socket.gethostname(),

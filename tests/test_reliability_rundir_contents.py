@@ -28,10 +28,10 @@ import pytest
 from conftest import REPO_ROOT, child_env, describe, settings_args
 from test_reliability_support import launched_runs
 
-from tideborn.events import EventReader, encode_event, read_events
 from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE
-from tideborn.runfiles import LogReader, read_pid_record
-from tideborn.runstate import RunTracker
+from tideborn.rundir.events import EventReader, encode_event, read_events
+from tideborn.rundir.files import LogReader, read_pid_record
+from tideborn.rundir.state import RunTracker
 
 TOOL = [sys.executable, "-m", "tideborn.tools.train_run"]
 WAIT_SECONDS = 120  # a reader or run that never gets there fails the test; not a performance threshold
@@ -77,7 +77,7 @@ def one_line_error(stderr: str, pattern: str) -> None:
 
 WRITER = r'''
 import os, socket, sys, time
-from tideborn.events import encode_event
+from tideborn.rundir.events import encode_event
 run_dir, stop = sys.argv[1], sys.argv[2]
 events = os.open(os.path.join(run_dir, "events.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 log = os.open(os.path.join(run_dir, "train.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -41,8 +41,8 @@ from test_reliability_support import (
     write_hostile_checkpoint,
 )
 
-from tideborn.events import TERMINAL_KINDS
 from tideborn.rundir import DIR_MODE, FILE_MODE, list_checkpoints
+from tideborn.rundir.events import TERMINAL_KINDS
 
 SMOKE_SETS = ("optim.batch_size=16", "runtime.log_every=1", "runtime.progress=plain")
 

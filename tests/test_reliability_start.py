@@ -39,8 +39,8 @@ from textual.notifications import Notify
 
 from tests.conftest import until
 from tideborn.errors import UserError
-from tideborn.events import encode_event
-from tideborn.runfiles import read_pid_record
+from tideborn.rundir.events import encode_event
+from tideborn.rundir.files import read_pid_record
 from tideborn.trainer.rundir_lock import held
 from tui.app import create_app
 from tui.options import TuiOptions

@@ -32,7 +32,7 @@ from textual.notifications import Notify
 
 from tests.conftest import until
 from tideborn.rundir import list_checkpoints, temp_checkpoints
-from tideborn.runfiles import boot_relative_start, process_facts, process_start_ticks, read_pid_record, this_host
+from tideborn.rundir.files import boot_relative_start, process_facts, process_start_ticks, read_pid_record, this_host
 from tideborn.tools import train_run
 from tideborn.trainer.checkpoint import load_checkpoint
 
@@ -323,7 +323,7 @@ def test_stop_force_after_a_save_completed_kills_only_once_the_grace_is_over(tmp
 
 
 def test_same_process_trusts_start_ticks_over_the_wall_clock():
-    from tideborn.anomaly import ProcessFacts, same_process, vanished
+    from tideborn.rundir.anomaly import ProcessFacts, same_process, vanished
 
     live = ProcessFacts(pid=10, running=True, create_time=1020.0, name="python", start_ticks=5000, boot_id="b1")
     assert same_process(live, start_time=1000.0, start_ticks=5000, boot_id="b1")  # the clock moved 20 s
@@ -515,7 +515,7 @@ async def test_the_monitor_does_not_offer_stop_again_while_stopping(tmp_path, pr
 
 
 async def test_the_monitor_sees_a_stop_sent_from_elsewhere(tmp_path, processes):
-    from tideborn.events import encode_event
+    from tideborn.rundir.events import encode_event
     from tui.app import create_app
     from tui.options import TuiOptions
     from tui.screens.confirm import ConfirmScreen

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tideborn.events import TERMINAL_KINDS, EventReader, encode_event
 from tideborn.rundir import EVENTS_FILE
+from tideborn.rundir.events import TERMINAL_KINDS, EventReader, encode_event
 
 RELIABILITY_SEED = int(os.environ.get("TIDEBORN_RELIABILITY_SEED", "20260601"))
 """Seed of the random choices (kill moments, cycle lengths); set the variable to replay another sequence."""
@@ -267,7 +267,7 @@ def wait_for(condition: typing.Callable[[], object], what: str, timeout: float =
 
 
 def trainer_pid(run_dir: Path) -> int:
-    from tideborn.runfiles import read_pid_record
+    from tideborn.rundir.files import read_pid_record
 
     record = read_pid_record(run_dir)
     assert record is not None, f"no train.pid in {run_dir}"
@@ -275,7 +275,7 @@ def trainer_pid(run_dir: Path) -> int:
 
 
 def process_gone(pid: int) -> bool:
-    from tideborn.runfiles import process_facts
+    from tideborn.rundir.files import process_facts
 
     return not process_facts(pid).running
 
@@ -283,8 +283,8 @@ def process_gone(pid: int) -> bool:
 def launched_runs() -> typing.Iterator[list[Path]]:
     """For a fixture: run dirs whose trainers a test starts through train_run; any still alive at the end
     are SIGKILLed."""
-    from tideborn.anomaly import same_process
-    from tideborn.runfiles import process_facts, read_pid_record
+    from tideborn.rundir.anomaly import same_process
+    from tideborn.rundir.files import process_facts, read_pid_record
 
     run_dirs: list[Path] = []
     yield run_dirs

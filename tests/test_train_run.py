@@ -19,8 +19,8 @@ import pytest
 from conftest import REPO_ROOT, assert_user_error, child_env, describe, events_of, settings_args
 from test_reliability_support import launched_runs
 
-from tideborn.events import encode_event
-from tideborn.runfiles import process_facts, read_pid_record
+from tideborn.rundir.events import encode_event
+from tideborn.rundir.files import process_facts, read_pid_record
 from tideborn.tools import train_run
 
 TOOL = [sys.executable, "-m", "tideborn.tools.train_run"]
@@ -389,7 +389,7 @@ def test_watch_reports_a_vanished_process_and_ends(tmp_path, processes):
 
 
 def test_run_tools_do_not_import_torch():
-    modules = ["tideborn.anomaly", "tideborn.runfiles", "tideborn.runstate", "tideborn.runcontrol",
+    modules = ["tideborn.rundir.anomaly", "tideborn.rundir.files", "tideborn.rundir.state", "tideborn.rundir.control",
                "tideborn.tools.train_run"]
     code = f"import json, sys, {', '.join(modules)}; print(json.dumps(sorted(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -407,7 +407,7 @@ def test_an_exited_child_not_yet_reaped_counts_as_gone(processes):
 
 @pytest.mark.parametrize("with_pid_file", [True, False])
 def test_status_of_a_long_run_reads_the_tail_yet_keeps_session_and_line_numbers(tmp_path, capsys, with_pid_file):
-    from tideborn.runstate import EVENTS_TAIL_BYTES, LOG_TAIL_BYTES
+    from tideborn.rundir.state import EVENTS_TAIL_BYTES, LOG_TAIL_BYTES
 
     run_dir = tmp_path / "run"
     steps = EVENTS_TAIL_BYTES // 80  # crafted step events are ~120 bytes: run_started lies outside the tail

@@ -23,8 +23,8 @@ from textual.notifications import Notify
 
 from tests.conftest import until
 from tideborn.errors import UserError
-from tideborn.events import encode_event
-from tideborn.runfiles import PidRecord, this_host
+from tideborn.rundir.events import encode_event
+from tideborn.rundir.files import PidRecord, this_host
 from tui.app import create_app, main
 from tui.gpu import NvmlProbe
 from tui.history import load_history

@@ -21,7 +21,7 @@ from test_reliability_support import launched_runs, process_gone
 from textual.notifications import Notify
 
 from tests.conftest import until
-from tideborn.runfiles import PidRecord, read_pid_record, this_host
+from tideborn.rundir.files import PidRecord, read_pid_record, this_host
 from tideborn.tools.train_run import main as train_run_main
 from tui.app import create_app
 from tui.options import TuiOptions

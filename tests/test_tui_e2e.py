@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tideborn.events import read_events
+from tideborn.rundir.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 TMUX = shutil.which("tmux") or "/usr/bin/tmux"

@@ -370,7 +370,7 @@ def test_history_keeps_every_step_metric_over_one_shared_step_array():
 
 
 def test_the_loaders_fast_path_reads_every_metric_as_events_do(tmp_path):
-    from tideborn.events import loads_bounded
+    from tideborn.rundir.events import loads_bounded
     from tui.history import load_history
     from tui.testing import write_fixture_run
 

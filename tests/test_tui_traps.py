@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from test_tui_app import app_for, attached, until
 
-from tideborn.anomaly import Anomaly
-from tideborn.events import encode_event
+from tideborn.rundir.anomaly import Anomaly
+from tideborn.rundir.events import encode_event
 from tui.messages import RunRefreshed
 from tui.screens.dashboard import DashboardScreen
 from tui.testing import FIXTURE_NOW, write_fixture_run

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import psutil
 
-from tideborn.anomaly import same_process
-from tideborn.events import as_float
-from tideborn.runfiles import process_facts
+from tideborn.rundir.anomaly import same_process
+from tideborn.rundir.events import as_float
+from tideborn.rundir.files import process_facts
 
 
 @dataclass(frozen=True)

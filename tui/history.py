@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tideborn.anomaly import Anomaly, nonfinite_loss
-from tideborn.events import as_float, loads_bounded, open_regular
-from tideborn.runfiles import first_event
+from tideborn.rundir.anomaly import Anomaly, nonfinite_loss
+from tideborn.rundir.events import as_float, loads_bounded, open_regular
+from tideborn.rundir.files import first_event
 from tui.plotting import Marker
 from tui.series import Column, ColumnSpec, Series, StepTable
 

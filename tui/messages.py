@@ -11,7 +11,7 @@ from pathlib import Path
 
 from textual.message import Message
 
-from tideborn.anomaly import Anomaly
+from tideborn.rundir.anomaly import Anomaly
 from tui.gpu import HardwareSample
 from tui.history import RunHistory
 from tui.plan import LaunchPlan
@@ -101,7 +101,7 @@ class RunLaunched(Message):
         self.pid = pid
         self.run_dir = run_dir
         self.outcome = outcome
-        """`tideborn.runcontrol.Launched.outcome`: "running", "starting", "ended" or "launched"."""
+        """`tideborn.rundir.control.Launched.outcome`: "running", "starting", "ended" or "launched"."""
         self.step = step
 
 

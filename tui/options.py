@@ -12,9 +12,9 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tideborn.anomaly import AnomalyThresholds
 from tideborn.errors import UserError
 from tideborn.rundir import EVENTS_FILE, LAUNCH_FILE, PID_FILE
+from tideborn.rundir.anomaly import AnomalyThresholds
 from tui.plan import LaunchPlan
 
 RUN_MARKERS = (EVENTS_FILE, PID_FILE, LAUNCH_FILE)

@@ -12,7 +12,7 @@ import math
 import os
 from pathlib import Path
 
-from tideborn.events import encode_event
+from tideborn.rundir.events import encode_event
 
 FIXTURE_START = 1_700_000_000.0
 FIXTURE_HOST = "fixture-host"

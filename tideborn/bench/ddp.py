@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tideborn.config import load_settings
-from tideborn.events import read_events
+from tideborn.rundir.events import read_events
 from tideborn.trainer.model import build_model
 
 

@@ -37,8 +37,8 @@ import tideborn
 from tideborn.bench.gpu_report import render_markdown
 from tideborn.config import load_settings
 from tideborn.config.schema import RuntimeSettings
-from tideborn.events import read_events
 from tideborn.rundir import EVENTS_FILE
+from tideborn.rundir.events import read_events
 from tideborn.trainer.device import resolve_device
 from tideborn.trainer.model import build_model
 from tideborn.trainer.rank import DistEnv

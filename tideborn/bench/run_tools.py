@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tideborn.events import EventWriter, encode_event
+from tideborn.rundir.events import EventWriter, encode_event
 
 TOOL = [sys.executable, "-m", "tideborn.tools.train_run"]
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from tideborn.config import load_settings
-from tideborn.events import EventWriter, read_events
+from tideborn.rundir.events import EventWriter, read_events
 from tideborn.trainer.loop import Trainer, prepare
 from tideborn.trainer.model import build_model
 from tideborn.trainer.optim import build_optimizer, build_scheduler

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import psutil
 
-from tideborn.anomaly import Anomaly, AnomalyThresholds
 from tideborn.cliparser import OneLineParser
 from tideborn.errors import UserError, report_error, report_user_error
-from tideborn.events import as_float, encode_event
 from tideborn.humanize import clock, duration, number
-from tideborn.runcontrol import (
+from tideborn.rundir import EVENTS_FILE, PID_FILE, temp_checkpoints
+from tideborn.rundir.anomaly import Anomaly, AnomalyThresholds
+from tideborn.rundir.control import (
     LAUNCH_WAIT_SECONDS,
     LaunchRequest,
     NotRunning,
@@ -32,9 +32,9 @@ from tideborn.runcontrol import (
     recorded_process,
     signal_run,
 )
-from tideborn.rundir import EVENTS_FILE, PID_FILE, temp_checkpoints
-from tideborn.runfiles import PidRecord, process_facts
-from tideborn.runstate import RunTracker
+from tideborn.rundir.events import as_float, encode_event
+from tideborn.rundir.files import PidRecord, process_facts
+from tideborn.rundir.state import RunTracker
 
 OK, ANOMALY, USAGE, NO_RUN, INTERRUPTED = 0, 1, 2, 3, 130
 ENDED = ("finished", "stopped", "failed", "vanished")

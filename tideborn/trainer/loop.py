@@ -23,7 +23,6 @@ import torch
 
 from tideborn.config import Resolved, Settings
 from tideborn.errors import UserError
-from tideborn.events import EventWriter
 from tideborn.humanize import duration
 from tideborn.rundir import (
     ARCHIVE_DIR,
@@ -38,7 +37,8 @@ from tideborn.rundir import (
     refuse_link,
     temp_checkpoints,
 )
-from tideborn.runfiles import boot_relative_start
+from tideborn.rundir.events import EventWriter
+from tideborn.rundir.files import boot_relative_start
 from tideborn.trainer.checkpoint import prune_checkpoints, save_checkpoint
 from tideborn.trainer.device import DeviceSetup, resolve_device
 from tideborn.trainer.distributed import (

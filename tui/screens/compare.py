@@ -18,7 +18,7 @@ from textual.widgets import Footer, Static
 
 from tideborn.humanize import number
 from tideborn.rundir import EVENTS_FILE
-from tideborn.runfiles import file_size
+from tideborn.rundir.files import file_size
 from tui.history import RunHistory, load_history
 from tui.options import TuiOptions
 from tui.plotting import Curve, PlotOptions, format_step, render_plot

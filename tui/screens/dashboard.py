@@ -1,5 +1,5 @@
 """One run's dashboard: header, loss plot, hardware, anomalies and the log, kept current by a worker
-that follows the run directory; start and stop by key, through `tideborn.runcontrol`."""
+that follows the run directory; start and stop by key, through `tideborn.rundir.control`."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList
 
-from tideborn.anomaly import STALLED, VANISHED, Anomaly
 from tideborn.errors import UserError
-from tideborn.events import TERMINAL_KINDS
 from tideborn.humanize import duration
-from tideborn.runcontrol import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
 from tideborn.rundir import LAUNCH_FILE, list_checkpoints
-from tideborn.runfiles import file_size, first_event
+from tideborn.rundir.anomaly import STALLED, VANISHED, Anomaly
+from tideborn.rundir.control import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
+from tideborn.rundir.events import TERMINAL_KINDS
+from tideborn.rundir.files import file_size, first_event
 from tui.follow import RunFollower, follow
 from tui.history import RunHistory, SeenEvents, load_history, rotated_away, starts_a_new_run
 from tui.messages import (

@@ -16,7 +16,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from tideborn.humanize import duration, number
-from tideborn.runstate import STATES, RunTracker
+from tideborn.rundir.state import STATES, RunTracker
 from tui.messages import RunsListed
 from tui.options import TuiOptions, runs_in
 from tui.widgets.header import STATE_STYLES

@@ -10,8 +10,8 @@ from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from tideborn.anomaly import Anomaly
 from tideborn.humanize import clock
+from tideborn.rundir.anomaly import Anomaly
 
 ALERT_SECONDS = 10.0
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import psutil
 
-from tideborn.anomaly import ProcessFacts, identity_mismatch, same_process
 from tideborn.config import Settings, load_settings
 from tideborn.errors import UserError
 from tideborn.humanize import clock
@@ -39,7 +38,8 @@ from tideborn.rundir import (
     run_dir_of,
     write_atomically,
 )
-from tideborn.runfiles import (
+from tideborn.rundir.anomaly import ProcessFacts, identity_mismatch, same_process
+from tideborn.rundir.files import (
     LAUNCH_MARK,
     PidRecord,
     boot_relative_start,

@@ -1,7 +1,7 @@
 """What looks wrong with a run: the rules `status`, `watch` and the TUI share, so they never disagree.
 
 Everything here is pure: the rules take events, log lines and facts about a process (gathered by
-`tideborn.runstate`) and return `Anomaly` records; nothing reads files or signals. No torch.
+`tideborn.rundir.state`) and return `Anomaly` records; nothing reads files or signals. No torch.
 Rules and thresholds are documented in docs/run-tools.md.
 """
 
@@ -12,7 +12,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 
-from tideborn.events import as_float
+from tideborn.rundir.events import as_float
 
 NONFINITE_LOSS = "nonfinite_loss"
 DIVERGENCE = "divergence"
@@ -312,7 +312,7 @@ def shift_lines(anomaly: Anomaly, by: int) -> Anomaly:
 
 @dataclass(frozen=True)
 class ProcessFacts:
-    """What the OS says about a pid, gathered by `tideborn.runfiles.process_facts`."""
+    """What the OS says about a pid, gathered by `tideborn.rundir.files.process_facts`."""
 
     pid: int
     running: bool

@@ -1,7 +1,7 @@
 """Reading the pieces of a run directory and asking the OS about its process (no torch, no writes).
 
 train.pid, the numbered lines of train.log, the `run_started` a long events.jsonl began its session
-with, and whether a pid is (still) the process we mean. `tideborn.runstate` puts them together.
+with, and whether a pid is (still) the process we mean. `tideborn.rundir.state` puts them together.
 """
 
 from __future__ import annotations
@@ -16,10 +16,17 @@ from pathlib import Path
 
 import psutil
 
-from tideborn.anomaly import ProcessFacts
 from tideborn.errors import UserError
-from tideborn.events import FollowingReader, LineFollower, NotARegularFile, loads_bounded, open_regular, well_formed
 from tideborn.rundir import PID_FILE, no_such_file
+from tideborn.rundir.anomaly import ProcessFacts
+from tideborn.rundir.events import (
+    FollowingReader,
+    LineFollower,
+    NotARegularFile,
+    loads_bounded,
+    open_regular,
+    well_formed,
+)
 
 RUN_STARTED_SEARCH_BYTES = 64 * 1024 * 1024
 """Without train.pid (a run started in a terminal), how far back a tail read looks for the session's
@@ -63,7 +70,7 @@ class PidRecord:
                 "start_ticks": self.start_ticks, "boot_id": self.boot_id}
 
     def identity(self) -> dict:
-        """Keyword arguments of `tideborn.anomaly.same_process` (and `vanished`) for this process."""
+        """Keyword arguments of `tideborn.rundir.anomaly.same_process` (and `vanished`) for this process."""
         return {"start_time": self.start_time, "start_ticks": self.start_ticks, "boot_id": self.boot_id}
 
 

@@ -1,7 +1,7 @@
 """What a run directory says about its run, read without touching it (no torch, no writes, no signals).
 
 `RunTracker` follows events.jsonl and train.log from byte offsets, asks the OS about the recorded
-process, and applies the rules of `tideborn.anomaly`; `status`, `watch` and the TUI all read through
+process, and applies the rules of `tideborn.rundir.anomaly`; `status`, `watch` and the TUI all read through
 it. A tracker can start at the beginning of the files, at their end, or at their tail (the last few
 MiB, for a quick status of a long run).
 """
@@ -15,7 +15,9 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tideborn.anomaly import (
+from tideborn.errors import UserError
+from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE, list_checkpoints
+from tideborn.rundir.anomaly import (
     LOG_RULES,
     LOG_SIGNAL,
     Anomaly,
@@ -30,10 +32,8 @@ from tideborn.anomaly import (
     stalled,
     vanished,
 )
-from tideborn.errors import UserError
-from tideborn.events import TERMINAL_KINDS, EventReader, as_float, jsonable
-from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE, list_checkpoints
-from tideborn.runfiles import (
+from tideborn.rundir.events import TERMINAL_KINDS, EventReader, as_float, jsonable
+from tideborn.rundir.files import (
     LAUNCH_MARK,
     LogReader,
     PidRecord,

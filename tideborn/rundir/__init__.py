@@ -1,6 +1,9 @@
 """The run directory, the one contract between the trainer, the run tools and the TUI (no torch here).
 
-Names of the files in it, and how step checkpoints are named and listed. Only files named exactly
+This package holds the whole concept: here the names of the files in it, and how step checkpoints are named
+and listed; `events` (events.jsonl: writing, bounded reading, following), `files` (train.pid, launch.json, the
+process identity), `state` (what a run is doing, from its files), `control` (signals to a run) and `anomaly`
+(the rules `status`, `watch` and the monitor report). Only files named exactly
 `step-XXXXXXXXX.pt` count as checkpoints; a save in progress is a hidden temp file that never matches.
 """
 

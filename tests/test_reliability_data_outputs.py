@@ -10,11 +10,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import (
     REPO_ROOT,
@@ -345,6 +349,67 @@ def test_ctrl_c_while_split_writes_keeps_the_old_pair_and_leaves_no_temp_file(ga
                     "--seed", "2", "--test-fraction", "0.3", cwd=tmp_path, env=fault_env(tmp_path, "test.hcpe:sigint"))
     assert done.returncode == 130, describe(done)
     one_line(done, r"^python -m tideborn\.data split: interrupted \(Ctrl-C\); nothing half-written is left$")
+    assert snapshot(tmp_path / "pair") == before
+    assert temp_files(tmp_path / "pair") == []
+
+
+def big_split_source(games_hcpe: Path, path: Path, copies: int) -> Path:
+    """`games_hcpe` repeated `copies` times, with a game index to match: a source `split` hashes for seconds."""
+    from tideborn.data.game_index import IndexHeader, index_path, read_index, write_index
+    from tideborn.data.records import records_fingerprint
+
+    records = np.fromfile(games_hcpe, dtype=RECORD_DTYPES["hcpe"])
+    games = read_index(index_path(games_hcpe), len(records))
+    np.tile(records, copies).tofile(path)
+    entries = [replace(game, first_record=game.first_record + copy * len(records))
+               for copy in range(copies) for game in games]
+    with open(index_path(path), "wb") as handle:
+        write_index(handle, entries, IndexHeader(copies * len(records), records_fingerprint(path)))
+    return path
+
+
+def holds_open(pid: int, path: Path) -> bool:
+    """Whether process `pid` has `path` open or memory-mapped."""
+    target = str(path)
+    try:
+        if any(os.readlink(f"/proc/{pid}/fd/{fd}") == target for fd in os.listdir(f"/proc/{pid}/fd")):
+            return True
+        return target in Path(f"/proc/{pid}/maps").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_a_source_truncated_under_a_running_split_is_one_line_and_keeps_the_old_pair(games_hcpe, tmp_path):
+    """A memory map of the source killed split with SIGBUS (exit -7, no message). Read in chunks: one line
+    naming the file, exit 2, the old pair as it was and no temp file."""
+    split_into(games_hcpe, tmp_path / "pair", seed=1)
+    before = snapshot(tmp_path / "pair")
+    source = big_split_source(games_hcpe, tmp_path / "big.hcpe", -(-700_000 // (games_hcpe.stat().st_size
+                                                                                  // HCPE_SIZE)))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tideborn.data", "split", str(source), "--train", "pair/train.hcpe",
+         "--test", "pair/test.hcpe", "--seed", "2", "--quiet"],
+        cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        seen = 0
+        while seen < 2:  # twice in a row: hashing it, not the moment's opens that check its size and index
+            seen = seen + 1 if holds_open(process.pid, source) else 0
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "split never opened the file"
+            time.sleep(0.005)
+        # held still while the file is cut, so that the cut lands mid-read whatever the machine's load
+        os.kill(process.pid, signal.SIGSTOP)
+        os.truncate(source, 4000)
+        os.kill(process.pid, signal.SIGCONT)
+        out, err = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    assert done.returncode == 2, describe(done)
+    one_line(done, rf"{re.escape(str(source))}: changed while it was read")
     assert snapshot(tmp_path / "pair") == before
     assert temp_files(tmp_path / "pair") == []
 

@@ -202,12 +202,6 @@ def stream_records(path: Path, kind: str, count: int, chunk: int) -> typing.Iter
         os.close(fd)
 
 
-def open_records(path: Path, kind: str) -> np.memmap:
-    """A read-only memory map of `path`'s records (checked first with `check_record_file`)."""
-    check_record_file(path, kind)
-    return np.memmap(path, dtype=RECORD_DTYPES[kind], mode="r")
-
-
 class RecordSet:
     """Files of one kind seen as one sequence: record `i` of the set is record `i - offsets[f]` of file `f`.
 

@@ -26,11 +26,14 @@ import numpy as np
 
 from tideborn.data.game_index import GameEntry, IndexHeader, index_mismatch, index_path, read_index, write_index
 from tideborn.data.progress import Progress
-from tideborn.data.records import open_records, records_fingerprint
+from tideborn.data.records import check_record_file, records_fingerprint, stream_records
 from tideborn.errors import UserError
 from tideborn.outputs import StagedOutputs, same_output
 
 HASH_CHUNK = 65536
+READ_CHUNK = 65536
+"""Records per `pread` of the input and of the written files: they are streamed, never memory-mapped (a file
+truncated under a map kills the process with SIGBUS; a short read is one line naming the file)."""
 WRITE_CHUNK = 1 << 20
 """Records per write call: a plain `write` reports a full disk as ENOSPC (numpy's `tofile` does not)."""
 
@@ -96,10 +99,10 @@ def split_games(source: Path, train_path: Path, test_path: Path, test_fraction: 
         for flag, out in (("--train", train_path), ("--test", test_path)):
             outputs.prepare(out, flag)
             outputs.prepare(index_path(out), flag)
-        records = open_records(source, "hcpe")
+        count = check_record_file(source, "hcpe")
         if (problem := index_mismatch(source)) is not None:
             raise UserError(problem)
-        games = read_index(index_path(source), len(records))
+        games = read_index(index_path(source), count)
         if len(games) < 2:
             raise UserError(f"{source}: {len(games)} game(s); a split by game needs at least 2")
         order = np.random.default_rng(seed).permutation(len(games))
@@ -107,8 +110,11 @@ def split_games(source: Path, train_path: Path, test_path: Path, test_fraction: 
         is_test = np.zeros(len(games), dtype=bool)
         is_test[order[:test_count]] = True
 
-        bar = Progress("split: hashing positions", 2 * len(records), "positions", enabled=progress)
-        hashes = position_hashes(records, progress=bar)
+        bar = Progress("split: hashing positions", 2 * count, "positions", enabled=progress)
+        hashes = np.empty(count, dtype=np.uint64)
+        for start, chunk in stream_records(source, "hcpe", count, READ_CHUNK):
+            hashes[start:start + len(chunk)] = position_hashes(chunk)
+            bar.update(start + len(chunk))
         game_of_record = np.repeat(np.arange(len(games)), [g.records for g in games])
         test_mask = is_test[game_of_record]
         train_hashes = np.unique(hashes[~test_mask])
@@ -118,26 +124,35 @@ def split_games(source: Path, train_path: Path, test_path: Path, test_fraction: 
             raise UserError(f"every test position also occurs in train; nothing would be left for {test_path} "
                             f"(use more games or a larger --test-fraction)")
 
-        train_temp = outputs.write(train_path, lambda handle: write_records(handle, records[~test_mask]))
-        test_temp = outputs.write(test_path, lambda handle: write_records(handle, records[keep_test]))
+        def copy_chosen(handle: typing.BinaryIO, chosen: np.ndarray) -> None:
+            # Read again, chunk by chunk, rather than held from the hashing pass: memory stays the hashes and
+            # masks, not the records. A source cut since is a short read, refused like one in the first pass.
+            for start, chunk in stream_records(source, "hcpe", count, READ_CHUNK):
+                write_records(handle, chunk[chosen[start:start + len(chunk)]])
+
+        train_temp = outputs.write(train_path, lambda handle: copy_chosen(handle, ~test_mask))
+        test_temp = outputs.write(test_path, lambda handle: copy_chosen(handle, keep_test))
 
         # The check reads back what was written rather than trusting the masks above, before publishing.
-        written_train = open_records(train_temp, "hcpe")
-        written_test = open_records(test_temp, "hcpe")
-        check_train = position_hashes(np.asarray(written_train), progress=bar, done_before=len(records))
-        check_test = position_hashes(np.asarray(written_test))
+        train_written, test_written = int((~test_mask).sum()), int(keep_test.sum())
+        check_train = np.empty(train_written, dtype=np.uint64)
+        for start, chunk in stream_records(train_temp, "hcpe", train_written, READ_CHUNK):
+            check_train[start:start + len(chunk)] = position_hashes(chunk)
+            bar.update(count + start + len(chunk))
+        check_test = np.empty(test_written, dtype=np.uint64)
+        for start, chunk in stream_records(test_temp, "hcpe", test_written, READ_CHUNK):
+            check_test[start:start + len(chunk)] = position_hashes(chunk)
         bar.finish()
         leaked = int(np.isin(check_test, check_train).sum())
-        report = SplitReport(int((~is_test).sum()), int(is_test.sum()), len(written_train), len(written_test),
+        report = SplitReport(int((~is_test).sum()), int(is_test.sum()), train_written, test_written,
                              dropped, leaked)
-        del written_train, written_test
         if leaked:
             raise UserError(f"leakage check failed: {leaked} positions of {test_path} also occur in {train_path}; "
                             f"nothing was written")
 
         split_id = uuid.uuid4().hex
         for role, path, temp, partner, entries in (
-                ("train", train_path, train_temp, test_path, _reindex(games, ~is_test, np.ones(len(records), bool))),
+                ("train", train_path, train_temp, test_path, _reindex(games, ~is_test, np.ones(count, bool))),
                 ("test", test_path, test_temp, train_path, _reindex(games, is_test, keep_test))):
             header = IndexHeader(sum(e.records for e in entries), records_fingerprint(temp), split_id, role,
                                  os.path.relpath(partner.resolve(), path.resolve().parent))

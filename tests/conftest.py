@@ -267,3 +267,40 @@ def utc(monkeypatch):
     yield
     monkeypatch.undo()
     time.tzset()
+
+
+def holds_open(pid: int, path: Path) -> bool:
+    """Whether process `pid` has `path` open or memory-mapped (it is reading it)."""
+    target = str(path)
+    try:
+        if any(os.readlink(f"/proc/{pid}/fd/{fd}") == target for fd in os.listdir(f"/proc/{pid}/fd")):
+            return True
+        return target in Path(f"/proc/{pid}/maps").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def truncated_while_read(command: list[str], path: Path, cwd: Path, keep: int = 4000) -> subprocess.CompletedProcess:
+    """Run `command` (a data tool reading `path`) and cut `path` to `keep` bytes in the middle of its read:
+    once the process has held the file open twice in a row (reading it, not the moment's open that checks
+    its type and size), it is held still (SIGSTOP) while the file is cut, so that the cut lands before it has
+    read everything whatever the machine's load. Its result, once it has ended; killed if the test fails."""
+    process = subprocess.Popen(command, cwd=cwd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        deadline = time.monotonic() + 120
+        seen = 0
+        while seen < 2:
+            seen = seen + 1 if holds_open(process.pid, path) else 0
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, f"the command never opened {path}"
+            time.sleep(0.005)
+        os.kill(process.pid, signal.SIGSTOP)
+        os.truncate(path, keep)
+        os.kill(process.pid, signal.SIGCONT)
+        out, err = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)

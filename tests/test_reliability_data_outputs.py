@@ -10,11 +10,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from conftest import (
     events_of,
     settings_args,
     terminal_events,
+    truncated_while_read,
     wait_until,
 )
 from test_data_support import hcpe_records, random_positions, write_records
@@ -368,17 +367,6 @@ def big_split_source(games_hcpe: Path, path: Path, copies: int) -> Path:
     return path
 
 
-def holds_open(pid: int, path: Path) -> bool:
-    """Whether process `pid` has `path` open or memory-mapped."""
-    target = str(path)
-    try:
-        if any(os.readlink(f"/proc/{pid}/fd/{fd}") == target for fd in os.listdir(f"/proc/{pid}/fd")):
-            return True
-        return target in Path(f"/proc/{pid}/maps").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def test_a_source_truncated_under_a_running_split_is_one_line_and_keeps_the_old_pair(games_hcpe, tmp_path):
     """A memory map of the source killed split with SIGBUS (exit -7, no message). Read in chunks: one line
     naming the file, exit 2, the old pair as it was and no temp file."""
@@ -386,28 +374,9 @@ def test_a_source_truncated_under_a_running_split_is_one_line_and_keeps_the_old_
     before = snapshot(tmp_path / "pair")
     source = big_split_source(games_hcpe, tmp_path / "big.hcpe", -(-700_000 // (games_hcpe.stat().st_size
                                                                                   // HCPE_SIZE)))
-    process = subprocess.Popen(
+    done = truncated_while_read(
         [sys.executable, "-m", "tideborn.data", "split", str(source), "--train", "pair/train.hcpe",
-         "--test", "pair/test.hcpe", "--seed", "2", "--quiet"],
-        cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        seen = 0
-        while seen < 2:  # twice in a row: hashing it, not the moment's opens that check its size and index
-            seen = seen + 1 if holds_open(process.pid, source) else 0
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "split never opened the file"
-            time.sleep(0.005)
-        # held still while the file is cut, so that the cut lands mid-read whatever the machine's load
-        os.kill(process.pid, signal.SIGSTOP)
-        os.truncate(source, 4000)
-        os.kill(process.pid, signal.SIGCONT)
-        out, err = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+         "--test", "pair/test.hcpe", "--seed", "2", "--quiet"], source, cwd=tmp_path)
     assert done.returncode == 2, describe(done)
     one_line(done, rf"{re.escape(str(source))}: changed while it was read")
     assert snapshot(tmp_path / "pair") == before

@@ -13,7 +13,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ from conftest import (
     events_of,
     settings_args,
     terminal_events,
+    truncated_while_read,
     wait_until,
 )
 from hcpe3_support import sample_games, write_hcpe3
@@ -388,17 +388,6 @@ def big_files(games, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     return {"hcpe": root / "big.hcpe", "psv": root / "big.psv", "hcpe3": root / "big.hcpe3"}
 
 
-def reading(pid: int, path: Path) -> bool:
-    """Whether process `pid` has `path` open or mapped (it is reading it)."""
-    target = str(path)
-    try:
-        if any(os.readlink(f"/proc/{pid}/fd/{fd}") == target for fd in os.listdir(f"/proc/{pid}/fd")):
-            return True
-        return target in Path(f"/proc/{pid}/maps").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 @pytest.mark.parametrize("command", ["verify", "inspect"])
 @pytest.mark.parametrize("kind", ["hcpe", "psv", "hcpe3"])
 def test_a_file_truncated_under_a_running_data_command_is_one_line_exit_2(big_files, tmp_path, command, kind):
@@ -406,29 +395,10 @@ def test_a_file_truncated_under_a_running_data_command_is_one_line_exit_2(big_fi
     chunks: one line naming the file, exit 2."""
     path = tmp_path / big_files[kind].name
     shutil.copyfile(big_files[kind], path)
-    process = subprocess.Popen([sys.executable, "-m", "tideborn.data", command, str(path), "--quiet"],
-                               cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
-    try:
-        deadline = time.monotonic() + 120
-        seen = 0
-        while seen < 2:  # twice in a row: reading it, not the moment's open that checks its type and size
-            seen = seen + 1 if reading(process.pid, path) else 0
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "the command never opened the file"
-            time.sleep(0.005)
-        # held still while the file is cut (a cleanup or a bad copy, mid-read), so that the cut lands before
-        # it has read everything whatever the machine's load
-        os.kill(process.pid, signal.SIGSTOP)
-        os.truncate(path, 4000)
-        os.kill(process.pid, signal.SIGCONT)
-        out, err = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 2, (process.returncode, out[-2000:], err[-2000:])
-    assert_user_error(err, rf"{re.escape(str(path))}: changed while it was read")
+    done = truncated_while_read([sys.executable, "-m", "tideborn.data", command, str(path), "--quiet"], path,
+                                cwd=tmp_path)
+    assert done.returncode == 2, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    assert_user_error(done.stderr, rf"{re.escape(str(path))}: changed while it was read")
 
 
 # -- 5. DDP: one decode a node ---------------------------------------------------------------------------------

@@ -32,12 +32,12 @@ from conftest import (
     run_trainer,
     settings_args,
     tree,
+    until,
 )
 from test_data_support import hcpe_records, random_positions, write_records
 from test_reliability_support import TOOL, fault_env, launched_runs, process_gone, tool, wait_for
 from textual.notifications import Notify
 
-from tests.conftest import until
 from tideborn.errors import UserError
 from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import read_pid_record

@@ -26,11 +26,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO_ROOT, child_env, describe, events_of, settings_args, step_events, terminal_events
+from conftest import REPO_ROOT, child_env, describe, events_of, settings_args, step_events, terminal_events, until
 from test_reliability_support import WAIT_SECONDS, launched_runs, process_gone, wait_for
 from textual.notifications import Notify
 
-from tests.conftest import until
 from tideborn.rundir import list_checkpoints, temp_checkpoints
 from tideborn.rundir.files import boot_relative_start, process_facts, process_start_ticks, read_pid_record, this_host
 from tideborn.tools import train_run

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import until
 from textual.notifications import Notify
 
-from tests.conftest import until
 from tideborn.errors import UserError
 from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import PidRecord, this_host

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import SMOKE_CONFIG, TEMPLATE_SETS, copy_run, events_of, out_dir_set
+from conftest import TEMPLATE_SETS, copy_run, events_of, until
+from test_reliability_start import write_launch_file
 from test_reliability_support import launched_runs, process_gone
 from textual.notifications import Notify
 
-from tests.conftest import until
 from tideborn.rundir.files import PidRecord, read_pid_record, this_host
 from tideborn.tools.train_run import main as train_run_main
 from tui.app import create_app
@@ -410,15 +410,6 @@ async def test_export_asks_where_and_refuses_a_missing_directory(fixture_run, tm
 @pytest.fixture
 def launched():
     yield from launched_runs()
-
-
-def write_launch_file(run_dir: Path, *sets: str) -> None:
-    """launch.json as `train_run start` would have written it for the template run."""
-    overrides = [*sets, out_dir_set(run_dir)]
-    (run_dir / "launch.json").write_text(json.dumps({
-        "v": 1, "config": str(SMOKE_CONFIG), "config_path": str(SMOKE_CONFIG), "overrides": overrides,
-        "flags": {}, "trainer_args": [], "nproc_per_node": 1, "cwd": str(run_dir.parent),
-        "argv": [], "started_at": time.time(), "run_dir": str(run_dir)}))
 
 
 @pytest.mark.slow

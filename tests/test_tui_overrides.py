@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import until
 from textual.widgets import DataTable, Input, Static
 
-from tests.conftest import until
 from tui.app import create_app
 from tui.options import TuiOptions
 from tui.overrides import OverrideModel

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tideborn.data.records import pread_full
 from tideborn.errors import UserError
 
 HEADER_BYTES = 4096
@@ -88,13 +89,10 @@ class CacheFile:
     def read(self, offset: int, length: int, fd: int | None = None) -> bytes:
         """`length` bytes at `offset` (a short read is the file changing under us: `UserError`)."""
         fd = self.check_size() if fd is None else fd
-        data = os.pread(fd, length, offset)
-        while len(data) < length:
-            more = os.pread(fd, length - len(data), offset + len(data))
-            if not more:
-                raise self._changed(f"a read at byte {offset + len(data):,} found the end of the file, "
-                                    f"{os.fstat(fd).st_size:,} bytes now")
-            data += more
+        data = pread_full(fd, length, offset)
+        if len(data) < length:
+            raise self._changed(f"a read at byte {offset + len(data):,} found the end of the file, "
+                                f"{os.fstat(fd).st_size:,} bytes now")
         return data
 
     def close(self) -> None:

@@ -33,7 +33,14 @@ from tideborn.data.game_index import (
     split_mismatch,
 )
 from tideborn.data.progress import Progress
-from tideborn.data.records import RECORD_DTYPES, ChangedWhileRead, readable_size, size_problem, stream_records
+from tideborn.data.records import (
+    RECORD_DTYPES,
+    ChangedWhileRead,
+    open_regular,
+    readable_size,
+    size_problem,
+    stream_records,
+)
 from tideborn.errors import UserError
 
 CHUNK = 65536
@@ -329,7 +336,7 @@ def _hcpe3_headers(path: Path, offsets: np.ndarray) -> np.ndarray:
     from tideborn.data.hcpe3 import HEADER_DTYPE, HEADER_SIZE
 
     out = np.zeros(len(offsets), HEADER_DTYPE)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd, _ = open_regular(path, "hcpe3")
     try:
         for i, offset in enumerate(offsets.tolist()):
             data = os.pread(fd, HEADER_SIZE, offset)

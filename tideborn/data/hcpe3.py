@@ -43,7 +43,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import struct
 import sys
 import time
@@ -58,7 +57,7 @@ from cshogi.dlshogi import make_move_label
 
 from tideborn.data.cachefile import CacheArray, HostileCache, offsets_consistent, open_cache
 from tideborn.data.features import POLICY_CLASSES, sane_kings
-from tideborn.data.records import ChangedWhileRead, readable_size, records_fingerprint
+from tideborn.data.records import ChangedWhileRead, open_regular, pread_full, readable_size, records_fingerprint
 from tideborn.errors import UserError
 
 HEADER_DTYPE = np.dtype([("hcp", np.uint8, 32), ("moveNum", "<u2"), ("result", "u1"), ("opponent", "u1")])
@@ -113,10 +112,7 @@ class _SourceReader:
 
     def __init__(self, path: Path, size: int):
         self.path, self.size = path, size
-        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        if not stat.S_ISREG(os.fstat(self.fd).st_mode):  # replaced by a FIFO since it was checked
-            os.close(self.fd)
-            raise UserError(f"{path}: is no longer a regular file")
+        self.fd, _ = open_regular(path, "hcpe3")  # refused if replaced by a FIFO since it was checked
         self.buffer, self.base = b"", 0
         self.digest = hashlib.blake2b(digest_size=16)
 
@@ -129,14 +125,11 @@ class _SourceReader:
         if start != end:  # a jump forward: the digest covers what was read, and says so by not matching
             self.digest.update(b"\0jump" + start.to_bytes(8, "little"))
         want = min(max(n - len(keep), READ_CHUNK), self.size - start)
-        data = os.pread(self.fd, want, start)
-        while len(data) < want:
-            more = os.pread(self.fd, want - len(data), start + len(data))
-            if not more:
-                raise ChangedWhileRead(f"{self.path}: changed while it was read: it ends at byte "
-                                       f"{start + len(data):,} now, {self.size:,} bytes when reading began; was it "
-                                       f"truncated or rewritten?")
-            data += more
+        data = pread_full(self.fd, want, start)
+        if len(data) < want:
+            raise ChangedWhileRead(f"{self.path}: changed while it was read: it ends at byte "
+                                   f"{start + len(data):,} now, {self.size:,} bytes when reading began; was it "
+                                   f"truncated or rewritten?")
         self.digest.update(data)
         self.buffer, self.base = keep + data, offset if keep else start
         return self.buffer, offset - self.base

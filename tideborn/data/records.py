@@ -99,6 +99,32 @@ COALESCE_BYTES = 1024
 for dense batches of small files; about the best of 0, 256, 1024 and 4096 measured)."""
 
 
+def open_regular(path: Path, kind: str) -> tuple[int, os.stat_result]:
+    """(descriptor, its stat) of `path` opened for reading, refused unless it is a regular file: opened
+    non-blocking, so that a FIFO put in its place is refused without waiting for a writer. The caller closes it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    facts = os.fstat(fd)
+    if not stat.S_ISREG(facts.st_mode):
+        os.close(fd)
+        raise UserError(f"{path}: is {file_type_name(facts.st_mode)}, not a {kind} file; name a regular file")
+    return fd, facts
+
+
+def pread_full(fd: int, length: int, offset: int) -> bytes:
+    """`length` bytes at `offset` in as many `pread` calls as it takes (one returns at most about 2 GiB);
+    fewer only where the file ends, which the caller names (a file cut short under the reader)."""
+    data = os.pread(fd, length, offset)
+    while len(data) < length:
+        more = os.pread(fd, length - len(data), offset + len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
 def readable_size(path: Path, kind: str) -> int:
     """The size of `path` in bytes, after checking it exists, is a regular file and can be read.
 
@@ -113,15 +139,9 @@ def readable_size(path: Path, kind: str) -> int:
         raise UserError(f"{path}: is a directory, not a {kind} file (name its files, e.g. {path / ('*.' + kind)})")
     if not stat.S_ISREG(mode):
         raise UserError(f"{path}: is {file_type_name(mode)}, not a {kind} file; name a regular file")
+    # the open checks the type again: should the path have become a FIFO since the stat, it does not wait
+    fd, facts = open_regular(path, kind)
     try:
-        # O_NONBLOCK: should the path have become a FIFO since the stat, the open does not wait for a writer
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        facts = os.fstat(fd)
-        if not stat.S_ISREG(facts.st_mode):
-            raise UserError(f"{path}: is {file_type_name(facts.st_mode)}, not a {kind} file; name a regular file")
         os.pread(fd, 1, 0)
         return facts.st_size
     except OSError as exc:
@@ -177,24 +197,15 @@ def stream_records(path: Path, kind: str, count: int, chunk: int) -> typing.Iter
     while it is read is a `UserError` naming it; one opened as something else than a regular file (a FIFO
     put in its place) is refused without waiting for a writer."""
     itemsize = RECORD_DTYPES[kind].itemsize
+    fd, _ = open_regular(path, kind)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        facts = os.fstat(fd)
-        if not stat.S_ISREG(facts.st_mode):
-            raise UserError(f"{path}: is {file_type_name(facts.st_mode)}, not a {kind} file; name a regular file")
         for start in range(0, count, chunk):
             want = (min(count, start + chunk) - start) * itemsize
-            data = os.pread(fd, want, start * itemsize)
-            while len(data) < want:
-                more = os.pread(fd, want - len(data), start * itemsize + len(data))
-                if not more:
-                    raise ChangedWhileRead(f"{path}: changed while it was read: {os.fstat(fd).st_size:,} bytes now, "
-                                    f"{count * itemsize:,} ({count:,} records) when reading began; was it "
-                                    f"truncated or rewritten? Nothing was concluded about it")
-                data += more
+            data = pread_full(fd, want, start * itemsize)
+            if len(data) < want:
+                raise ChangedWhileRead(f"{path}: changed while it was read: {os.fstat(fd).st_size:,} bytes now, "
+                                       f"{count * itemsize:,} ({count:,} records) when reading began; was it "
+                                       f"truncated or rewritten? Nothing was concluded about it")
             yield start, np.frombuffer(data, dtype=RECORD_DTYPES[kind])
     except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None

@@ -21,7 +21,7 @@ from tideborn.data.legal import LegalLabels, kept_positions
 from tideborn.data.legal import mask as legal_mask
 from tideborn.data.loader import pins_memory, to_device_batch
 from tideborn.data.records import RecordSet, held_out_records
-from tideborn.data.sources import BatchDecoder, TeacherSource, as_source
+from tideborn.data.sources import BatchDecoder, TeacherSource, as_source, padded_targets
 from tideborn.errors import UserError
 from tideborn.trainer.losses import policy_loss as policy_cross_entropy
 from tideborn.trainer.targets import mixed_value_target, policy_entropy, value_entropy
@@ -75,7 +75,7 @@ class Evaluator:
         self.result = torch.from_numpy(np.concatenate([p.result for p in parts]))
         self.policy_labels = self.policy_probs = None
         if any(p.policy_probs is not None for p in parts):  # distributions (hcpe3): one padded [n, K] target
-            labels, probs = _padded_targets(parts)
+            labels, probs = padded_targets(parts)
             self.policy_labels, self.policy_probs = torch.from_numpy(labels), torch.from_numpy(probs)
         self.eval_value = torch.from_numpy(np.concatenate([p.eval_value for p in parts]))
         if self.pinned:  # pinned once: each batch's copy is then asynchronous
@@ -144,23 +144,6 @@ class Evaluator:
             "policy_accuracy_legal": legal_hits / n, "policy_entropy": p_entropy / n, "value_entropy": v_entropy / n,
             "positions": n, "skipped_records": self.skipped_records,
         }
-
-
-def _padded_targets(parts: list) -> tuple[np.ndarray, np.ndarray]:
-    """The decoded chunks' policy targets as one [n, K] pair (one-hot chunks: probability 1 in column 0)."""
-    width = max(p.policy_labels.shape[1] if p.policy_labels is not None else 1 for p in parts)
-    total = sum(len(p) for p in parts)
-    labels, probs = np.zeros((total, width), np.int64), np.zeros((total, width), np.float32)
-    start = 0
-    for p in parts:
-        stop = start + len(p)
-        if p.policy_probs is None:
-            labels[start:stop, 0], probs[start:stop, 0] = p.policy, 1.0
-        else:
-            labels[start:stop, :p.policy_labels.shape[1]] = p.policy_labels
-            probs[start:stop, :p.policy_labels.shape[1]] = p.policy_probs
-        start = stop
-    return labels, probs
 
 
 def evaluate(model: torch.nn.Module, settings: Settings, device: torch.device,

@@ -141,6 +141,24 @@ def _kept(n: int, skipped: list[tuple[int, str]]) -> np.ndarray:
     return np.flatnonzero(keep)
 
 
+def padded_targets(batches: list[DecodedBatch]) -> tuple[np.ndarray, np.ndarray]:
+    """The policy targets of decoded batches as one padded [n, K] pair, K the widest (a one-hot batch: its
+    label with probability 1 in column 0)."""
+    width = max(b.policy_labels.shape[1] if b.policy_labels is not None else 1 for b in batches)
+    total = sum(len(b) for b in batches)
+    labels, probs = np.zeros((total, width), np.int64), np.zeros((total, width), np.float32)
+    start = 0
+    for b in batches:
+        stop = start + len(b)
+        if b.policy_probs is None:
+            labels[start:stop, 0], probs[start:stop, 0] = b.policy, 1.0
+        else:
+            k = b.policy_labels.shape[1]
+            labels[start:stop, :k], probs[start:stop, :k] = b.policy_labels, b.policy_probs
+        start = stop
+    return labels, probs
+
+
 def _join(pieces: list[tuple[np.ndarray, DecodedBatch]], planes: np.ndarray | None) -> DecodedBatch:
     """One batch from decoded pieces (rows: each piece's positions in the batch handed to `decode`). The
     board planes of each piece were written right after the previous piece's kept rows."""
@@ -151,21 +169,9 @@ def _join(pieces: list[tuple[np.ndarray, DecodedBatch]], planes: np.ndarray | No
         return batch
     total = sum(len(b) for _, b in pieces)
     features1 = planes[:total] if planes is not None else np.concatenate([b.features1 for _, b in pieces])
-    sparse = any(b.policy_probs is not None for _, b in pieces)
     labels = probs = None
-    if sparse:
-        width = max(b.policy_labels.shape[1] if b.policy_labels is not None else 1 for _, b in pieces)
-        labels = np.zeros((total, width), dtype=np.int64)
-        probs = np.zeros((total, width), dtype=np.float32)
-        start = 0
-        for _, b in pieces:
-            stop = start + len(b)
-            if b.policy_probs is None:
-                labels[start:stop, 0], probs[start:stop, 0] = b.policy, 1.0
-            else:
-                k = b.policy_labels.shape[1]
-                labels[start:stop, :k], probs[start:stop, :k] = b.policy_labels, b.policy_probs
-            start = stop
+    if any(b.policy_probs is not None for _, b in pieces):
+        labels, probs = padded_targets([b for _, b in pieces])
     return DecodedBatch(
         features1, np.concatenate([b.features2 for _, b in pieces]), np.concatenate([b.policy for _, b in pieces]),
         np.concatenate([b.value for _, b in pieces]), np.concatenate([b.result for _, b in pieces]),

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from tideborn.config.schema import Settings
 from tideborn.data.evalfix import fit_files, scales_by_file
-from tideborn.data.features import BadRecord
-from tideborn.data.legal import LegalLabels, kept_positions
+from tideborn.data.features import BadRecord, kept_positions
+from tideborn.data.legal import LegalLabels
 from tideborn.data.legal import mask as legal_mask
 from tideborn.data.loader import pins_memory, to_device_batch
 from tideborn.data.records import RecordSet, held_out_records

@@ -146,6 +146,13 @@ class DecodedBatch:
         return int(self.policy.shape[0])
 
 
+def kept_positions(count: int, skipped: list[tuple[int, str]]) -> np.ndarray:
+    """The positions of a decoded input of `count` records that were not skipped (`DecodedBatch.skipped`)."""
+    keep = np.ones(count, dtype=bool)
+    keep[[position for position, _ in skipped]] = False
+    return np.flatnonzero(keep)
+
+
 class Decoder:
     """Decodes batches of one record kind; one per process (it owns a cshogi Board and scratch planes)."""
 

@@ -49,13 +49,6 @@ class LegalLabels:
         return torch.from_numpy(flat), torch.from_numpy(offsets)
 
 
-def kept_positions(count: int, skipped: list[tuple[int, str]]) -> np.ndarray:
-    """The positions of a decoded chunk of `count` records that were not skipped."""
-    keep = np.ones(count, dtype=bool)
-    keep[[position for position, _ in skipped]] = False
-    return np.flatnonzero(keep)
-
-
 def mask(labels: torch.Tensor, offsets: torch.Tensor, start: int, stop: int, device: torch.device) -> torch.Tensor:
     """[stop - start, 2187] bool: True at the legal moves' labels of positions start..stop-1."""
     first, last = int(offsets[start]), int(offsets[stop])

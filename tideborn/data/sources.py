@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tideborn.data.features import BadRecord, DecodedBatch, Decoder
+from tideborn.data.features import BadRecord, DecodedBatch, Decoder, kept_positions
 from tideborn.data.records import RecordSet, expand_paths
 from tideborn.errors import UserError
 
@@ -105,7 +105,7 @@ class Hcpe3Part:
                                                       None if planes is None else planes[done:done + len(rows)], scales)
             except BadRecord as bad:
                 raise BadRecord(int(rows[bad.position]), bad.reason) from None
-            kept = _kept(len(rows), part.skipped)
+            kept = kept_positions(len(rows), part.skipped)
             labels, probs, top = positions.targets(within[kept], decoder.temperature)
             part.policy = top
             if decoder.temperature != 0:
@@ -133,12 +133,6 @@ class Hcpe3Part:
 
         for positions in self.files:
             close_arrays(positions.arrays.values())
-
-
-def _kept(n: int, skipped: list[tuple[int, str]]) -> np.ndarray:
-    keep = np.ones(n, dtype=bool)
-    keep[[pos for pos, _ in skipped]] = False
-    return np.flatnonzero(keep)
 
 
 def padded_targets(batches: list[DecodedBatch]) -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,16 @@ BLOCK = 256
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
+def segment_starts(steps: np.ndarray, last_x: float | None, forced: bool) -> tuple[set[int], list[int]]:
+    """Where the `steps` appended after `last_x` (None: nothing yet) begin new segments, and the cut points
+    (0 and the end included): where the step goes backwards (a resume the events did not announce), and at 0
+    when `forced`, when nothing came before, or when the first step is below the last one."""
+    starts = {int(i) for i in np.flatnonzero(np.diff(steps) < 0) + 1}
+    if forced or last_x is None or steps[0] < last_x:
+        starts.add(0)
+    return starts, sorted(starts | {0, steps.size})
+
+
 class Growable:
     """A float array that grows by doubling (amortised O(1) appends; a view of the filled part). float32
     for figures shown to a few digits (learning rate, throughput): half the memory on a long run; values
@@ -184,13 +194,10 @@ class Series:
         if steps.size == 0:
             self._break_next = self._break_next or new_segment
             return
-        # A new segment also where the step goes backwards (a resume the events did not announce).
-        starts = {int(i) for i in np.flatnonzero(np.diff(steps) < 0) + 1}
-        if new_segment or self._break_next or not self.segments or steps[0] < self.x.view[-1]:
-            starts.add(0)
+        starts, cuts = segment_starts(steps, self.x.view[-1] if self.segments else None,
+                                      new_segment or self._break_next)
         self._break_next = False
         grown_from = len(self.x)
-        cuts = sorted(starts | {0, steps.size})
         for begin, end in zip(cuts, cuts[1:]):
             if begin in starts:
                 self.segments.append(len(self.x))
@@ -280,12 +287,10 @@ class StepTable:
             self._break_next = self._break_next or new_segment
             return
         times = np.full(steps.size, np.nan) if times is None else np.asarray(times, dtype=np.float64)
-        starts = {int(i) for i in np.flatnonzero(np.diff(steps) < 0) + 1}
-        if new_segment or self._break_next or not self.segments or steps[0] < self.x.view[-1]:
-            starts.add(0)
+        starts, cuts = segment_starts(steps, self.x.view[-1] if self.segments else None,
+                                      new_segment or self._break_next)
         self._break_next = False
         grown_from = len(self.x)
-        cuts = sorted(starts | {0, steps.size})
         absent = np.full(steps.size, np.nan)
         for begin, end in zip(cuts, cuts[1:]):
             if begin in starts:

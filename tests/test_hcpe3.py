@@ -579,3 +579,16 @@ def test_per_file_eval_scales_reach_hcpe3_positions_and_their_averages(games, tm
     # the scales are part of the cache key: other scales build another merged set
     other = averaged_source(open_source(paths), settings, scales={str(paths[0]): 500.0, str(paths[1]): 500.0})
     assert other.note["average"]["cache"] != averaged.note["average"]["cache"]
+
+
+def test_a_kind_set_against_the_hcpe3_extension_is_refused_naming_the_file(games, tmp_path):
+    """data.kind = "hcpe" (as in configs/smoke-teacher.toml) on an .hcpe3 file read it as 38-byte records and
+    failed on a garbage record far in ("record 1936: game result out of range"); the reverse read records as
+    games. Where the extension says the other layout, one line says so."""
+    write_hcpe3(tmp_path / "sp.hcpe3", games[:3], seed=40)
+    with pytest.raises(UserError, match=r"sp\.hcpe3: data\.kind is \"hcpe\" but the extension says hcpe3"):
+        open_source([tmp_path / "sp.hcpe3"], kind="hcpe")
+    convert_games([Path(g.source) for g in games[:1]], tmp_path / "one.hcpe", progress=False)
+    with pytest.raises(UserError, match=r"one\.hcpe: data\.kind is \"hcpe3\" but the extension says hcpe"):
+        open_source([tmp_path / "one.hcpe"], kind="hcpe3")
+    assert len(open_source([tmp_path / "sp.hcpe3"], kind="hcpe3")) > 0

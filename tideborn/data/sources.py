@@ -36,9 +36,14 @@ EXTENSION_KINDS = {".hcpe": "hcpe", ".bin": "psv", ".psv": "psv", ".hcpe3": "hcp
 
 def file_kind(path: str | os.PathLike, kind: str = "auto", what: str = "data.kind") -> str:
     """`hcpe`, `psv` or `hcpe3`: `kind` itself unless `auto`/`mixed`, else from `path`'s extension."""
-    if kind in FILE_KINDS:
-        return kind
     found = EXTENSION_KINDS.get(Path(path).suffix.lower())
+    if kind in FILE_KINDS:
+        # An hcpe3 file read as records (or records as hcpe3) decodes garbage, or fails on some record far in:
+        # where the extension says the other layout, say so rather than read it.
+        if found is not None and (found == "hcpe3") != (kind == "hcpe3"):
+            raise UserError(f"{path}: {what} is \"{kind}\" but the extension says {found}; set {what} = "
+                            f"\"auto\" (each file's kind from its extension) or rename the file")
+        return kind
     if found is None:
         raise UserError(f"{path}: cannot tell the record format from the extension (.hcpe for hcpe; .bin or "
                         f".psv for psv; .hcpe3 for hcpe3); set {what}")

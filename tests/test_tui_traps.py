@@ -271,3 +271,26 @@ async def test_a_stall_held_across_refreshes_is_listed_once(fixture_run):
             await pilot.pause()
         assert [a.rule for a in pane.anomalies[count:]] == ["stalled"]
         assert screen.header.render_line(0).text.startswith(" STALLED  1 anomaly ")
+
+
+@pytest.mark.parametrize("state", ["empty", "stopped"])
+async def test_the_footer_keeps_help_within_80_columns_with_a_launch_plan(tmp_path, state):
+    """With --config the footer also offers Start and Overrides: the view keys (m, l, n) live in the help
+    screen, so that "? Help" is still on screen at 80 columns (it was cut off after "f Foll")."""
+    from textual.widgets._footer import FooterKey
+
+    from tui.plan import LaunchPlan
+
+    run_dir = tmp_path / "run"
+    if state == "stopped":
+        write_fixture_run(run_dir)
+    else:
+        run_dir.mkdir()
+    plan = LaunchPlan(config=str(Path(__file__).parents[1] / "configs" / "smoke.toml"), cwd=tmp_path)
+    async with app_for(run_dir, plan=plan).run_test(size=(80, 24)) as pilot:
+        await attached(pilot)
+        await pilot.pause()
+        shown = {key.key: key for key in pilot.app.screen.query(FooterKey)}
+        assert "s" in shown and "e" in shown, sorted(shown)
+        assert "question_mark" in shown and shown["question_mark"].region.right <= 80, \
+            [(k, key.region) for k, key in shown.items()]

@@ -74,9 +74,11 @@ class DashboardScreen(Screen):
         # Nor while the run is not running (finished, stopped, failed...): x says there is nothing to stop.
         Binding("x", "stop_not_running", "Stop", show=False),
         Binding("k", "checkpoints", "Checkpoints"),
-        Binding("m", "smooth", "Smooth"),
-        Binding("l", "log_scale", "Log"),
-        Binding("n", "last_steps", "Last N"),
+        # m, l, n: in the help screen, not the footer, so that "? Help" still fits 80 columns next to
+        # Start / Stop, Checkpoints, Chart, Overrides and Follow log
+        Binding("m", "smooth", "Smooth", show=False),
+        Binding("l", "log_scale", "Log", show=False),
+        Binding("n", "last_steps", "Last N", show=False),
         Binding("a", "all_steps", "All", show=False),
         Binding("c", "curves", "Curves: all, train, eval", show=False),
         Binding("g", "next_chart", "Chart"),

@@ -16,6 +16,7 @@ import torch
 from conftest import REPO_ROOT, child_env, describe, events_of, step_events, terminal_events, train
 
 from tideborn.bench import gpu as bench_gpu
+from tideborn.bench import gpu_runs
 from tideborn.rundir.events import as_float
 
 
@@ -170,7 +171,7 @@ def test_the_gpu_checks_teacher_data_run_trains_on_random_play_records(tmp_path:
     # of seeded random games, which the check writes itself where no game records are at hand.
     out = tmp_path / "out"
     out.mkdir()
-    run = bench_gpu.teacher_run("cpu", out, timeout_seconds=240)
+    run = gpu_runs.teacher_run("cpu", out, timeout_seconds=240)
     assert (run["exit_code"], run["terminal"], run["steps"]) == (0, "run_finished", 60), run
     assert run["records"] > 10_000 and 0 <= run["data_wait_fraction"] < 1
     assert math.isfinite(run["final_loss"]) and run["final_loss"] < run["first_loss"]
@@ -219,3 +220,58 @@ def test_the_gpu_event_reads_other_gpus_through_nvml_only(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: asked.append(i) or (30 * 2**30, 80 * 2**30))
     snapshot = gpu_snapshot(torch.device("cuda", 1))
     assert [d["memory_used_bytes"] for d in snapshot["devices"]] == [None, 50 * 2**30] and asked == [1]
+
+
+def test_the_gpu_checks_real_runs_train_hcpe3_resume_exactly_and_time_a_match(tmp_path: Path, capsys) -> None:
+    # The runs that only a real process shows, in their CPU form: an hcpe3 run, the resume check (bit for bit on
+    # the CPU, deterministic kernels or not), a match between the teacher run's checkpoints, the loader alone.
+    out = tmp_path / "out"
+    code = bench_gpu.main(["--device", "cpu", "--quick", "--out", str(out), "--runs", "teacher", "hcpe3", "resume",
+                           "match", "loader", "--variants", "deterministic"])
+    assert code == 0, capsys.readouterr()
+    results = json.loads((out / "results.json").read_text())
+    hcpe3 = results["hcpe3"]
+    assert (hcpe3["exit_code"], hcpe3["terminal"], hcpe3["steps"]) == (0, "run_finished", 60), hcpe3
+    assert hcpe3["with_candidates"] > 0 and math.isfinite(hcpe3["final_loss"])
+
+    resume = results["resume"]
+    terminals = [run["terminal"] for run in resume["runs"].values()]
+    assert terminals == ["run_finished", "run_finished", "run_stopped", "run_finished"], resume
+    assert resume["resumed_vs_straight"]["steps_compared"] == resume["steps"] == 40
+    assert resume["exact"] and resume["resumed_vs_straight"]["identical"], resume
+
+    match = results["match"]["cpu"]
+    assert match["games_per_second"] > 0 and match["moves"] > 0, results["match"]
+    assert results["loader"][0]["batches_per_second"] > 0 and results["loader"][0]["pin_memory"] is False
+    assert {row["variant"] for row in results["sweep"]} == {"default", "deterministic"}
+
+    markdown = (out / "results.md").read_text()
+    for section in ("## hcpe3 run", "## Resume", "## Match speed", "## The teacher loader alone"):
+        assert section in markdown
+    assert "Exact (every logged loss and the final weights bit for bit): **yes**" in markdown
+
+
+def test_the_resume_comparison_tells_a_changed_loss_or_weight_from_an_identical_run() -> None:
+    losses = {1: 8.5, 2: 8.25}
+    weights = {"w": torch.ones(3), "steps": torch.tensor(2)}
+    assert gpu_runs.compare(losses, dict(losses), weights, {k: v.clone() for k, v in weights.items()})["identical"]
+    moved = gpu_runs.compare(losses, {1: 8.5, 2: 8.25 + 1e-6}, weights, weights)
+    assert not moved["identical"] and moved["max_loss_difference"] == pytest.approx(1e-6)
+    nudged = gpu_runs.compare(losses, losses, weights, {"w": torch.tensor([1.0, 1.0, 1.5]), "steps": torch.tensor(2)})
+    assert not nudged["identical"] and nudged["max_weight_difference"] == 0.5
+
+
+def test_deterministic_kernels_are_a_setting_that_a_later_trainer_turns_off_again() -> None:
+    from tideborn.config.schema import RuntimeSettings
+    from tideborn.trainer.device import DeviceSetup, apply_global_switches
+
+    setup = DeviceSetup(torch.device("cpu"), "fp32", channels_last=False)
+    threads = torch.get_num_threads()
+    try:
+        apply_global_switches(RuntimeSettings(deterministic=True, threads=threads), setup)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        apply_global_switches(RuntimeSettings(threads=threads), setup)
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)

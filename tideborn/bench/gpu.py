@@ -18,11 +18,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import platform
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,19 +31,17 @@ from pathlib import Path
 import torch
 
 import tideborn
+from tideborn.bench import gpu_runs
 from tideborn.bench.gpu_report import render_markdown
+from tideborn.bench.gpu_runs import describe_run, smoke_run
 from tideborn.config import load_settings
 from tideborn.config.schema import RuntimeSettings
-from tideborn.rundir import EVENTS_FILE
-from tideborn.rundir.events import read_events
 from tideborn.trainer.device import resolve_device
 from tideborn.trainer.model import build_model
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.state import TrainingState
 from tideborn.trainer.summary import summarize_model
-
-SMOKE_CONFIG = Path(tideborn.__file__).resolve().parents[1] / "configs" / "smoke.toml"
 
 PEAK_BF16_DENSE_FLOPS = (
     # (part of torch.cuda.get_device_name, dense bf16 tensor FLOP/s with fp32 accumulation, no sparsity).
@@ -96,6 +91,7 @@ def variants() -> tuple[Variant, ...]:
         Variant("clip + ema", ("optim.grad_clip_norm=10.0", "optim.ema_decay=0.9999"), middle_batch_only=True),
         Variant("adamw", ('optim.optimizer="adamw"',), middle_batch_only=True),
         Variant("fp16", ('runtime.precision="fp16"',), middle_batch_only=True),
+        Variant("deterministic", ("runtime.deterministic=true",), middle_batch_only=True),
         Variant("bf16", ('runtime.precision="bf16"',), devices=("cpu",)),
     )
 
@@ -138,89 +134,6 @@ def device_info(device: str, peak_tflops: float | None) -> dict:
         peak, source = peak_tflops * 1e12, "--peak-tflops"
     info.update(peak_bf16_flops=peak, peak_source=source)
     return info
-
-
-# -- the smoke runs -----------------------------------------------------------------------------------
-
-TEACHER_POSITIONS = 14_000
-"""Positions of seeded random games for the teacher-data run (530 KB of hcpe)."""
-TEACHER_SETS = ('data.kind="hcpe"', "data.test=[]", "data.workers=2", "optim.batch_size=256",
-                "runtime.max_steps=60", "runtime.log_every=10", "runtime.checkpoint_every=30", "runtime.threads=0")
-"""On top of configs/smoke.toml: the real teacher path (decoding workers, pinned memory, copies that
-overlap the step on CUDA) for 60 steps of the small net."""
-
-
-def smoke_run(device: str, out: Path, timeout_seconds: float) -> dict:
-    """`tideborn train --config configs/smoke.toml` on `device`, as a separate process; its figures."""
-    return training_run("smoke", device, out, (), timeout_seconds)
-
-
-def teacher_run(device: str, out: Path, timeout_seconds: float) -> dict:
-    """The smoke config on teacher-format data (random-play hcpe records) with decoding workers; skipped,
-    and said so, where cshogi is not installed (stock PyTorch images lack it)."""
-    import importlib.util
-
-    if importlib.util.find_spec("cshogi") is None:
-        return {"skipped": "cshogi is not installed here (carry its wheel to run the teacher-data path)"}
-    from tideborn.bench.data import random_game_records  # imports cshogi
-
-    with tempfile.TemporaryDirectory(prefix="tideborn-teacher-data-") as scratch:
-        data = Path(scratch) / "random-play.hcpe"
-        generated = random_game_records(TEACHER_POSITIONS, seed=0)
-        generated.tofile(data)
-        records = len(generated)
-        result = training_run("teacher", device, out,
-                              (*TEACHER_SETS, f"data.train=[{json.dumps(str(data))}]"), timeout_seconds)
-    result["records"] = records
-    return result
-
-
-def training_run(name: str, device: str, out: Path, overrides: tuple[str, ...], timeout_seconds: float) -> dict:
-    """A real `tideborn train` process in a temporary run directory. OUTDIR keeps only its log and event
-    stream (NAME-train.log, NAME-events.jsonl): few, flat files, as a borrowed machine hands back."""
-    with tempfile.TemporaryDirectory(prefix=f"tideborn-{name}-") as scratch:
-        return _training_run(name, device, out, Path(scratch) / "run", overrides, timeout_seconds)
-
-
-def _training_run(name: str, device: str, out: Path, run_dir: Path, overrides: tuple[str, ...],
-                  timeout_seconds: float) -> dict:
-    command = [sys.executable, "-m", "tideborn.cli", "train", "--config", str(SMOKE_CONFIG), "--fresh",
-               "--set", f'runtime.device="{device}"', "--set", f"runtime.out_dir={json.dumps(str(run_dir))}",
-               "--set", 'runtime.progress="plain"']
-    for item in overrides:
-        command += ["--set", item]
-    env = {k: v for k, v in os.environ.items() if k not in ("TIDEBORN_PROJECT_FILE", "WORLD_SIZE", "RANK")}
-    # The same tideborn as this process, installed or not (the run starts in OUTDIR, not the checkout).
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SMOKE_CONFIG.parents[1]), env.get("PYTHONPATH")]))
-    started = time.perf_counter()
-    log_path, events_path = out / f"{name}-train.log", out / f"{name}-events.jsonl"
-    result: dict = {"command": command, "log": str(log_path)}
-    with open(log_path, "wb") as log:
-        try:
-            code = subprocess.run(command, cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, timeout=timeout_seconds).returncode
-        except subprocess.TimeoutExpired:
-            code = None
-            result["error"] = f"killed after {timeout_seconds:.0f} s"
-    result.update(exit_code=code, seconds=time.perf_counter() - started)
-    events = []
-    if (run_dir / EVENTS_FILE).exists():
-        shutil.copyfile(run_dir / EVENTS_FILE, events_path)
-        result["events"] = str(events_path)
-        events = read_events(run_dir / EVENTS_FILE)
-    steps = [e for e in events if e["kind"] == "step"]
-    started_event = next((e for e in events if e["kind"] == "run_started"), {})
-    terminal = [e["kind"] for e in events if e["kind"] in ("run_finished", "run_stopped", "run_failed")]
-    later = steps[1:] or steps  # the first window holds start-up (worker start, cuDNN's search)
-    wait = sum(e["data_wait_seconds"] for e in later)
-    busy = wait + sum(e["compute_seconds"] for e in later)
-    result.update(device_used=started_event.get("device"), terminal=terminal[-1] if terminal else None,
-                  steps=steps[-1]["step"] if steps else 0,
-                  first_loss=steps[0]["loss"] if steps else None, final_loss=steps[-1]["loss"] if steps else None,
-                  positions_per_second=steps[-1]["positions_per_second"] if steps else None,
-                  data_wait_fraction=wait / busy if busy > 0 else None,
-                  gpu_event=next((e for e in events if e["kind"] == "gpu"), None))  # NVML's figures, if any
-    return result
 
 
 # -- one sweep configuration --------------------------------------------------------------------------
@@ -294,6 +207,29 @@ def measure(plan: Plan, model: str, batch_size: int, variant: Variant, flops_per
     }
 
 
+def profile_step(model: str, batch_size: int, out: Path) -> str:
+    """The CUDA kernels of ten default steps of `model` at `batch_size` (torch.profiler), top 40 by CUDA time,
+    written to OUTDIR/profile-MODEL-BATCH.txt: where the step's time goes; returns the file name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with tempfile.TemporaryDirectory() as workdir:
+        state = build_state(model, batch_size, Variant("default"), "cuda", Path(workdir))
+        try:
+            for _ in range(5):
+                state.train_step()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    state.train_step()
+                torch.cuda.synchronize()
+        finally:
+            state.close()
+            release_memory()
+    path = out / f"profile-{model}-{batch_size}.txt"
+    path.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70))
+    return path.name
+
+
 def host_syncs_in_one_step(state: TrainingState) -> list[str]:
     """The operations that made the host wait for the GPU during one step (CUDA's sync debug mode);
     the step should have none, the logging that reads losses back happens outside it."""
@@ -304,7 +240,9 @@ def host_syncs_in_one_step(state: TrainingState) -> list[str]:
             state.train_step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return [str(w.message).strip().splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
+    # torch also warns, once, that the debug mode is a prototype: that notice is no synchronisation
+    return [str(w.message).strip().splitlines()[0] for w in caught
+            if "synchroniz" in str(w.message) and "debug mode is a prototype" not in str(w.message)]
 
 
 def release_memory() -> None:
@@ -379,14 +317,6 @@ def sweep(plan: Plan, results: dict, save) -> None:
             save()
 
 
-def describe_run(label: str, run: dict) -> str:
-    if run.get("skipped"):
-        return f"{label}: skipped: {run['skipped']}"
-    wait = f", data wait {run['data_wait_fraction']:.1%}" if run.get("data_wait_fraction") is not None else ""
-    return (f"{label}: exit {run['exit_code']}, {run['terminal']}, {run['steps']} steps, last loss "
-            f"{run['final_loss']}{wait}, {run['seconds']:.1f} s")
-
-
 def describe_row(row: dict) -> str:
     head = f"{row['model']:<13} batch {row['batch_size']:>5}  {row['variant']:<20}"
     if row["status"] != "ok":
@@ -396,6 +326,70 @@ def describe_row(row: dict) -> str:
     return (f"{head} {row['positions_per_second']:>11,.0f} pos/s (min {row['min']:,.0f}, max {row['max']:,.0f})"
             f"{memory}{mfu}  first step {row['first_step_seconds']:.1f} s"
             + (f"  {len(row['host_syncs_per_step'])} host sync(s) in a step" if row["host_syncs_per_step"] else ""))
+
+
+RUNS = ("smoke", "teacher", "hcpe3", "resume", "match", "loader", "profile")
+TEACHER_WORKERS = (8,)
+"""Worker counts tried after the default when the teacher run waits for data 5% of its step time or more."""
+MATCH_GAMES, MATCH_PLIES = 64, 64
+
+
+def real_runs(args: argparse.Namespace, plan: Plan, results: dict, save) -> None:
+    """The whole-process runs of `gpu_runs`, in order, each saved as soon as it ends. Each gets a share of what
+    is left of the budget, so that the sweep keeps its part."""
+    chosen = args.runs or (RUNS if args.device == "cuda" else ("smoke", "teacher"))
+
+    def timeout() -> float:
+        return max(30.0, min(180.0, plan.left() / 4))
+
+    with tempfile.TemporaryDirectory(prefix="tideborn-gpu-check-") as scratch:
+        kept = Path(scratch) / "teacher-run"
+        if "smoke" in chosen:
+            results["smoke"] = smoke_run(args.device, args.out, timeout_seconds=timeout())
+            print(describe_run("smoke run", results["smoke"]), flush=True)
+            save()
+        if "teacher" in chosen:
+            default = gpu_runs.default_workers()
+            counts = (default, *(w for w in TEACHER_WORKERS if w > default)) if args.device == "cuda" else (default,)
+            runs = gpu_runs.teacher_workers_runs(args.device, args.out, counts, timeout(), keep_run_dir=kept)
+            results["teacher"], results["teacher_workers"] = runs[0], runs
+            if args.device == "cuda":  # plain copies against pinned staging, at the default workers
+                results["teacher_unpinned"] = gpu_runs.teacher_run(
+                    args.device, args.out, timeout(), default, name=f"teacher-w{default}-unpinned",
+                    extra_sets=("runtime.pin_memory=false",))
+                print(describe_run("teacher-data run, pin_memory off", results["teacher_unpinned"]), flush=True)
+            save()
+        if "hcpe3" in chosen:
+            results["hcpe3"] = gpu_runs.hcpe3_run(args.device, args.out, timeout())
+            print(describe_run("hcpe3 run", results["hcpe3"]), flush=True)
+            save()
+        if "resume" in chosen:
+            results["resume"] = gpu_runs.resume_check(args.device, args.out, timeout())
+            print(f"resume check: exact {results['resume']['exact']}, within the device's run-to-run difference "
+                  f"{results['resume']['within_device_noise']}", flush=True)
+            save()
+        if "match" in chosen:
+            checkpoints = sorted(kept.glob("step-*.pt"))[-2:]
+            if len(checkpoints) < 2:
+                results["match"] = {"skipped": "the teacher run left no two checkpoints to play"}
+            else:
+                devices = ("cuda", "cpu") if args.device == "cuda" else ("cpu",)
+                results["match"] = gpu_runs.match_speed((checkpoints[1], checkpoints[0]), args.out, devices,
+                                                        MATCH_GAMES, MATCH_PLIES, timeout())
+                if args.device == "cuda":
+                    results["match_wide"] = gpu_runs.match_speed((checkpoints[1], checkpoints[0]), args.out, devices,
+                                                                 MATCH_GAMES * 4, MATCH_PLIES, timeout())
+                    results["match_profile"] = gpu_runs.profile_match((checkpoints[1], checkpoints[0]), args.out,
+                                                                      "cuda", MATCH_GAMES, MATCH_PLIES)
+            print(f"match: {results['match']}", flush=True)
+            save()
+        if "loader" in chosen:
+            counts = (gpu_runs.default_workers(), 8) if args.device == "cuda" else (gpu_runs.default_workers(),)
+            results["loader"] = gpu_runs.loader_speed(args.device, counts)
+            save()
+        if "profile" in chosen and args.device == "cuda":
+            results["step_profile"] = profile_step("resnet10x192", 1024, args.out)
+            save()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -413,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-seconds", type=float, default=400.0,
                         help="start no configuration that would end past this, smoke run included (default 400)")
     parser.add_argument("--skip-smoke", action="store_true", help="only the sweep")
+    parser.add_argument("--runs", nargs="+", choices=RUNS, metavar="RUN",
+                        help=f"real training and match processes before the sweep, of {', '.join(RUNS)} "
+                             f"(default: all on cuda; smoke and teacher on cpu)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: error: CUDA is not available (no GPU, or a CPU build of torch); "
@@ -441,12 +438,7 @@ def main(argv: list[str] | None = None) -> int:
           f"budget {plan.budget_seconds:.0f} s, results in {args.out}", flush=True)
     try:
         if not args.skip_smoke:
-            results["smoke"] = smoke_run(args.device, args.out, timeout_seconds=min(180.0, plan.left() / 3))
-            print(describe_run("smoke run", results["smoke"]), flush=True)
-            save()
-            results["teacher"] = teacher_run(args.device, args.out, timeout_seconds=min(180.0, plan.left() / 3))
-            print(describe_run("teacher-data run", results["teacher"]), flush=True)
-            save()
+            real_runs(args, plan, results, save)
         sweep(plan, results, save)
         results["finished"] = True
     except KeyboardInterrupt:

@@ -30,13 +30,116 @@ def _smoke(smoke: dict | None) -> list[str]:
     return _training_run(smoke, "`configs/smoke.toml` with `runtime.device` set")
 
 
-def _teacher(run: dict | None) -> list[str]:
+def _teacher(run: dict | None, by_workers: list[dict] | None = None) -> list[str]:
     if run is None:
-        return ["Not run (`--skip-smoke`)."]
+        return ["Not run."]
     if run.get("skipped"):
         return [f"Skipped: {run['skipped']}."]
-    return _training_run(run, f"`configs/smoke.toml` on {run.get('records', 0):,} hcpe records of random games "
-                              f"with 2 decoding workers", data_wait=True)
+    lines = _training_run(run, f"`configs/smoke.toml` with {_sets(run)} on {run.get('records', 0):,} hcpe records "
+                               f"of random games with {run.get('workers', 2)} decoding workers (the default)",
+                          data_wait=True)
+    if by_workers and len(by_workers) > 1:
+        lines += ["", "The same run with more decoding workers, until the wait falls under 5% of step time:", "",
+                  "| workers | positions/s (median window) | waiting for data | exit |", "| ---: | ---: | ---: | --- |"]
+        for other in by_workers:
+            wait = other.get("data_wait_fraction")
+            lines.append(f"| {other.get('workers')} | {_rate(other.get('positions_per_second_median') or 0)} | "
+                         f"{'-' if wait is None else f'{wait:.1%}'} | {other.get('exit_code')} "
+                         f"{other.get('terminal')} |")
+    return lines
+
+
+def _unpinned(run: dict | None) -> list[str]:
+    if not run or run.get("skipped") or not run.get("steps"):
+        return []
+    wait = run.get("data_wait_fraction")
+    return [f"With `runtime.pin_memory=false` (plain copies) at the default workers: "
+            f"{_rate(run.get('positions_per_second_median') or 0)} positions/s (median window), waiting for data "
+            f"{'-' if wait is None else f'{wait:.1%}'} of step time; exit status {run['exit_code']}.", ""]
+
+
+def _sets(run: dict) -> str:
+    """The run's `--set` items beyond the device, directory and data path, as the reader would type them."""
+    command = run.get("command") or []
+    sets = [command[i + 1] for i, word in enumerate(command[:-1]) if word == "--set"]
+    hidden = ("runtime.device", "runtime.out_dir", "runtime.progress", "data.train")
+    shown = [s for s in sets if not s.startswith(hidden)]
+    return ", ".join(f"`{s}`" for s in shown) or "its own settings"
+
+
+def _hcpe3(run: dict | None) -> list[str]:
+    if run is None:
+        return ["Not run."]
+    if run.get("skipped"):
+        return [f"Skipped: {run['skipped']}."]
+    return _training_run(run, f"{run.get('games', 0):,} sample games written as hcpe3 ({run.get('moves', 0):,} "
+                              f"moves, {run.get('with_candidates', 0):,} with visit counts), {_sets(run)}",
+                         data_wait=True)
+
+
+def _resume(check: dict | None) -> list[str]:
+    if check is None:
+        return ["Not run."]
+    lines = [f"Three smoke runs of {check['steps']} steps: two straight, one stopped at step {check['resumed_at']} "
+             f"(`--stop-at-step`) and resumed. Exact (every logged loss and the final weights bit for bit): "
+             f"**{'yes' if check['exact'] else 'no'}**; within the device's own run-to-run difference: "
+             f"**{'yes' if check['within_device_noise'] else 'no'}**.", "",
+             "| pair | steps compared | max loss difference | max weight difference | identical |",
+             "| --- | ---: | ---: | ---: | --- |"]
+    for pair in ("straight_vs_straight", "resumed_vs_straight"):
+        row = check[pair]
+        weights = row["max_weight_difference"]
+        lines.append(f"| {pair.replace('_', ' ')} | {row['steps_compared']} | {row['max_loss_difference']:.3g} | "
+                     f"{'-' if weights is None else f'{weights:.3g}'} | {row['identical']} |")
+    return lines
+
+
+def _match(match: dict | None) -> list[str]:
+    if match is None:
+        return ["Not run."]
+    if match.get("skipped"):
+        return [f"Skipped: {match['skipped']}."]
+    lines = [f"`tideborn match` of the teacher run's last two checkpoints, {match['games']} games at once, "
+             f"{match['max_moves']} plies at most, on each device (games per second of play, loading excluded):", "",
+             "| device | games/s | seconds | moves | CPU threads |", "| --- | ---: | ---: | ---: | ---: |"]
+    for device in ("cuda", "cpu"):
+        row = match.get(device)
+        if row is None:
+            continue
+        if row.get("error"):
+            lines.append(f"| {device} | {row['error']} | | | |")
+        else:
+            lines.append(f"| {device} | {row['games_per_second']:.2f} | {row['seconds']:.2f} | {row['moves']:,} | "
+                         f"{row['threads']} |")
+    if match.get("ratio"):
+        lines += ["", f"The GPU plays {match['ratio']:.1f}x the CPU's games per second."]
+    return lines
+
+
+def _match_wide(results: dict) -> list[str]:
+    wide = results.get("match_wide")
+    lines = []
+    if wide and not wide.get("skipped"):
+        lines += [f"With {wide['games']} games at once: " + ", ".join(
+            f"{device} {wide[device]['games_per_second']:.2f} games/s" for device in ("cuda", "cpu")
+            if device in wide and not wide[device].get("error"))
+            + (f"; the GPU plays {wide['ratio']:.1f}x the CPU's games per second." if wide.get("ratio") else ".")]
+    if results.get("match_profile"):
+        lines += ["", f"Where the GPU match's time goes: `{results['match_profile']}` (cProfile, top 30 by own time)."]
+    return lines
+
+
+def _loader(rows: list[dict] | None) -> list[str]:
+    if not rows:
+        return ["Not run."]
+    if rows[0].get("skipped"):
+        return [f"Skipped: {rows[0]['skipped']}."]
+    lines = ["`TeacherBatches.next_batch` in a loop, no training, batch 1024, on the teacher run's records:", "",
+             "| workers | pinned memory | batches/s | positions/s |", "| ---: | --- | ---: | ---: |"]
+    for row in rows:
+        lines.append(f"| {row['workers']} | {row['pin_memory']} | {row['batches_per_second']:,.1f} | "
+                     f"{_rate(row['positions_per_second'])} |")
+    return lines
 
 
 def _training_run(run: dict, what: str, data_wait: bool = False) -> list[str]:
@@ -61,7 +164,8 @@ def _gpu_event(smoke: dict) -> list[str]:
     event = smoke.get("gpu_event")
     if not event:
         return []
-    lines = ["", "Its first `gpu` event (NVML through the trainer; `None` where a figure was not available):", ""]
+    lines = ["", f"Its last `gpu` event (of {smoke.get('gpu_events', 1)}; NVML through the trainer; `None` where a "
+                 f"figure was not available):", ""]
     for device in event.get("devices") or []:
         lines.append(f"- device {device.get('index')} {device.get('name')}: utilisation "
                      f"{device.get('utilization_percent')} %, memory used {device.get('memory_used_bytes')} of "
@@ -125,7 +229,12 @@ def render_markdown(results: dict) -> str:
              f"{when}, tideborn {results['tideborn']}, {'quick' if results['quick'] else 'full'} sweep, "
              f"{status} after {results.get('seconds', 0):.0f} s.", "", _device_line(device) + ".", "",
              "## Smoke run", "", *_smoke(results.get("smoke")), "",
-             "## Teacher-data run", "", *_teacher(results.get("teacher")), "",
+             "## Teacher-data run", "", *_teacher(results.get("teacher"), results.get("teacher_workers")), "",
+             *_unpinned(results.get("teacher_unpinned")),
+             "## hcpe3 run", "", *_hcpe3(results.get("hcpe3")), "",
+             "## Resume", "", *_resume(results.get("resume")), "",
+             "## Match speed", "", *_match(results.get("match")), "", *_match_wide(results), "",
+             "## The teacher loader alone", "", *_loader(results.get("loader")), "",
              "## Training throughput", "",
              "The trainer's own step (`TrainingState.train_step`) on premade synthetic batches. Positions/s is the "
              "median of the repetitions after warm-up; MFU = positions/s x 3 x forward FLOPs per position / dense "

@@ -294,6 +294,10 @@ class RuntimeSettings:
     """Compile the model with `torch.compile` (slower start, faster steps)."""
     fused_optimizer: bool = True
     """Use the fused (single-kernel) optimizer step on CUDA; ignored on the CPU."""
+    deterministic: bool = False
+    """Deterministic CUDA kernels (cuDNN without autotuning, `torch.use_deterministic_algorithms`): two runs, or a
+    run and its resume, then match bit for bit on a GPU, at some speed (scripts/gpu-check.sh measures it). The
+    CPU is deterministic without it."""
     pin_memory: bool = True
     """Teacher batches reach CUDA from pinned host memory by asynchronous copies that overlap the step; off:
     pageable memory and blocking copies. Ignored on the CPU and for synthetic data (made on the device)."""

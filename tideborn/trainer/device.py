@@ -107,11 +107,19 @@ def apply_global_switches(runtime: RuntimeSettings, setup: DeviceSetup, workers:
         torch.set_num_threads(runtime.threads)
     elif not setup.is_cuda and "OMP_NUM_THREADS" not in os.environ:  # an OMP_NUM_THREADS given is a choice
         torch.set_num_threads(auto_threads(workers))
+    if runtime.deterministic:
+        # cuBLAS is deterministic only with a fixed workspace, read when it first starts: set before any matmul.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # warn_only: an op without a deterministic kernel says so in the log instead of failing a long run. Set
+    # either way, so that a process building several trainers (the GPU check's sweep) does not keep it on.
+    torch.use_deterministic_algorithms(runtime.deterministic, warn_only=True)
     if setup.is_cuda:
         # The training device becomes the current one, so that calls without a device (synchronize, the
         # pin-memory thread, new CUDA tensors) never create a context on GPU 0 when training on cuda:N.
         torch.cuda.set_device(setup.device)
         torch.backends.cuda.matmul.allow_tf32 = runtime.tf32
         torch.backends.cudnn.allow_tf32 = runtime.tf32
-        torch.backends.cudnn.benchmark = True
+        # autotuning picks kernels by timing, so two processes can pick different ones (and sum differently)
+        torch.backends.cudnn.benchmark = not runtime.deterministic
+        torch.backends.cudnn.deterministic = runtime.deterministic
     return torch.get_num_threads()

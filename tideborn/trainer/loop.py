@@ -396,7 +396,8 @@ class Trainer:
         return True
 
     def _healthy_checkpoint(self) -> Path | None:
-        """The newest checkpoint saved with no spike streak open, if it is still in the run directory."""
+        """The newest checkpoint saved with no spike streak open, if it is still in the run directory (pruning
+        never removes it; an older one may be unhealthy, so none is guessed when it was removed by hand)."""
         if self.healthy_step is None:
             return None
         path = self.p.run_dir / checkpoint_name(self.healthy_step)
@@ -414,9 +415,10 @@ class Trainer:
             try:
                 folder = move_to_archive(run_dir, unhealthy, WATCHDOG_ARCHIVE)
                 text = f"moved {names}, {why}, to {folder}/: not a point to resume from"
-            except OSError as exc:
-                text = (f"could not move {names} ({why}) to {run_dir}/archive/: {os_error_text(exc)}; do not resume "
-                        "from them (train skips them by default)")
+            except (OSError, UserError) as exc:  # UserError: an `archive` link planted since start-up
+                reason = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+                text = (f"could not move {names} ({why}) to {run_dir}/archive/: {reason}; do not resume from them "
+                        "(train passes them over by default)")
             self.events.emit("warning", step=self.step, message=text)
             self.progress.message(f"warning: {text}")
         return self._healthy_checkpoint()

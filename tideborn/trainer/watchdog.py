@@ -11,7 +11,7 @@ acts on it. A step trips it when its gradient norm (before clipping) is
 
 The norms stay on the device as the steps make them (`add`, no host sync); `check` reads them back in one
 transfer and judges them in step order. The loop checks at every `step` event and before every checkpoint,
-so no checkpoint is written after the step that tripped it: the last checkpoint is the one to resume from.
+so no checkpoint is written after the step that tripped it.
 A checkpoint saved while a streak of spikes is open is not healthy: it prunes nothing, and a trip (or a
 non-finite loss) moves it to `archive/watchdog-STAMP/`, since its weights took exploding updates; the newest
 healthy checkpoint is the resume point. The history, the open streak and the newest healthy step are saved in

@@ -333,7 +333,7 @@ def test_the_watchdog_halts_an_exploding_run_before_it_saves_the_broken_weights(
     assert not list(run_dir.glob("step-*.pt"))  # so it is no resume point: moved aside, not deleted
     (moved,) = run_dir.glob("archive/watchdog-*/step-000000002.pt")
     assert any(e["kind"] == "warning" and "step-000000002.pt" in e["message"] for e in events)
-    assert "the last checkpoint before it (none yet)" in events[-1]["error"]
+    assert "no healthy checkpoint to resume from yet" in events[-1]["error"] and events[-1]["resume_from"] is None
     assert "gradient watchdog" in result.stdout
     norms = [n for e in step_events(events) for n in e["grad_norms"]]
     assert len(norms) == trip["step"]  # every step's norm is in the events

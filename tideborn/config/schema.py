@@ -381,8 +381,9 @@ class WatchdogSettings:
     """A step's gradient norm above this many times the running median counts as a spike."""
     consecutive: int = 3
     """Spikes in a row that halt the run (one spike is only a bad batch)."""
-    warmup_steps: int = 100
-    """Steps of this attempt whose norms are gathered before spikes are judged (the median needs history)."""
+    warmup_steps: int = 10
+    """Norms a fresh run gathers before it judges spikes; until `window` fills, the median is that of its first
+    norms. A resumed run is judged from its first step: the checkpoint holds the history."""
 
     def __post_init__(self) -> None:
         _check(self.window >= 1, "watchdog.window", f"must be >= 1; got {self.window}")

@@ -97,6 +97,10 @@ def _strict(value: object) -> float | str | None:
     return number if math.isfinite(number) else ("inf" if number > 0 else "-inf")
 
 
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _public(event: typing.Mapping | None) -> dict | None:
     if event is None:
         return None
@@ -479,6 +483,8 @@ class RunTracker:
             "steps_per_second": rate, "eta_seconds": eta, "elapsed_seconds": elapsed,
             "session_started": began, "resumed_from": started.get("resumed_from"),
             "last_checkpoint": checkpoint, "last_eval": _public(self.last_eval),
+            # A run halted by divergence names its newest healthy checkpoint, what the next train resumes from.
+            "resume_from": _text((terminal or {}).get("resume_from")),
             "elo_curve": [list(point) for point in self.elo_curve],
             "terminal": _public(terminal),
             "stop_requested": _public(self.stopping()) if self.state in ("running", "stalled") else None,

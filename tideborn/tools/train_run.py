@@ -172,6 +172,8 @@ def status_text(report: dict) -> str:
     if ck and ck.get("changed_since_saved"):
         lines[-1] += (f"; CHANGED since it was saved ({ck['bytes']:,} bytes, saved as {ck['saved_bytes']:,}): "
                       "the next train skips it if it does not load")
+    if r.get("resume_from"):
+        lines.append(f"resume      {r['resume_from']} (the newest healthy checkpoint; train resumes from it)")
     if r["last_eval"]:
         lines.append("eval        " + " ".join(f"{k} {v}" for k, v in eval_figures(r["last_eval"])))
     else:

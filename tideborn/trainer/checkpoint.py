@@ -133,17 +133,18 @@ def newest_loadable(run_dir: Path) -> tuple[Path | None, dict | None, list[tuple
     return None, None, skipped
 
 
-def prune_checkpoints(run_dir: Path, keep: int, saved: Path) -> list[Path]:
+def prune_checkpoints(run_dir: Path, keep: int, saved: Path, healthy: Path | None = None) -> list[Path]:
     """Delete the oldest checkpoints up to `saved` (the one just written) so that `keep` of them remain;
     returns what was deleted.
 
     Only checkpoints older than `saved` are candidates. A file with a later step is not this run's
     lineage (start-up moves such files to archive/, see `tideborn.trainer.lineage`), so it is neither
-    deleted nor counted, and however many there are, `saved` is never deleted.
+    deleted nor counted, and however many there are, `saved` is never deleted. Nor is `healthy`, the newest
+    checkpoint saved with no gradient spike streak open: if the run is diverging, it is the way back.
     """
     saved_step = parse_step(saved)
     lineage = [path for step, path in list_checkpoints(run_dir) if step <= saved_step]
-    doomed = [path for path in lineage[:-keep] if path != saved] if keep > 0 else []
+    doomed = [path for path in lineage[:-keep] if path not in (saved, healthy)] if keep > 0 else []
     for path in doomed:
         path.unlink(missing_ok=True)
     return doomed

@@ -101,12 +101,40 @@ def auto_threads(workers: int, cores: int | None = None, load: float | None = No
     return max(1, free - max(0, workers - 1))
 
 
-def apply_global_switches(runtime: RuntimeSettings, setup: DeviceSetup, workers: int = 0) -> int:
-    """Set torch's global switches; returns the CPU threads torch uses."""
+@dataclass(frozen=True)
+class CpuThreads:
+    """torch's CPU threads for this run, and what chose them (`run_started.cpu_threads_source`)."""
+
+    count: int
+    source: str
+    """"runtime.threads", "checkpoint" (the count the resumed run used), "auto" (free cores), "OMP_NUM_THREADS",
+    or "torch" (its own default, on CUDA)."""
+
+
+def choose_threads(runtime: RuntimeSettings, setup: DeviceSetup, workers: int = 0,
+                   resumed_threads: int | None = None) -> int | None:
+    """The count to set, or None to keep torch's. With `runtime.threads = 0` a resumed run takes the count of
+    the run it continues (`resumed_threads`, from its checkpoint): a different count sums floats in another
+    order, and the resume would no longer be exact; the load that chose it then is no reason to change now."""
     if runtime.threads:
-        torch.set_num_threads(runtime.threads)
-    elif not setup.is_cuda and "OMP_NUM_THREADS" not in os.environ:  # an OMP_NUM_THREADS given is a choice
-        torch.set_num_threads(auto_threads(workers))
+        return runtime.threads
+    if setup.is_cuda or "OMP_NUM_THREADS" in os.environ:  # an OMP_NUM_THREADS given is a choice
+        return None
+    return resumed_threads if resumed_threads is not None else auto_threads(workers)
+
+
+def apply_global_switches(runtime: RuntimeSettings, setup: DeviceSetup, workers: int = 0,
+                          resumed_threads: int | None = None) -> CpuThreads:
+    """Set torch's global switches; returns the CPU threads torch uses and what chose them."""
+    chosen = choose_threads(runtime, setup, workers, resumed_threads)
+    if chosen is not None:
+        torch.set_num_threads(chosen)
+    if runtime.threads:
+        source = "runtime.threads"
+    elif chosen is None:
+        source = "OMP_NUM_THREADS" if "OMP_NUM_THREADS" in os.environ and not setup.is_cuda else "torch"
+    else:
+        source = "checkpoint" if resumed_threads is not None else "auto"
     if runtime.deterministic:
         # cuBLAS is deterministic only with a fixed workspace, read when it first starts: set before any matmul.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -122,4 +150,4 @@ def apply_global_switches(runtime: RuntimeSettings, setup: DeviceSetup, workers:
         # autotuning picks kernels by timing, so two processes can pick different ones (and sum differently)
         torch.backends.cudnn.benchmark = not runtime.deterministic
         torch.backends.cudnn.deterministic = runtime.deterministic
-    return torch.get_num_threads()
+    return CpuThreads(torch.get_num_threads(), source)

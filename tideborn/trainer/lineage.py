@@ -5,8 +5,9 @@ automatic resume that skipped unusable files) would otherwise share the director
 not write: pruning counted them as the newest and deleted the new ones, the next `train` resumed from
 them, and `status` (which lists by name and cannot load checkpoints) showed them as the run's checkpoint.
 So at start-up, under the run directory's lock, such files leave the listing: unusable ones to
-`archive/quarantine-STAMP/`, the newer usable ones (an abandoned branch) to `archive/branch-STAMP/`, each
-move with a warning event. Nothing is deleted; moving a file back makes it a checkpoint again.
+`archive/quarantine-STAMP/`, newer ones saved during a gradient spike streak (passed over for the newest healthy
+one) to `archive/watchdog-STAMP/`, the other newer usable ones (an abandoned branch) to `archive/branch-STAMP/`,
+each move with a warning event. Nothing is deleted; moving a file back makes it a checkpoint again.
 """
 
 from __future__ import annotations
@@ -14,18 +15,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import BRANCH_ARCHIVE, QUARANTINE_ARCHIVE, list_checkpoints, move_to_archive
+from tideborn.rundir import BRANCH_ARCHIVE, QUARANTINE_ARCHIVE, WATCHDOG_ARCHIVE, list_checkpoints, move_to_archive
 from tideborn.trainer.resume import StartPoint
 
 
 def set_aside_other_lineages(run_dir: Path, start: StartPoint) -> list[str]:
     """Move unusable step files and those newer than the start point out of `run_dir`; the warnings to emit."""
     unusable = {path: reason for path, reason in start.unusable if path.parent == run_dir and path.is_file()}
-    newer = [path for step, path in list_checkpoints(run_dir) if step > start.step and path not in unusable]
+    unhealthy = [path for path in start.unhealthy if path.parent == run_dir and path.is_file()]
+    newer = [path for step, path in list_checkpoints(run_dir)
+             if step > start.step and path not in unusable and path not in unhealthy]
     warnings: list[str] = []
     if unusable:
         folder = _move(run_dir, list(unusable), QUARANTINE_ARCHIVE)
         warnings += [f"skipped unusable checkpoint: {reason}; moved it to {folder}/" for reason in unusable.values()]
+    if unhealthy:
+        folder = _move(run_dir, unhealthy, WATCHDOG_ARCHIVE)
+        names = ", ".join(path.name for path in unhealthy)
+        warnings.append(f"resuming from {start.checkpoint}, the newest checkpoint saved while the gradient norm was "
+                        f"healthy: moved {names}, saved during a spike streak, to {folder}/ (--resume one to use it)")
     if newer:
         folder = _move(run_dir, newer, BRANCH_ARCHIVE)
         names = ", ".join(path.name for path in newer)

@@ -30,6 +30,7 @@ from tideborn.rundir import (
     MATCH_REFERENCE_FILE,
     WATCHDOG_ARCHIVE,
     check_run_dir,
+    checkpoint_name,
     list_checkpoints,
     make_dirs,
     move_to_archive,
@@ -61,7 +62,7 @@ from tideborn.trainer.rundir_lock import RunDirLock
 from tideborn.trainer.signals import StopRequest
 from tideborn.trainer.state import TrainingState, versions
 from tideborn.trainer.targets import value_lambda_at
-from tideborn.trainer.watchdog import GradientWatchdog, Trip
+from tideborn.trainer.watchdog import GradientWatchdog, healthy_step_of
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,11 @@ class Trainer:
         self.step = prepared.start.step
         self.events: EventWriter | _NoEvents = _NoEvents()
         self.state: TrainingState | None = None
+        self.watchdog: GradientWatchdog | None = None
+        start = prepared.start.payload
+        self.healthy_step: int | None = healthy_step_of(start) if start is not None else None
+        """The step of the newest checkpoint saved with no gradient spike streak open: pruning keeps it, and
+        a trip or a non-finite loss leaves it as the resume point (trainer/watchdog.py)."""
         self.skipped_reported = 0
         self.announced = False
         """run_started is in the events: from then on the attempt owes them exactly one terminal event."""
@@ -190,11 +196,13 @@ class Trainer:
     def _run(self, warnings: list[str], archived: Path | None) -> int:
         s, p = self.settings, self.p
         try:
-            self.state = TrainingState(s, self.setup, self.env)
+            resumed_threads = p.start.payload.get("cpu_threads") if p.start.payload is not None else None
+            self.state = TrainingState(s, self.setup, self.env, resumed_threads)
             self.state.restore(p.start)
             self.events.emit(
                 "run_started", step=self.step, settings=s.to_dict(), device=self.setup.describe(),
-                precision=self.setup.precision, cpu_threads=self.state.cpu_threads, world_size=self.env.world_size,
+                precision=self.setup.precision, cpu_threads=self.state.cpu_threads,
+                cpu_threads_source=self.state.threads.source, world_size=self.env.world_size,
                 versions=versions(),
                 resumed_from=str(p.start.checkpoint) if p.start.checkpoint else None,
                 changed_settings=p.start.changed_settings, fresh=p.fresh,
@@ -220,6 +228,9 @@ class Trainer:
                 self.progress.message(f"warning: {text}")
             where = f"resuming from {p.start.checkpoint} at step {self.step}" if p.start.checkpoint else "from step 0"
             ranks = f" x {self.env.world_size} processes" if self.env.distributed else ""
+            if self.state.threads.source == "checkpoint":
+                self.progress.message(f"CPU threads: {self.state.cpu_threads}, as the run resumed from used, so that "
+                                      "it resumes exactly (runtime.threads = 0); set runtime.threads to choose")
             self.progress.message(f"training {s.model.blocks}x{s.model.channels} on {self.setup.describe()}{ranks}, "
                                   f"{where}, to step {s.runtime.max_steps}; run directory {p.run_dir}")
             return self._loop()
@@ -254,6 +265,8 @@ class Trainer:
         window_norms: list[torch.Tensor] = []  # each step's grad norm, read back with the window
         window_steps, window_wait, window_start, lr = 0, 0.0, time.perf_counter(), 0.0
         watchdog = GradientWatchdog(s.watchdog, nonfinite_is_skipped=state.scaler is not None)
+        watchdog.load_state_dict(self.p.start.payload.get("watchdog") if self.p.start.payload is not None else None)
+        self.watchdog = watchdog
         next_gpu_event = time.perf_counter()
         compile_reported = False
 
@@ -312,7 +325,7 @@ class Trainer:
             final = self.step in (runtime.max_steps, self.p.stop_at_step)
             if self.step % runtime.log_every == 0 or final:
                 means = log_window()
-                if self._watchdog_tripped(watchdog, last_saved):
+                if self._watchdog_tripped(watchdog):
                     stop_vote.drain()
                     return 1
                 if runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):
@@ -323,14 +336,14 @@ class Trainer:
             if self.step % runtime.checkpoint_every == 0 or final:
                 # Never save the weights of the steps since a trip; their step event is written first, so that
                 # every step's norm is in the events.
-                if self._watchdog_tripped(watchdog, last_saved, log_window if window_steps else None):
+                if self._watchdog_tripped(watchdog, log_window if window_steps else None):
                     stop_vote.drain()
                     return 1
                 if not self._finite_window(window, window_steps):
                     stop_vote.drain()
                     return self._fail_nonfinite(mean_over_ranks(window / window_steps, env).tolist())
                 with self.stop.saving():  # a repeated Ctrl-C never cuts a save short (trainer/signals.py)
-                    last_saved, saved_step = self._save(prune=not watchdog.streak_open), self.step
+                    last_saved, saved_step = self._save(), self.step
                 if runtime.match_every and last_saved is not None and not runtime.match_reference:
                     self._keep_first(last_saved)
                 if (runtime.match_every and last_saved is not None and self.step % runtime.match_every == 0
@@ -339,15 +352,15 @@ class Trainer:
         stop_vote.drain()
         if window_steps:
             means = log_window()
-            if self._watchdog_tripped(watchdog, last_saved):
+            if self._watchdog_tripped(watchdog):
                 return 1
             if runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):
                 return self._fail_nonfinite(means)
-        if self._watchdog_tripped(watchdog, last_saved):
+        if self._watchdog_tripped(watchdog):
             return 1
         if saved_step != self.step:
             with self.stop.saving():
-                last_saved = self._save(prune=not watchdog.streak_open)
+                last_saved = self._save()
         if self.step >= runtime.max_steps:
             if runtime.export_onnx and self.env.is_main:
                 self._export(last_saved)
@@ -361,8 +374,7 @@ class Trainer:
         self.progress.message(f"stopped ({reason}) at step {self.step}; checkpoint {last_saved}")
         return 0
 
-    def _watchdog_tripped(self, watchdog: GradientWatchdog, last_saved: Path | None,
-                          flush: typing.Callable[[], object] | None = None) -> bool:
+    def _watchdog_tripped(self, watchdog: GradientWatchdog, flush: typing.Callable[[], object] | None = None) -> bool:
         """Judge the gradient norms since the last check (every rank: the decision is agreed); on a trip, call
         `flush` (the pending step event), write the `watchdog` event and `run_failed`, and say so. The caller
         then returns 1 without saving."""
@@ -375,34 +387,41 @@ class Trainer:
             flush()
         text = trip.text() if trip is not None else "gradient watchdog tripped on another rank"
         if trip is not None:
-            self.events.emit("watchdog", step=self.step, **trip.event_fields())
-        if self.env.is_main:
-            last_saved = self._set_aside_streak(trip, last_saved)
-        text += (f"; stopped without saving, the last checkpoint before it ({last_saved or 'none yet'}) is the one "
-                 "to resume from; settings: [watchdog]")
-        self._terminal("run_failed", error=text, traceback=None)
+            self.events.emit("watchdog", step=self.step, resume_from=_text_or_none(self._healthy_checkpoint()),
+                             **trip.event_fields())
+        resume = self._set_aside_unhealthy("saved while the gradient norm was spiking")
+        text += f"; stopped without saving, {_resume_point(resume)}; settings: [watchdog]"
+        self._terminal("run_failed", error=text, traceback=None, resume_from=_text_or_none(resume))
         self.progress.message(f"run failed: {text}")
         return True
 
-    def _set_aside_streak(self, trip: Trip | None, last_saved: Path | None) -> Path | None:
-        """Move the checkpoints saved since the streak's first step (their weights took its updates) to
-        `archive/watchdog-STAMP/`, with a warning; returns the newest checkpoint left."""
-        first = int(trip.spikes[0][0]) if trip is not None and trip.spikes else self.step
+    def _healthy_checkpoint(self) -> Path | None:
+        """The newest checkpoint saved with no spike streak open, if it is still in the run directory (pruning
+        never removes it; an older one may be unhealthy, so none is guessed when it was removed by hand)."""
+        if self.healthy_step is None:
+            return None
+        path = self.p.run_dir / checkpoint_name(self.healthy_step)
+        return path if path in {p for _, p in list_checkpoints(self.p.run_dir)} else None
+
+    def _set_aside_unhealthy(self, why: str) -> Path | None:
+        """Rank 0 moves the checkpoints saved since the newest healthy one (each while a spike streak was open:
+        their weights took exploding updates) to `archive/watchdog-STAMP/`, with a warning; every rank returns
+        the newest checkpoint left, the healthy one, to resume from."""
         run_dir = self.p.run_dir
-        tainted = [path for step, path in list_checkpoints(run_dir) if step >= first]
-        if tainted:
-            names = ", ".join(path.name for path in tainted)
+        newest_healthy = -1 if self.healthy_step is None else self.healthy_step
+        unhealthy = [path for step, path in list_checkpoints(run_dir) if step > newest_healthy]
+        if unhealthy and self.env.is_main:
+            names = ", ".join(path.name for path in unhealthy)
             try:
-                folder = move_to_archive(run_dir, tainted, WATCHDOG_ARCHIVE)
-                text = (f"moved {names}, saved during the gradient norm spikes since step {first}, to {folder}/: "
-                        "not a point to resume from")
-            except OSError as exc:
-                text = (f"could not move {names} (saved during the gradient norm spikes since step {first}) to "
-                        f"{run_dir}/archive/: {os_error_text(exc)}; do not resume from them")
+                folder = move_to_archive(run_dir, unhealthy, WATCHDOG_ARCHIVE)
+                text = f"moved {names}, {why}, to {folder}/: not a point to resume from"
+            except (OSError, UserError) as exc:  # UserError: an `archive` link planted since start-up
+                reason = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+                text = (f"could not move {names} ({why}) to {run_dir}/archive/: {reason}; do not resume from them "
+                        "(train passes them over by default)")
             self.events.emit("warning", step=self.step, message=text)
             self.progress.message(f"warning: {text}")
-        remaining = list_checkpoints(run_dir)
-        return remaining[-1][1] if remaining else (None if tainted else last_saved)
+        return self._healthy_checkpoint()
 
     def _eval_scales(self) -> dict[str, float] | None:
         """`run_started.eval_scales`: each teacher file's eval scale with `data.eval_scale_fit = "per_file"`."""
@@ -499,17 +518,21 @@ class Trainer:
             self.events_lost = True
             _tell(f"could not write {kind} to {self.p.run_dir / EVENTS_FILE}: {exc}")
 
-    def _save(self, prune: bool = True) -> Path | None:
-        """Rank 0 writes the checkpoint; every rank returns its path (None on the others). `prune=False`: keep
-        the older ones (the gradient watchdog is counting spikes: the one before them may be needed)."""
-        assert self.state is not None
+    def _save(self) -> Path | None:
+        """Rank 0 writes the checkpoint; every rank returns its path (None on the others). A save while the
+        watchdog counts spikes is not healthy and prunes nothing; no save prunes the newest healthy one."""
+        assert self.state is not None and self.watchdog is not None
+        healthy = not self.watchdog.streak_open
+        if healthy:
+            self.healthy_step = self.step  # before the payload: a healthy checkpoint names itself
         if not self.env.is_main:
             return None
-        saved = save_checkpoint(self.p.run_dir, self.step, self.state.payload(self.step))
-        pruned = (prune_checkpoints(self.p.run_dir, self.settings.runtime.keep_checkpoints, saved.path)
-                  if prune else [])
+        payload = {**self.state.payload(self.step), "watchdog": self.watchdog.state_dict(self.healthy_step)}
+        saved = save_checkpoint(self.p.run_dir, self.step, payload)
+        pruned = (prune_checkpoints(self.p.run_dir, self.settings.runtime.keep_checkpoints, saved.path,
+                                    self._healthy_checkpoint()) if healthy else [])
         self.events.emit("checkpoint_saved", step=self.step, path=str(saved.path), bytes=saved.bytes,
-                         seconds=saved.seconds, pruned=[str(path) for path in pruned])
+                         seconds=saved.seconds, pruned=[str(path) for path in pruned], healthy=healthy)
         return saved.path
 
     def _keep_first(self, saved: Path) -> None:
@@ -563,11 +586,22 @@ class Trainer:
                               f"{_elo(_unbounded(report, 'elo_high'))}]")
 
     def _fail_nonfinite(self, means: list[float]) -> int:
+        resume = self._set_aside_unhealthy("saved while the gradient norm was spiking before the non-finite loss")
         text = (f"non-finite loss at step {self.step} (loss {means[0]}, policy {means[1]}, value {means[2]}); "
-                f"stopped without saving, the last checkpoint is intact (runtime.stop_on_nonfinite)")
-        self._terminal("run_failed", error=text, traceback=None)
+                f"stopped without saving, {_resume_point(resume)} (runtime.stop_on_nonfinite)")
+        self._terminal("run_failed", error=text, traceback=None, resume_from=_text_or_none(resume))
         self.progress.message(f"run failed: {text}")
         return 1
+
+
+def _text_or_none(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
+
+
+def _resume_point(checkpoint: Path | None) -> str:
+    if checkpoint is None:
+        return "and there is no healthy checkpoint to resume from yet"
+    return f"the newest healthy checkpoint ({checkpoint}) is the one to resume from (train does so by default)"
 
 
 def _nan_first(value: float) -> float:

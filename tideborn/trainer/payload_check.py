@@ -76,6 +76,11 @@ def check_payload(payload: dict) -> Settings:
         _check_scaler(payload["scaler"])
     _check_rng(payload["rng"])
     _check_cursor(payload["data_cursor"], settings)
+    if payload.get("watchdog") is not None:
+        _check_watchdog(payload["watchdog"], step)
+    threads = payload.get("cpu_threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 4096):
+        raise PayloadError(f"cpu_threads is {_show(threads)}, not a whole number from 1 to 4,096")
     return settings
 
 
@@ -193,3 +198,31 @@ def _check_cursor(cursor: dict, settings: Settings) -> None:
         value = cursor.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise PayloadError(f"data_cursor {key} is {_show(value)}, not a whole number >= 0")
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_watchdog(state: object, step: int) -> None:
+    """The gradient watchdog's saved judge (trainer/watchdog.py): a resumed run judges by it, and automatic
+    resume picks its start by `healthy` and `healthy_step`."""
+    if not isinstance(state, dict):
+        raise PayloadError(f"watchdog is {_kind(state)}, not a dict or None")
+    history, seen, streak = state.get("history"), state.get("seen"), state.get("streak")
+    if not isinstance(history, list) or not all(_number(n) and math.isfinite(n) and n >= 0 for n in history):
+        raise PayloadError(f"watchdog history is {_show(history)}, not a list of finite norms >= 0")
+    if not _whole(seen) or seen < 0:
+        raise PayloadError(f"watchdog seen is {_show(seen)}, not a whole number >= 0")
+    if not isinstance(streak, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 and _whole(pair[0]) and _number(pair[1]) for pair in streak):
+        raise PayloadError(f"watchdog streak is {_show(streak)}, not a list of [step, norm] pairs")
+    if not isinstance(state.get("healthy"), bool):
+        raise PayloadError(f"watchdog healthy is {_show(state.get('healthy'))}, not true or false")
+    healthy_step = state.get("healthy_step")
+    if healthy_step is not None and (not _whole(healthy_step) or not 0 <= healthy_step <= step):
+        raise PayloadError(f"watchdog healthy_step is {_show(healthy_step)}, not a step from 0 to {step}")

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from tideborn.config.schema import RESUME_FIXED_KEYS, Settings
 from tideborn.errors import UserError
+from tideborn.rundir import list_checkpoints
 from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint, newest_loadable
+from tideborn.trainer.watchdog import saved_healthy
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,9 @@ class StartPoint:
     unusable: list[tuple[Path, str]] = field(default_factory=list)
     """Step files in the run directory that automatic resume skipped, each with why (one line); the run
     moves them to archive/quarantine-STAMP/ (`tideborn.trainer.lineage`)."""
+    unhealthy: list[Path] = field(default_factory=list)
+    """Newer checkpoints that automatic resume passed over for the newest healthy one: saved while a gradient
+    spike streak was open (trainer/watchdog.py); the run moves them to archive/watchdog-STAMP/."""
 
     @property
     def step(self) -> int:
@@ -70,10 +75,13 @@ def choose_start(settings: Settings, run_dir: Path, resume: Path | None, fresh: 
             raise UserError(f"--resume {exc}") from None
     elif not fresh:
         path, payload, unusable = newest_loadable(run_dir)
+    unhealthy: list[Path] = []
+    if payload is not None and resume is None and not saved_healthy(payload):
+        path, payload, unhealthy = _newest_healthy(run_dir, path, payload, unusable)
     if payload is not None:
         changes = settings_changes(payload["settings"], settings.to_dict())
         refuse_incompatible(path, changes, RESUME_FIXED_KEYS, "resume from")
-        return StartPoint(path, payload, None, warnings, changes, unusable)
+        return StartPoint(path, payload, None, warnings, changes, unusable, unhealthy)
     if settings.run.mode == "finetune":
         init_path = Path(settings.run.init_checkpoint)
         try:
@@ -85,3 +93,28 @@ def choose_start(settings: Settings, run_dir: Path, resume: Path | None, fresh: 
         refuse_incompatible(init_path, changes, shape_keys, "fine-tune from")
         return StartPoint(None, None, init["model"], warnings, {}, unusable)
     return StartPoint(None, None, None, warnings, {}, unusable)
+
+
+def _newest_healthy(run_dir: Path, newest: Path, payload: dict, unusable: list[tuple[Path, str]]
+                    ) -> tuple[Path, dict, list[Path]]:
+    """The newest checkpoint saved with no gradient spike streak open, and the newer ones passed over. A run
+    stopped, killed or halted while its gradient norm was spiking must not continue from weights that took
+    those updates when one from before is there. With no healthy one, the newest loadable as before (the
+    restored watchdog then judges the streak it left open)."""
+    passed: list[Path] = [newest]
+    skipped = {path for path, _ in unusable}
+    for step, path in reversed(list_checkpoints(run_dir)):
+        if step >= payload["step"] or path in skipped:
+            continue
+        try:
+            older = load_checkpoint(path)
+        except CheckpointError as exc:
+            unusable.append((path, str(exc)))
+            continue
+        if older["step"] != step:
+            unusable.append((path, f"{path}: holds step {older['step']}, not the step its name says"))
+            continue
+        if saved_healthy(older):
+            return path, older, passed
+        passed.append(path)
+    return newest, payload, []

@@ -66,10 +66,11 @@ class StepResult:
 
 
 class TrainingState:
-    def __init__(self, settings: Settings, setup: DeviceSetup, env: DistEnv):
+    def __init__(self, settings: Settings, setup: DeviceSetup, env: DistEnv, resumed_threads: int | None = None):
         self.settings, self.setup, self.env = settings, setup, env
         s = settings
-        self.cpu_threads = apply_global_switches(s.runtime, setup, s.data.workers if s.data.train else 0)
+        self.threads = apply_global_switches(s.runtime, setup, s.data.workers if s.data.train else 0, resumed_threads)
+        self.cpu_threads = self.threads.count
         torch.manual_seed(s.runtime.seed)
         random.seed(s.runtime.seed)
         model = build_model(s.model).to(setup.device)
@@ -136,6 +137,7 @@ class TrainingState:
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "rng": rng_state(self.setup.device), "data_cursor": self.data.state_dict(),
             "versions": versions(), "saved_at": time.time(), "world_size": self.env.world_size,
+            "cpu_threads": self.cpu_threads,
         }
 
     def _value_target(self, batch, step: int) -> torch.Tensor:

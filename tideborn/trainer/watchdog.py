@@ -6,16 +6,16 @@ acts on it. A step trips it when its gradient norm (before clipping) is
 - non-finite, unless a grad scaler is in use (fp16): there an overflow is routine, the scaler skips that
   update and lowers its scale, and the weights are untouched; or
 - above `factor` times the median of the last `window` accepted norms, for `consecutive` steps in a row,
-  once `warmup_steps` norms of this attempt have been seen (one spike is only a bad batch; spikes do not
-  enter the median).
+  once `warmup_steps` norms of the run have been seen (one spike is only a bad batch; spikes do not enter
+  the median). Until the window fills, the median is that of the run's first norms.
 
 The norms stay on the device as the steps make them (`add`, no host sync); `check` reads them back in one
 transfer and judges them in step order. The loop checks at every `step` event and before every checkpoint,
-so no checkpoint is written after the step that tripped it: the last checkpoint is the one to resume from.
-A checkpoint saved while a streak of spikes is open prunes nothing (the one before the streak must survive),
-and if the streak trips the watchdog, the checkpoints saved since its first step are moved to
-`archive/watchdog-STAMP/`: their weights took exploding updates, so they are not the resume point.
-The history is not checkpointed: a resumed attempt gathers `warmup_steps` norms again before judging spikes.
+so no checkpoint is written after the step that tripped it.
+A checkpoint saved while a streak of spikes is open is not healthy: it prunes nothing, and a trip (or a
+non-finite loss) moves it to `archive/watchdog-STAMP/`, since its weights took exploding updates; the newest
+healthy checkpoint is the resume point. The history, the open streak and the newest healthy step are saved in
+every checkpoint (`state_dict`), so a resumed run is judged from its first step, as if it had never stopped.
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ class GradientJudge:
         if not math.isfinite(norm):
             if self.nonfinite_is_skipped:
                 return None  # the grad scaler skipped this update: the weights did not take it
-            return Trip(NONFINITE, step, norm, self.median(), s.factor, s.consecutive, s.window, [[step, norm]])
+            # The streak open before it belongs to the same explosion: its saves are condemned with it.
+            return Trip(NONFINITE, step, norm, self.median(), s.factor, s.consecutive, s.window,
+                        [*self.streak, [step, norm]])
         self.seen += 1
         median = self.median()
         armed = self.seen > s.warmup_steps and median is not None and median > 0
@@ -93,6 +95,16 @@ class GradientJudge:
         self.streak = []
         self.history.append(norm)
         return None
+
+    def state_dict(self) -> dict:
+        """Plain data for a checkpoint (a `weights_only` load reads it back)."""
+        return {"history": list(self.history), "seen": self.seen, "streak": [list(pair) for pair in self.streak]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.clear()
+        self.history.extend(float(norm) for norm in state["history"])  # a smaller window keeps the newest
+        self.seen = int(state["seen"])
+        self.streak = [[int(step), float(norm)] for step, norm in state["streak"]]
 
 
 class GradientWatchdog:
@@ -115,7 +127,17 @@ class GradientWatchdog:
     @property
     def streak_open(self) -> bool:
         """Spikes are being counted (as of the last check): the weights may be taking exploding updates."""
-        return bool(self.judge.streak)
+        return self.enabled and bool(self.judge.streak)
+
+    def state_dict(self, healthy_step: int | None) -> dict:
+        """The checkpoint's `watchdog` entry. `healthy`: saved with no streak open; `healthy_step`: the step of
+        the newest checkpoint saved so (this one's, when healthy), which a trip leaves as the resume point."""
+        return {**self.judge.state_dict(), "healthy": not self.streak_open, "healthy_step": healthy_step}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Resume the judge where the checkpoint left it (an older checkpoint without one: start afresh)."""
+        if state is not None:
+            self.judge.load_state_dict(state)
 
     def check(self) -> Trip | None:
         """Judge the norms added since the last check, in step order; the first trip, or None."""
@@ -128,3 +150,16 @@ class GradientWatchdog:
             if trip is not None:
                 return trip
         return None
+
+
+def saved_healthy(payload: dict) -> bool:
+    """Whether a checkpoint was saved with no spike streak open (one from before the watchdog kept state: yes)."""
+    state = payload.get("watchdog")
+    return state is None or bool(state["healthy"])
+
+
+def healthy_step_of(payload: dict) -> int | None:
+    """The step of the newest healthy checkpoint as of `payload`'s save (its own step when it is healthy)."""
+    if saved_healthy(payload):
+        return int(payload["step"])
+    return payload["watchdog"]["healthy_step"]

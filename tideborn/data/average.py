@@ -12,16 +12,21 @@ position in an hcpe file merge. Per merged position, as in dlshogi's `load_hcpe3
 
 Records that training would skip (an empty or illegal move; `data.bad_records`) are left out (or stop the
 run, with `error`). The merged set is written once as a cache beside the first training file,
-`.NAME.average-DIGEST.positions`, DIGEST covering every input's fingerprint (size, mtime, content digest) and
-the options it depends on (temperature, eval scale, bad-record handling), so a changed input or option
-builds a new one; the training process reports inputs and merged positions in `run_started` (`data`).
+`.NAME.average-DIGEST.positions`, DIGEST covering the inputs' paths and the options the set depends on
+(temperature, eval scales, bad-record handling). The cache is used only when every input's content is the
+one it was built from (`input_identities`): for an hcpe3 file, the whole-content hash its positions cache
+carries (checked against the file by `hcpe3.load_or_build`); for an hcpe or psv file, a whole-content hash
+kept in the merged set's header, trusted while the file is the very one it was hashed from (device, inode,
+ctime: a change in place moves the ctime, which, unlike the mtime, cannot be set back) and computed again
+otherwise. Size, mtime and sampled pieces alone are not enough: results flipped in place at the same size,
+with the mtime restored, leave them all as they were. The training process reports inputs and merged
+positions in `run_started` (`data`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import typing
 from pathlib import Path
 
@@ -29,7 +34,7 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_move_label
 
-from tideborn.data.cachefile import HostileCache, close_arrays
+from tideborn.data.cachefile import CacheArray, DamagedCache, HostileCache, close_arrays, warn_about_cache
 from tideborn.data.features import (
     POLICY_CLASSES,
     BadRecord,
@@ -42,10 +47,13 @@ from tideborn.data.features import (
 )
 from tideborn.data.hcpe3 import (
     RESULT_MASK,
+    LabelOutOfRange,
     _rows,
+    content_hash,
     policy_targets,
     read_arrays,
     source_fingerprint,
+    source_identity,
     trusted_owners,
     write_arrays,
 )
@@ -158,8 +166,11 @@ def _add_hcpe3(entries: _Entries, part, settings: Settings, scales: dict[str, fl
             cand_visits = np.asarray(positions.cand_visits[base:int(bounds[-1])])
             cand_move16 = np.asarray(positions.cand_move16[base:int(bounds[-1])])
             selected = np.asarray(positions.move16[index])
-            labels, probs, _ = policy_targets(starts, counts, cand_label, cand_visits.astype(np.float64),
-                                              positions.label[index].astype(np.int64), data.policy_temperature)
+            try:
+                labels, probs, _ = policy_targets(starts, counts, cand_label, cand_visits.astype(np.float64),
+                                                  positions.label[index].astype(np.int64), data.policy_temperature)
+            except LabelOutOfRange as bad:
+                raise positions.damaged(str(bad), int(index[bad.row])) from None
             # move16 of each target column: the candidate's; the selected move's in a one-hot fallback row
             width = labels.shape[1]
             column = np.arange(width)
@@ -178,11 +189,48 @@ def _add_hcpe3(entries: _Entries, part, settings: Settings, scales: dict[str, fl
 
 
 def average_key(source: TeacherSource, settings: Settings, scales: dict[str, float] | None = None) -> str:
+    """The digest of what names the merged set: its inputs' paths and the options it depends on. Their
+    contents are checked apart (`input_identities`), so that an input changed in place needs no rehash of
+    the others to be seen."""
     data = settings.data
-    inputs = [[str(Path(p).resolve()), source_fingerprint(Path(p))] for p in source.paths]
+    inputs = [str(Path(p).resolve()) for p in source.paths]
     text = json.dumps({"inputs": inputs, "temperature": data.policy_temperature, "eval_scale": data.eval_scale,
-                       "file_scales": scales, "bad_records": data.bad_records, "version": 1}, sort_keys=True)
+                       "file_scales": scales, "bad_records": data.bad_records, "version": 2}, sort_keys=True)
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def input_identities(source: TeacherSource, known: typing.Any = None) -> list[dict]:
+    """Each input's path, fingerprint and whole-content hash, in `source.paths` order. An hcpe3 file's hash is
+    the one its positions cache carries (already checked against the file). An hcpe or psv file's is taken
+    from `known` (a merged set's header) when the file is the one it was hashed from (the same device, inode
+    and ctime) and its fingerprint agrees; else the whole file is read to hash it. Its identity is taken
+    before it is read, so a change during the read leaves a ctime that no later run trusts."""
+    before = {entry.get("path"): entry for entry in known if isinstance(entry, dict)} \
+        if isinstance(known, list) else {}
+    hcpe3 = {str(positions.path): positions for part in source.parts if part.kind == "hcpe3"
+             for positions in part.files}
+    kinds = {str(p): part.kind for part in source.parts if part.kind != "hcpe3" for p in part.records.paths}
+    found = []
+    for path in map(Path, source.paths):
+        entry = {"path": str(path.resolve()), "fingerprint": source_fingerprint(path)}
+        if str(path) in hcpe3:
+            header = hcpe3[str(path)].header
+            entry["content"] = header.get("content") or content_hash(path)
+        else:
+            entry["identity"] = source_identity(path)
+            old = before.get(entry["path"], {})
+            same = old.get("identity") == entry["identity"] and old.get("fingerprint") == entry["fingerprint"]
+            entry["content"] = old["content"] if same and isinstance(old.get("content"), str) else \
+                content_hash(path, kinds.get(str(path), "teacher"))
+        found.append(entry)
+    return found
+
+
+def _same_contents(header: dict, inputs: list[dict]) -> bool:
+    def content(entries: typing.Any) -> list:
+        return [[e.get("path"), e.get("content")] for e in entries] if isinstance(entries, list) else []
+
+    return content(header.get("input_files")) == content(inputs)
 
 
 def average_cache_path(source: TeacherSource, key: str) -> Path:
@@ -261,19 +309,21 @@ class AveragedPart:
         try:
             batch = decoder.decoder("hcpe").decode(records, planes)
         except BadRecord as bad:
-            raise BadRecord(bad.position, f"averaged position: {bad.reason}") from None
+            raise self.damaged(bad.reason, int(local[bad.position])) from None
         if batch.skipped:
-            raise BadRecord(batch.skipped[0][0], f"averaged position: {batch.skipped[0][1]}; delete {self.path}")
+            raise self.damaged(batch.skipped[0][1], int(local[batch.skipped[0][0]]))
         bounds = _rows(a["cand_offsets"], local, 2).reshape(len(local), 2).astype(np.int64)
         starts, counts = bounds[:, 0], bounds[:, 1] - bounds[:, 0]
         if len(local) and ((counts < 0).any() or starts.min() < 0 or (starts + counts).max() > len(a["cand_label"])):
-            raise UserError(f"{self.path}: the averaged positions are damaged (candidate offsets out of order); "
-                            f"delete the file and resume: it is built again")
+            raise self.damaged("candidate offsets out of order")
         # only these positions' candidates are read, not the whole arrays
         local_starts = (np.cumsum(counts) - counts).astype(np.int64)
-        labels, probs, top = policy_targets(local_starts, counts, _rows(a["cand_label"], starts, counts),
-                                            _rows(a["cand_prob"], starts, counts).astype(np.float64),
-                                            a["label"][local].astype(np.int64), None)
+        try:
+            labels, probs, top = policy_targets(local_starts, counts, _rows(a["cand_label"], starts, counts),
+                                                _rows(a["cand_prob"], starts, counts).astype(np.float64),
+                                                a["label"][local].astype(np.int64), None)
+        except LabelOutOfRange as bad:
+            raise self.damaged(str(bad), int(local[bad.row])) from None
         result = np.asarray(a["result"][local], dtype=np.float32)
         lam = decoder.value_lambda
         value = ((1.0 - lam) * result.astype(np.float64) + lam * a["winprob"][local]).astype(np.float32)
@@ -282,6 +332,15 @@ class AveragedPart:
 
     def describe(self, local: int) -> str:
         return f"{self.path}: averaged position {local}"
+
+    def damaged(self, reason: str, local: int | None = None) -> UserError:
+        """A merged position that fails a check: every input record was checked as it was merged, so it is the
+        merged set's fault (changed since it was opened), named as that file."""
+        where = "" if local is None else f" at averaged position {local}"
+        if not isinstance(self.arrays.get("hcp"), CacheArray):
+            return UserError(f"data.train: the averaged positions in memory fail a check{where}: {reason}")
+        return UserError(f"{self.path}: the averaged positions of data.train are damaged{where}: {reason}; delete "
+                         f"it and resume: it is built again")
 
     def close(self) -> None:
         close_arrays(self.arrays.values())
@@ -295,16 +354,23 @@ def averaged_source(source: TeacherSource, settings: Settings, warn: typing.Call
 
     key = average_key(source, settings, scales)
     path = average_cache_path(source, key)
-    say = warn or (lambda line: print(f"warning: {line}", file=sys.stderr))
+
+    def say(text: str) -> None:
+        warn_about_cache(text, warn)
+
     what, owners = "the averaged positions of data.train", trusted_owners(*source.paths)
     hostile = None
     try:
         found = read_arrays(path, CACHE_FORMAT, what, owners)
     except HostileCache as exc:
         found, hostile = None, str(exc)
-    if found is None or found[0].get("key") != key:
+    except DamagedCache as exc:
+        found = None
+        say(f"{path}: {what} is damaged ({exc}); it is built again")
+    inputs = input_identities(source, None if found is None else found[0].get("input_files"))
+    if found is None or found[0].get("key") != key or not _same_contents(found[0], inputs):
         meta, arrays = build_average(source, settings, scales)
-        meta["key"] = key
+        meta["key"], meta["input_files"] = key, inputs
         found = None
         if hostile:  # a link, FIFO, directory or someone else's file: left alone, never written through
             say(f"{path} {hostile}: not used; averaged in memory (every run averages again until it is removed)")
@@ -314,9 +380,9 @@ def averaged_source(source: TeacherSource, settings: Settings, warn: typing.Call
                 found = read_arrays(path, CACHE_FORMAT, what, owners)
             except UserError as exc:
                 say(f"{path}: the averaged positions could not be cached ({exc}); averaged in memory")
-            except HostileCache:
+            except (HostileCache, DamagedCache):
                 found = None  # replaced by something else since it was written: use what was built
-        if found is None or found[0].get("key") != key:
+        if found is None or found[0].get("key") != key or not _same_contents(found[0], inputs):
             found = (meta, arrays)
     header, arrays = found
     summary = {"inputs": int(header["inputs"]), "positions": int(header["positions"]),

@@ -21,7 +21,9 @@ import errno
 import json
 import os
 import stat
+import sys
 import typing
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +37,44 @@ COALESCE_BYTES = 4096
 SCAN_ROWS = 1 << 20
 """Rows read at a time when a whole array is read or checked (bounded memory for any size of cache)."""
 _DTYPE_KINDS = "biuf"
+CHECKSUM_PIECE = 8 << 20
+"""Bytes read at a time while an array's checksum is computed or checked."""
+_cache_warnings: list[str] = []
+"""Warnings about caches said in this process (see `warn_about_cache`), for the trainer's `warning` events."""
+
+
+def warn_about_cache(text: str, warn: typing.Callable[[str], None] | None = None) -> None:
+    """Say `text` (a cache that could not be written, used or trusted) on stderr, or to `warn`, and keep it
+    for `take_cache_warnings`: the trainer reads caches before `run_started`, and a warning said only on
+    stderr would never reach events.jsonl, where status and the monitor look."""
+    _cache_warnings.append(text)
+    (warn or (lambda line: print(f"warning: {line}", file=sys.stderr)))(text)
+
+
+def take_cache_warnings() -> list[str]:
+    """The cache warnings said since the last call (each once), oldest first."""
+    taken = list(_cache_warnings)
+    _cache_warnings.clear()
+    return taken
 
 
 class HostileCache(Exception):
     """A cache entry that must not be used, replaced or followed (a link, not a regular file, someone
     else's or writable by others); `str()` says what it is."""
+
+
+class DamagedCache(Exception):
+    """A cache whose arrays do not match the checksums in its header (bytes changed on disk); `str()` says
+    which array."""
+
+
+def array_checksum(array: np.ndarray) -> str:
+    """The CRC-32 of an array's bytes, as the header stores it (8 hex digits)."""
+    data = memoryview(np.ascontiguousarray(array)).cast("B")
+    crc = 0
+    for start in range(0, len(data), CHECKSUM_PIECE):
+        crc = zlib.crc32(data[start:start + CHECKSUM_PIECE], crc)
+    return f"{crc:08x}"
 
 
 class CacheFile:
@@ -250,8 +285,9 @@ def trust_problem(facts: os.stat_result, trusted_uids: typing.Collection[int]) -
 def open_cache(path: Path, fmt: str, version: int, source: str, trusted_uids: typing.Collection[int]
                ) -> tuple[dict, dict[str, CacheArray]] | None:
     """(header, arrays) of the cache at `path`; None when it is missing, of another format or version, or
-    damaged (its header's arrays do not fit the file); `HostileCache` when the entry must not be used
-    (see the module docstring). The file is checked as it was opened (fstat), never followed through a link."""
+    its header's arrays do not fit the file; `HostileCache` when the entry must not be used (see the module
+    docstring); `DamagedCache` when an array does not match its checksum. The file is checked as it was
+    opened (fstat), never followed through a link."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -286,9 +322,22 @@ def open_cache(path: Path, fmt: str, version: int, source: str, trusted_uids: ty
         return None
     cache.header = header
     arrays = _layout(cache, header.get("arrays"), facts.st_size)
-    if arrays is None:
+    sums = header.get("checksums")
+    if arrays is None or not isinstance(sums, dict) or set(sums) != set(arrays):
         return None
+    for name, array in arrays.items():
+        found = _stored_checksum(cache, array)
+        if found != sums[name]:
+            raise DamagedCache(f"its array {name!r} does not match its checksum (CRC-32 {found}, {sums[name]} "
+                               f"when written): changed on disk since it was built")
     return header, arrays
+
+
+def _stored_checksum(cache: CacheFile, array: CacheArray) -> str:
+    fd, crc = cache.check_size(), 0
+    for start in range(0, array.nbytes, CHECKSUM_PIECE):
+        crc = zlib.crc32(cache.read(array.offset + start, min(CHECKSUM_PIECE, array.nbytes - start), fd), crc)
+    return f"{crc:08x}"
 
 
 def _layout(cache: CacheFile, layout: typing.Any, size: int) -> dict[str, CacheArray] | None:

@@ -373,15 +373,44 @@ def format_hcpe3(f: dict) -> str:
 
 
 def verify_hcpe3(path: Path) -> list[BadRecordReport]:
-    """Replay every game of `path` (without the cache): the first malformed game, if any."""
-    from tideborn.data.hcpe3 import build_positions
+    """Replay every game of `path` (without the cache): the first malformed game, if any; then its positions
+    cache, when there is one (`cache_problem`)."""
+    from tideborn.data.hcpe3 import _build
 
     try:
-        build_positions(path)
+        built, content = _build(Path(path))
     except ChangedWhileRead:
         raise  # not a verdict on the file: one line, exit 2
     except UserError as exc:
         text = str(exc)
         prefix = f"{path}: "
         return [BadRecordReport(str(path), None, text[len(prefix):] if text.startswith(prefix) else text)]
-    return []
+    problem = cache_problem(Path(path), built["arrays"], content)
+    return [] if problem is None else [problem]
+
+
+def cache_problem(path: Path, arrays: dict[str, np.ndarray], content: str) -> BadRecordReport | None:
+    """What is wrong with the positions cache beside hcpe3 file `path`, whose games decode to `arrays` and
+    whose bytes hash to `content`: its arrays fail their checksums, or it was built from this very content
+    yet holds other positions. A cache built from another version of the file is not a problem (the next
+    run rebuilds it), nor one that training leaves alone (a link, someone else's: training warns)."""
+    from tideborn.data.cachefile import DamagedCache, HostileCache
+    from tideborn.data.hcpe3 import CACHE_FORMAT, cache_path, read_arrays, trusted_owners
+
+    cache = cache_path(path)
+    source = f"the positions cache of {path}"
+    try:
+        found = read_arrays(cache, CACHE_FORMAT, source, trusted_owners(path))
+    except HostileCache:
+        return None
+    except DamagedCache as exc:
+        return BadRecordReport(str(cache), None, f"{source} is damaged ({exc}); delete it: it is built again")
+    if found is None or found[0].get("content") != content:
+        return None
+    for name, want in arrays.items():
+        got = found[1].get(name)
+        if got is None or got.shape != want.shape or not np.array_equal(np.asarray(got), want):
+            return BadRecordReport(str(cache), None, f"{source} does not hold the file's positions (its array "
+                                                     f"{name!r} differs from a fresh decode); delete it: it is "
+                                                     f"built again")
+    return None

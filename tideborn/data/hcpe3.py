@@ -27,8 +27,10 @@ As in dlshogi's `load_hcpe3`, a position whose selected move repeats an earlier 
 superior or inferior, looking back 16 plies) is left out; the count is in the header (`repetitions`). Unlike
 dlshogi, a position with `candidateNum` 0 is kept and trained one-hot on the selected move (dlshogi skips it).
 
-A stale cache (another size, mtime or content of the source, or another format version) is rebuilt; one that
-cannot be written (a read-only directory) is built in memory, with one warning per file.
+A stale cache (another size, mtime or content of the source, or another format version) is rebuilt, and so is
+one whose arrays fail their checksums (CRC-32 each, in the header; `cachefile`), with a warning naming it;
+one that cannot be written (a read-only directory) is built in memory, with one warning per file. Warnings
+about caches are kept for the trainer's `warning` events (`cachefile.take_cache_warnings`).
 
 Public API: `Hcpe3File(path)` -> `.games()` (the raw games, exactly as stored), `.positions()`
 (`Hcpe3Positions`, built or loaded), `.game_count`, `.position_count`; `build_positions(path)` decodes
@@ -55,7 +57,15 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_move_label
 
-from tideborn.data.cachefile import CacheArray, HostileCache, offsets_consistent, open_cache
+from tideborn.data.cachefile import (
+    CacheArray,
+    DamagedCache,
+    HostileCache,
+    array_checksum,
+    offsets_consistent,
+    open_cache,
+    warn_about_cache,
+)
 from tideborn.data.features import POLICY_CLASSES, sane_kings
 from tideborn.data.records import ChangedWhileRead, open_regular, pread_full, readable_size, records_fingerprint
 from tideborn.errors import UserError
@@ -67,12 +77,17 @@ HEADER_SIZE, MOVE_INFO_SIZE, MOVE_VISITS_SIZE = 36, 6, 4
 RESULT_MASK = 0x3
 """The result byte's bits 0-1: the game's result (cshogi's DRAW 0, BLACK_WIN 1, WHITE_WIN 2)."""
 RESULT_FLAGS = {"sennichite": 0x4, "nyugyoku": 0x8, "max_moves": 0x10}
+RESULT_UNKNOWN_BITS = 0xE0
+"""Bits of the result byte dlshogi never sets: a file with them is not hcpe3, or is misaligned."""
+MAX_LEGAL_MOVES = 593
+"""The most legal moves a shogi position can have: more candidates than this cannot all be legal and distinct."""
 REPETITIONS_SKIPPED = (cshogi.REPETITION_DRAW, cshogi.REPETITION_SUPERIOR, cshogi.REPETITION_INFERIOR)
 REPETITION_PLIES = 16
 """dlshogi's `moveIsDraw(move, 16)`: how far back a repetition is looked for."""
 
 CACHE_FORMAT = "tideborn-hcpe3-positions"
-CACHE_VERSION = 2
+CACHE_VERSION = 3
+"""3: a CRC-32 of each array in the header (caches of version 2 are rebuilt, never read without one)."""
 CACHE_HEADER_BYTES = 4096
 READ_CHUNK = 1 << 22
 """Bytes of an hcpe3 file read at a time while it is replayed (`pread`, never a memory map)."""
@@ -110,9 +125,9 @@ class _SourceReader:
     they start in it; a short read (the file cut under us) is a `UserError` naming the file. The bytes
     read, in order, feed `digest` (the whole file's content hash, for the cache's fingerprint)."""
 
-    def __init__(self, path: Path, size: int):
+    def __init__(self, path: Path, size: int, kind: str = "hcpe3"):
         self.path, self.size = path, size
-        self.fd, _ = open_regular(path, "hcpe3")  # refused if replaced by a FIFO since it was checked
+        self.fd, _ = open_regular(path, kind)  # refused if replaced by a FIFO since it was checked
         self.buffer, self.base = b"", 0
         self.digest = hashlib.blake2b(digest_size=16)
 
@@ -178,6 +193,10 @@ def iter_games(path: Path) -> typing.Iterator[Hcpe3Game]:
                 infos[i] = np.frombuffer(buffer, MOVE_INFO_DTYPE, 1, at)[0]
                 p += MOVE_INFO_SIZE
                 count = int(infos[i]["candidateNum"])
+                if count > MAX_LEGAL_MOVES:
+                    raise UserError(f"{path}: game {game} (byte {offset}): move {i}: candidateNum "
+                                    f"{count} is more than a position can have legal moves ({MAX_LEGAL_MOVES}); "
+                                    f"the file is corrupt or misaligned")
                 if p + count * MOVE_VISITS_SIZE > size:
                     raise UserError(f"{path}: game {game} (byte {offset}): move {i}: candidateNum {count} "
                                     f"reaches past the end of the file (byte {p + count * MOVE_VISITS_SIZE} of "
@@ -195,9 +214,10 @@ def iter_games(path: Path) -> typing.Iterator[Hcpe3Game]:
 def build_positions(path: Path, progress: typing.Callable[[int, int], None] | None = None) -> dict:
     """Replay every game of `path` with cshogi: the cache's arrays (see the module docstring) and its meta.
 
-    A malformed game (truncated, a result byte out of range, an undecodable start position, an empty or
-    illegal selected move, a candidate that is not a legal move) is a `UserError` naming the file, the game
-    and its byte offset. `progress(bytes_done, size)` is called now and then."""
+    A malformed game (truncated, a result byte out of range or with unknown bits, an undecodable start
+    position, an empty or illegal selected move, more candidates than legal moves, a candidate that is not a
+    legal move or appears twice) is a `UserError` naming the file, the game and its byte offset.
+    `progress(bytes_done, size)` is called now and then."""
     return _build(path, progress)[0]
 
 
@@ -230,6 +250,10 @@ def _build(path: Path, progress: typing.Callable[[int, int], None] | None = None
             if result & RESULT_MASK not in (cshogi.DRAW, cshogi.BLACK_WIN, cshogi.WHITE_WIN):
                 raise UserError(f"{where}: result byte {result:#04x} out of range (bits 0-1 must be 0 draw, "
                                 f"1 black win or 2 white win); the file is not hcpe3 or is misaligned")
+            if result & RESULT_UNKNOWN_BITS:
+                raise UserError(f"{where}: result byte {result:#04x} has unknown bits set ({result & 0xE0:#04x}; "
+                                f"only bits 0-4 are defined: result, sennichite, nyugyoku, max moves); the file "
+                                f"is not hcpe3 or is misaligned")
             if not sane_kings(start.reshape(1, 32))[0]:
                 raise UserError(f"{where}: undecodable start position (king squares off the board); the file "
                                 f"is not hcpe3 or is misaligned")
@@ -245,6 +269,9 @@ def _build(path: Path, progress: typing.Callable[[int, int], None] | None = None
                 buffer, at = get(p, MOVE_INFO_SIZE)
                 selected, evaluation, count = unpack_info(buffer, at)
                 p += MOVE_INFO_SIZE
+                if count > MAX_LEGAL_MOVES:
+                    raise UserError(f"{where}: move {i}: candidateNum {count} is more than a position "
+                                    f"can have legal moves ({MAX_LEGAL_MOVES}); the file is corrupt or misaligned")
                 if p + count * MOVE_VISITS_SIZE > size:
                     raise UserError(f"{where}: move {i}: candidateNum {count} reaches past the end of the file "
                                     f"(byte {p + count * MOVE_VISITS_SIZE} of {size}); the file is cut short or "
@@ -268,6 +295,10 @@ def _build(path: Path, progress: typing.Callable[[int, int], None] | None = None
                         if candidate not in legal:
                             raise UserError(f"{where}: move {i} of {move_num}: candidate {candidate:#06x} is not "
                                             f"a legal move in the replayed position ({board.sfen()})")
+                    if len(set(candidates)) != count:
+                        again = next(m for k, m in enumerate(candidates) if m in candidates[:k])
+                        raise UserError(f"{where}: move {i} of {move_num}: candidate {again:#06x} appears more "
+                                        f"than once among its {count}; the file is corrupt")
                 to_hcp(hcp_buffer)
                 push(move)
                 # After the move, not `move_is_draw(move, 16)` before it: cshogi's `move_is_draw` misses the
@@ -333,10 +364,11 @@ def source_identity(path: Path) -> list[int]:
     return [facts.st_dev, facts.st_ino, facts.st_ctime_ns]
 
 
-def content_hash(path: Path) -> str:
-    """The hash of the whole file as `_build` computes it while replaying (read forward in chunks)."""
+def content_hash(path: Path, kind: str = "hcpe3") -> str:
+    """The hash of the whole file as `_build` computes it while replaying (read forward in chunks); `kind`
+    names the file in messages."""
     size = os.stat(path).st_size
-    reader = _SourceReader(Path(path), size)
+    reader = _SourceReader(Path(path), size, kind)
     try:
         for offset in range(0, size, READ_CHUNK):
             reader.get(offset, min(READ_CHUNK, size - offset))
@@ -355,7 +387,8 @@ def write_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray], fmt: str
         offset = -(-offset // _ALIGN) * _ALIGN
         layout[name] = [offset, array.dtype.str, list(array.shape)]
         offset += array.nbytes
-    header = json.dumps({"format": fmt, "version": CACHE_VERSION, **meta, "arrays": layout,
+    checksums = {name: array_checksum(array) for name, array in arrays.items()}
+    header = json.dumps({"format": fmt, "version": CACHE_VERSION, **meta, "arrays": layout, "checksums": checksums,
                          "bytes": offset}).encode() + b"\n"
     if len(header) > CACHE_HEADER_BYTES:
         raise ValueError("cache header too long")
@@ -389,7 +422,8 @@ def read_arrays(path: Path, fmt: str, source: str = "the cache", trusted: typing
                 ) -> tuple[dict, dict[str, CacheArray]] | None:
     """(header, arrays read by `pread`) of a cache file, or None when it is missing, of another format or
     version, or not whole and consistent. `HostileCache` when the entry must not be used at all (a link,
-    not a regular file, someone else's, writable by others: see `cachefile`). `source` names what the
+    not a regular file, someone else's, writable by others: see `cachefile`); `DamagedCache` when its
+    arrays do not match their checksums. `source` names what the
     cache was built from in messages."""
     found = open_cache(Path(path), fmt, CACHE_VERSION, source, {os.geteuid()} if trusted is None else trusted)
     if found is None or not _consistent(*found):
@@ -417,7 +451,7 @@ def _warn_once(key: str, text: str, warn: typing.Callable[[str], None] | None) -
     if key in _warned_unwritable:
         return
     _warned_unwritable.add(key)
-    (warn or (lambda line: print(f"warning: {line}", file=sys.stderr)))(text)
+    warn_about_cache(text, warn)
 
 
 def _matches(header: dict, path: Path, fingerprint: dict, identity: list[int]) -> bool:
@@ -450,6 +484,9 @@ def load_or_build(path: Path, warn: typing.Callable[[str], None] | None = None,
         found = read_arrays(cache, CACHE_FORMAT, source, trusted_owners(path))
     except HostileCache as exc:
         found, hostile = None, str(exc)
+    except DamagedCache as exc:
+        found = None
+        _warn_once(f"{cache}:damaged", f"{cache}: {source} is damaged ({exc}); it is built again", warn)
     if found is not None and _matches(found[0], path, fingerprint, identity):
         return found
     memo_key = (str(path.resolve()), json.dumps(fingerprint, sort_keys=True), tuple(identity))
@@ -475,8 +512,8 @@ def load_or_build(path: Path, warn: typing.Callable[[str], None] | None = None,
         return in_memory
     try:
         found = read_arrays(cache, CACHE_FORMAT, source, trusted_owners(path))
-    except HostileCache:
-        found = None
+    except (HostileCache, DamagedCache):
+        found = None  # replaced, or damaged, since it was written: use what was built
     if found is None or found[0].get("content") != content:  # replaced meanwhile: use what was built
         return in_memory
     return found
@@ -522,9 +559,22 @@ class Hcpe3Positions:
         bounds = _rows(self.cand_offsets, indices, 2).reshape(len(indices), 2).astype(np.int64)
         starts, stops = bounds[:, 0], bounds[:, 1]
         if len(indices) and ((stops < starts).any() or starts.min() < 0 or stops.max() > len(self.cand_label)):
-            raise UserError(f"{cache_path(self.path)}: the positions cache of {self.path} is damaged (candidate "
-                            f"offsets out of order); delete it and resume: it is built again")
+            raise self.damaged("candidate offsets out of order")
         return starts, stops - starts
+
+    @property
+    def cached(self) -> bool:
+        """Whether the positions are read from the cache file (not decoded in memory)."""
+        return isinstance(self.arrays.get("hcp"), CacheArray)
+
+    def damaged(self, reason: str, index: int | None = None) -> UserError:
+        """The error for a position that fails a check although the file's games were all checked when they
+        were decoded: the cache's fault (changed since it was opened), named as the cache, never the file."""
+        where = "" if index is None else f" at position {index} (said to be {self.describe(index)})"
+        if not self.cached:
+            return UserError(f"{self.path}: its positions decoded in memory fail a check{where}: {reason}")
+        return UserError(f"{cache_path(self.path)}: the positions cache of {self.path} is damaged{where}: {reason}; "
+                         f"delete it and resume: it is built again from the file")
 
     def targets(self, indices: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(labels [n, K] int64, probabilities [n, K] float32, most visited label [n] int64) of `indices`."""
@@ -532,9 +582,12 @@ class Hcpe3Positions:
         starts, counts = self.candidate_rows(indices)
         # only the candidates of these positions are read (a few thousand rows, not the whole arrays)
         local_starts = (np.cumsum(counts) - counts).astype(np.int64)
-        return policy_targets(local_starts, counts, _rows(self.cand_label, starts, counts),
-                              _rows(self.cand_visits, starts, counts).astype(np.float64),
-                              self.label[indices].astype(np.int64), temperature)
+        try:
+            return policy_targets(local_starts, counts, _rows(self.cand_label, starts, counts),
+                                  _rows(self.cand_visits, starts, counts).astype(np.float64),
+                                  self.label[indices].astype(np.int64), temperature)
+        except LabelOutOfRange as bad:
+            raise self.damaged(str(bad), int(indices[bad.row])) from None
 
     def describe(self, index: int) -> str:
         return f"{self.path}: game {int(self.game[index])} move {int(self.ply[index])}"
@@ -591,8 +644,17 @@ def policy_targets(starts: np.ndarray, counts: np.ndarray, cand_labels: np.ndarr
     probs[~usable, 0] = 1.0
     top = np.where(usable, top, fallback).astype(np.int64)
     if (labels >= POLICY_CLASSES).any():  # labels come from make_move_label; never trust a cache blindly
-        raise UserError("policy label out of range in decoded hcpe3 data; delete the .positions cache files")
+        row = int(np.flatnonzero((labels >= POLICY_CLASSES).any(axis=1))[0])
+        raise LabelOutOfRange(row, f"policy label {int(labels[row].max())} out of range (0-{POLICY_CLASSES - 1})")
     return labels, probs.astype(np.float32), top
+
+
+class LabelOutOfRange(UserError):
+    """A policy label past the last class, from a cache's row `row` (the caller names the cache)."""
+
+    def __init__(self, row: int, text: str):
+        super().__init__(text)
+        self.row = row
 
 
 class Hcpe3File:

@@ -109,7 +109,9 @@ class Hcpe3Part:
                 part = decoder.decoder("hcpe").decode(positions.hcpe_records(within),
                                                       None if planes is None else planes[done:done + len(rows)], scales)
             except BadRecord as bad:
-                raise BadRecord(int(rows[bad.position]), bad.reason) from None
+                raise positions.damaged(bad.reason, int(within[bad.position])) from None
+            if part.skipped:  # every game's moves were checked when decoded: a skip here is the cache's fault
+                raise positions.damaged(part.skipped[0][1], int(within[part.skipped[0][0]]))
             kept = kept_positions(len(rows), part.skipped)
             labels, probs, top = positions.targets(within[kept], decoder.temperature)
             part.policy = top

@@ -226,6 +226,9 @@ class Trainer:
             for text in warnings + self._eval_scale_warnings():  # after run_started: credited to this attempt
                 self.events.emit("warning", step=self.step, message=text)
                 self.progress.message(f"warning: {text}")
+            caches = sys.modules.get("tideborn.data.cachefile")  # loaded only where teacher data was opened
+            for text in caches.take_cache_warnings() if caches else []:  # said on stderr as the data was opened
+                self.events.emit("warning", step=self.step, message=text)
             where = f"resuming from {p.start.checkpoint} at step {self.step}" if p.start.checkpoint else "from step 0"
             ranks = f" x {self.env.world_size} processes" if self.env.distributed else ""
             if self.state.threads.source == "checkpoint":

@@ -18,7 +18,7 @@ import typing
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import FILE_MODE, fsync_directory, make_dirs
+from tideborn.rundir import create_new_file, fsync_directory, make_dirs
 
 
 class OutputError(UserError):
@@ -153,7 +153,7 @@ class StagedOutputs:
         temp = temp_path(path)
         self.staged.append((temp, path))
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+            fd = create_new_file(temp, refuse_links=False)  # whatever is at our temp name is replaced, not followed
             with os.fdopen(fd, "wb") as handle:
                 fill(handle)
                 handle.flush()

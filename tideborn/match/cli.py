@@ -104,8 +104,11 @@ def _check_save_dir(path: Path) -> None:
 def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings: Path | None = None,
               seed: int = 0, temperature: float = 0.0, max_moves: int = DEFAULT_MAX_MOVES,
               parallel: int = DEFAULT_PARALLEL, device: str = "cpu", weights: str = "auto",
-              save_games: Path | None = None, mode: str = "policy") -> dict:
-    """Play the match and return its report (what --json prints). Raises UserError for bad input."""
+              save_games: Path | None = None, mode: str = "policy",
+              run_files: tuple[bool, bool] = (False, False)) -> dict:
+    """Play the match and return its report (what --json prints). Raises UserError for bad input.
+    `run_files`: which of the two is a file of a run directory (`runtime.match_every`), read without
+    following a link."""
     import random
 
     import torch
@@ -122,9 +125,9 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
     positions = load_openings(openings)
     chosen_device = _device(device)
     nets, sides = [], []
-    for path in (first, second):
+    for path, run_file in zip((first, second), run_files):
         try:
-            payload = load_checkpoint(path)
+            payload = load_checkpoint(path, run_file=run_file)
         except CheckpointError as exc:
             raise UserError(str(exc)) from None
         try:

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from tests.conftest import assert_user_error, child_env, describe, settings_args
-from tideborn.errors import UserError
 from tideborn.rundir import MATCH_REFERENCE_FILE, write_atomically
 from tideborn.tools import train_run
 from tideborn.trainer import loop
@@ -186,3 +185,159 @@ def test_a_reference_replaced_by_another_checkpoint_is_a_rebaseline(tmp_path, wo
     assert matches(run_dir) == [(2, 2), (4, 4), (6, 4)]
     [warning] = rebaselines(run_dir)
     assert (warning["old_reference_step"], warning["reference_step"]) == (2, 4)
+
+
+# -- must 4: every output is checked before the work, and its failure is one line ------------------------------
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real run directory: four steps of the smoke net, with its events, checkpoints and match reference."""
+    root = tmp_path_factory.mktemp("small-run")
+    run_dir = root / "run"
+    result = subprocess.run([sys.executable, "-m", "tideborn.trainer", "train", *settings_args(
+        run_dir, "runtime.max_steps=4", "runtime.checkpoint_every=2", "runtime.match_every=2", "runtime.match_games=2",
+        "optim.batch_size=16", "data.workers=0")], cwd=root, env=child_env(), capture_output=True, text=True,
+        timeout=300, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, describe(result)
+    return run_dir
+
+
+def play(checkpoint: Path, *args: str) -> int:
+    from tideborn.match.cli import main as match_main
+
+    return match_main([str(checkpoint), str(checkpoint), "--games", "8", "--max-moves", "40", *args])
+
+
+@pytest.fixture
+def read_only_dir(small_filesystem) -> Path:
+    mount_point, _ = small_filesystem
+    subprocess.run(["mount", "-o", "remount,ro", str(mount_point)], check=True)
+    return mount_point
+
+
+@pytest.mark.parametrize("where", ["/proc/self", "/proc/self/games", "read-only"])
+def test_save_games_where_nothing_can_be_written_is_refused_before_any_game(where, small_run, request, capsys):
+    directory = request.getfixturevalue("read_only_dir") if where == "read-only" else Path(where)
+    before = sorted(os.listdir(directory)) if directory.is_dir() else None
+    # The old code played every game first, then raised an OSError traceback at the first save.
+    assert play(small_run / "step-000000002.pt", "--save-games", str(directory)) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # no game was played: the refusal comes first
+    assert_user_error(err, rf"--save-games {directory}: cannot (write in|create)")
+    assert (sorted(os.listdir(directory)) if directory.is_dir() else None) == before
+
+
+def test_a_save_that_fails_mid_match_keeps_the_score_and_leaves_no_temp_file(small_run, small_filesystem, capsys):
+    mount_point, resize = small_filesystem
+    resize(8192)  # two pages: the probe's block fits, then two game files, and the third finds the disk full
+    games = mount_point / "games"
+    assert play(small_run / "step-000000002.pt", "--save-games", str(games), "--json") == 2
+    out, err = capsys.readouterr()
+    report = json.loads(out)  # the score is printed whole, every game counted
+    assert report["wins"] + report["draws"] + report["losses"] == 8
+    saved = sorted(p.name for p in games.iterdir())
+    assert saved and len(saved) < 8 and all(name.startswith("game-") and name.endswith(".csa") for name in saved)
+    assert report["games_saved"] == len(saved)
+    assert_user_error(err, rf"could not write game-\d{{4}}\.csa \(No space left on device\); {len(saved)} of 8 "
+                           "games saved, the score above counts all of them")
+
+
+RUN_FILE_NAMES = ["events.jsonl", "train.log", "train.pid", "launch.json", ".trainer.lock", "match-reference.pt",
+                  "step-000000002.pt", "step-000000900.pt"]
+
+
+@pytest.mark.parametrize("name", RUN_FILE_NAMES)
+def test_export_refuses_a_run_file_as_its_output_before_reading_the_checkpoint(name, small_run, capsys):
+    from tideborn.export.cli import main as export_main
+
+    out = small_run / name
+    before = out.read_bytes() if out.exists() else None
+    # The checkpoint is one the old code read (and exported, replacing the run file) before refusing anything.
+    assert export_main(["--checkpoint", str(small_run / "step-000000004.pt"), "--out", str(out)]) == 2
+    assert_user_error(capsys.readouterr().err, rf"--out {out}: {name} is the name of a run directory's own file")
+    assert (out.read_bytes() if out.exists() else None) == before
+
+
+def test_export_checks_its_output_directory_before_the_checkpoint(tmp_path, capsys):
+    from tideborn.export.cli import main as export_main
+
+    assert export_main(["--checkpoint", str(tmp_path / "absent.pt"), "--out", "/proc/self/model.onnx"]) == 2
+    assert_user_error(capsys.readouterr().err, r"--out /proc/self/model\.onnx: cannot write in /proc/self")
+
+
+async def test_the_monitors_export_dialog_refuses_a_run_file(small_run, tmp_path, monkeypatch):
+    from textual.app import App
+
+    from tui.screens.checkpoints import CheckpointFile, ExportScreen
+
+    monkeypatch.chdir(tmp_path)
+    events = small_run / "events.jsonl"
+    before = events.read_bytes()
+    checkpoint = small_run / "step-000000002.pt"
+    box = ExportScreen(CheckpointFile(2, checkpoint, checkpoint.stat().st_size, 0.0), tmp_path / "model.onnx")
+    async with App().run_test() as pilot:
+        pilot.app.push_screen(box)
+        await pilot.pause()
+        box.query_one("#export-path").value = str(events)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert pilot.app.screen is box  # not dismissed: no export was started
+        assert "is the name of a run directory's own file" in str(box.query_one("#export-error").render())
+    assert events.read_bytes() == before
+
+
+# -- must 7: openings mean what they say -----------------------------------------------------------------------
+
+START = "lnsgkgsnl/1r5b1/ppppppppp/9/9/9/PPPPPPPPP/1B5R1/LNSGKGSNL"
+
+
+def openings_file(tmp_path: Path, line: str) -> Path:
+    path = tmp_path / "openings.sfen"
+    path.write_text(f"# two good lines first, so the bad one is line 4\nstartpos\nstartpos moves 7g7f\n{line}\n")
+    return path
+
+
+def test_moves_after_a_position_are_played(tmp_path):
+    from tideborn.match.openings import load_openings
+
+    path = tmp_path / "openings.sfen"
+    path.write_text(f"startpos moves 7g7f 3c3d\nposition startpos moves 2g2f\nsfen {START} w - 1 moves 3c3d\n"
+                    f"position sfen {START} b - 1 moves 7g7f 3c3d 8h2b+\n")
+    # The old code dropped the moves of the first two lines and refused the last two (a "SFEN" of 5+ fields).
+    assert load_openings(path) == [
+        "lnsgkgsnl/1r5b1/pppppp1pp/6p2/9/2P6/PP1PPPPPP/1B5R1/LNSGKGSNL b - 3",
+        "lnsgkgsnl/1r5b1/ppppppppp/9/9/7P1/PPPPPPP1P/1B5R1/LNSGKGSNL w - 2",
+        "lnsgkgsnl/1r5b1/pppppp1pp/6p2/9/9/PPPPPPPPP/1B5R1/LNSGKGSNL b - 2",
+        "lnsgkgsnl/1r5+B1/pppppp1pp/6p2/9/2P6/PP1PPPPPP/7R1/LNSGKGSNL w B 4",
+    ]
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ("startpos foo bar", r"'foo' after startpos; only 'moves' and USI moves may follow it"),
+    ("startpos moves 7g7e", r"move 1, '7g7e', is not a legal move"),
+    ("startpos moves 7g7f 7g7f", r"move 2, '7g7f', is not a legal move"),
+    ("position startpos moves 7g7f zz", r"move 2, 'zz', is not a USI move"),
+    (f"sfen {START} b - 1 moves 5a4b", r"move 1, '5a4b', is not a legal move"),
+    ("lnsgkgsPl/1r5b1/pppppppp1/9/9/9/PPPPPPPP1/1B5R1/LNSGKGSNL b - 1", r"a black pawn on its last rank \(2a\)"),
+    ("4k3L/9/9/9/9/9/9/9/4K4 b - 1", r"a black lance on its last rank \(1a\)"),
+    ("4k4/9/9/9/9/9/9/9/4K3l b - 1", r"a white lance on its last rank \(1i\)"),
+    ("4k4/9/9/9/9/9/9/n8/4K4 b - 1", r"a white knight on its last two ranks \(9h\)"),
+    ("4k4/N8/9/9/9/9/9/9/4K4 b - 1", r"a black knight on its last two ranks \(9b\)"),
+    ("lnsgkgsnl/1r5b1/ppppppppp/9/9/P8/PPPPPPPP1/1B5R1/LNSGKGSNL b - 1", r"two unpromoted black pawns on file 9"),
+    ("4k4/9/9/9/9/9/9/4r4/4K4 w - 1", r"black, not to move, is in check"),
+])
+def test_an_opening_line_that_does_not_mean_a_position_is_refused_naming_file_and_line(line, why, tmp_path, capsys):
+    from tideborn.match.cli import main as match_main
+
+    path = openings_file(tmp_path, line)
+    assert match_main([str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--openings", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert_user_error(err, rf"{path}:4: .*{why}")
+    assert out == ""  # nothing from cshogi's C++ checks leaks onto stdout
+
+
+def test_promoted_pieces_may_stand_anywhere(tmp_path):
+    from tideborn.match.openings import load_openings
+
+    path = openings_file(tmp_path, "4k2+P+L/+N8/9/9/9/9/P8/9/4K4 b - 1")  # a promoted pawn, lance, knight; one pawn
+    assert len(load_openings(path)) == 3

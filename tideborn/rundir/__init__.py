@@ -283,6 +283,12 @@ def refuse_link(path: Path) -> None:
         raise UserError(_link_refused(path))
 
 
+def is_run_entry(name: str) -> bool:
+    """Whether `name` is one the run directory contract gives a file of its own (events, log, pid, launch, lock,
+    match reference, archive, step checkpoints and their temp files): never an output of a tool."""
+    return _is_run_entry(name)
+
+
 def _is_run_entry(name: str) -> bool:
     return (name in RUN_FILES or name == ARCHIVE_DIR or bool(CHECKPOINT_RE.match(name))
             or bool(TEMP_CHECKPOINT_RE.match(name)) or bool(_ATOMIC_TEMP_RE.match(name)))

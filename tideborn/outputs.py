@@ -18,7 +18,7 @@ import typing
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import FILE_MODE, fsync_directory, make_dirs
+from tideborn.rundir import PROBE_PREFIX, create_new_file, fsync_directory, is_run_entry, make_dirs, os_error_text
 
 
 class OutputError(UserError):
@@ -38,7 +38,12 @@ def file_type_name(mode: int) -> str:
 def check_output_path(path: Path, flag: str) -> None:
     """Refuse an output path that exists and is not a regular file (a directory, a device node such as
     /dev/null, a FIFO): the tools replace their outputs whole, and replacing those would be a surprise
-    at best (run as root, `--out /dev/null` would replace the device node)."""
+    at best (run as root, `--out /dev/null` would replace the device node). Refuse, wherever it is, a name the
+    run directory contract gives a run file (events.jsonl, train.pid, step-*.pt, ...): an output named so
+    would replace a run's own file, and a run's history or checkpoint is never an output."""
+    if is_run_entry(path.name):
+        raise UserError(f"{flag} {path}: {path.name} is the name of a run directory's own file (the run directory "
+                        "contract, docs/run-tools.md); name the output otherwise, e.g. model.onnx")
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -48,6 +53,44 @@ def check_output_path(path: Path, flag: str) -> None:
     if not stat.S_ISREG(mode):
         raise UserError(f"{flag} {path}: is {file_type_name(mode)}; name a regular file to write (it is "
                         f"replaced whole)")
+
+
+def probe_directory(directory: Path, flag: str, output: Path | None = None) -> None:
+    """Refuse (`UserError`, one line) a directory that outputs cannot be written to, before any work: a
+    read-only mount, a full disk, no permission, /proc. The evidence is a hidden probe file created (O_EXCL,
+    O_NOFOLLOW), written a block (a full disk still lets an empty file be created) and removed, in `directory`
+    or, when it does not exist yet, in the nearest ancestor it would be created in. Nothing stays. The message
+    names `output` (the file to be written there), else the directory."""
+    named = directory if output is None else output
+    where = directory
+    while not os.path.lexists(where) and where.parent != where:
+        where = where.parent
+    if not where.is_dir():
+        raise UserError(f"{flag} {named}: {where} is not a directory")
+    probe = where / f"{PROBE_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                os.write(fd, b"\0" * 4096)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        finally:
+            os.unlink(probe)
+    except OSError as exc:
+        doing = f"cannot write in {where}" if where == directory else f"cannot create {directory} in {where}"
+        raise UserError(f"{flag} {named}: {doing}: {os_error_text(exc)}") from None
+
+
+def check_output_before_work(path: Path, flag: str) -> None:
+    """Everything about an output file that can be known before the work (`export --out`, and the monitor's
+    export dialog before it starts one): a regular file or nothing, not a run directory's own file, in an
+    existing directory that can be written."""
+    check_output_path(path, flag)
+    if not path.parent.is_dir():
+        raise UserError(f"{flag} {path}: directory {path.parent} does not exist")
+    probe_directory(path.parent, flag, output=path)
 
 
 def same_output(a: Path, b: Path) -> bool:
@@ -153,7 +196,7 @@ class StagedOutputs:
         temp = temp_path(path)
         self.staged.append((temp, path))
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+            fd = create_new_file(temp, refuse_links=False)  # whatever is at our temp name is replaced, not followed
             with os.fdopen(fd, "wb") as handle:
                 fill(handle)
                 handle.flush()

@@ -18,6 +18,7 @@ from tideborn.config.load import DEFAULTS_SOURCE, Resolved, override_layer
 from tideborn.config.reference import field_docstrings
 from tideborn.config.schema import SECTIONS
 from tideborn.errors import UserError
+from tideborn.rundir import create_new_file
 from tui.plan import LaunchPlan
 
 
@@ -154,7 +155,9 @@ class OverrideModel:
             raise UserError(f"{path}: is a directory")
         temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            temp.write_text(text, encoding="utf-8")
+            # A new file at the temp name: whatever was there (a link planted at it) is replaced, not written into.
+            with os.fdopen(create_new_file(temp, refuse_links=False), "w", encoding="utf-8") as handle:
+                handle.write(text)
             load_settings(temp, (), {}, environ=self.environ, cwd=self.plan.cwd)
             os.replace(temp, path)
         except OSError as exc:

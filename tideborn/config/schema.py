@@ -318,7 +318,8 @@ class RuntimeSettings:
     runtime.match_reference and write a `match` event with its Elo (docs/match.md); 0 turns it off."""
     match_reference: str = ""
     """The checkpoint matches are played against; empty: the run's first checkpoint (kept, hard-linked, as
-    RUN_DIR/match-reference.pt so that pruning does not remove it)."""
+    RUN_DIR/match-reference.pt so that pruning does not remove it; if it is lost, restored from its step file,
+    or else a `warning` says the Elo origin moved)."""
     match_games: int = 40
     """Games of each match during a run (each opening twice, colours swapped; on the training device)."""
     gpu_event_seconds: float = 10.0

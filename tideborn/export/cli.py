@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tideborn.errors import UserError, report_interrupted, report_user_error
 from tideborn.export.interface import DEFAULT_VALUE, VALUE_CHOICES, WEIGHT_CHOICES
-from tideborn.outputs import check_output_path
+from tideborn.outputs import check_output_before_work
 from tideborn.trainer.cli import OneLineParser
 
 PARITY_FAILED_EXIT = 1
@@ -40,7 +40,7 @@ def build_parser(prog: str = "tideborn export") -> argparse.ArgumentParser:
 def export(args: argparse.Namespace, prog: str) -> int:
     if args.out.resolve() == args.checkpoint.resolve():
         raise UserError(f"--out {args.out} is the checkpoint itself; name a new file, e.g. model.onnx")
-    check_output_path(args.out, "--out")  # before torch loads: a device node or FIFO is refused at once
+    check_output_before_work(args.out, "--out")  # before torch loads and the checkpoint is read
     from tideborn.export.onnx_export import choose_weights, export_onnx
     from tideborn.export.parity import ParityError
     from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint

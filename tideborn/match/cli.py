@@ -69,8 +69,8 @@ def build_parser(prog: str = "tideborn match") -> argparse.ArgumentParser:
                         help=f"games to play, an even number: each opening twice, colours swapped "
                              f"(an odd number is rounded up; default {DEFAULT_GAMES})")
     parser.add_argument("--openings", type=Path, metavar="FILE",
-                        help="start positions: SFEN lines ('#' comments, 'startpos' allowed) or an .hcpe file "
-                             "(default: 621 positions from the WCSC28 games shipped with tideborn)")
+                        help="start positions: SFEN lines ('#' comments; 'startpos' and 'moves ...' allowed) or an "
+                             ".hcpe file (default: 621 positions from the WCSC28 games shipped with tideborn)")
     parser.add_argument("--seed", type=_seed, default=0,
                         help="order of the openings and, with --temperature, the moves drawn (default 0)")
     parser.add_argument("--temperature", type=_temperature, default=0.0,
@@ -95,17 +95,32 @@ def build_parser(prog: str = "tideborn match") -> argparse.ArgumentParser:
 
 
 def _check_save_dir(path: Path) -> None:
+    """Before any game: a directory (or none yet) without games in it, where files can be written (a read-only
+    or full filesystem, /proc, no permission are refused now, not after the games are played)."""
+    from tideborn.outputs import probe_directory
+
     if path.exists() and not path.is_dir():
         raise UserError(f"--save-games {path}: exists and is not a directory")
-    if path.is_dir() and any(path.glob("game-*.csa")):
-        raise UserError(f"--save-games {path}: already holds game-*.csa files; name a new or empty directory")
+    try:
+        if path.is_dir() and any(path.glob("game-*.csa")):
+            raise UserError(f"--save-games {path}: already holds game-*.csa files; name a new or empty directory")
+    except OSError as exc:
+        raise UserError(f"--save-games {path}: cannot list it ({exc.strerror or exc})") from None
+    probe_directory(path, "--save-games")
+
+
+class SaveFailed(UserError):
+    """A game could not be saved mid-match (a full disk): the match went on, its score stands; said after it."""
 
 
 def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings: Path | None = None,
               seed: int = 0, temperature: float = 0.0, max_moves: int = DEFAULT_MAX_MOVES,
               parallel: int = DEFAULT_PARALLEL, device: str = "cpu", weights: str = "auto",
-              save_games: Path | None = None, mode: str = "policy") -> dict:
-    """Play the match and return its report (what --json prints). Raises UserError for bad input."""
+              save_games: Path | None = None, mode: str = "policy",
+              run_files: tuple[bool, bool] = (False, False)) -> dict:
+    """Play the match and return its report (what --json prints). Raises UserError for bad input.
+    `run_files`: which of the two is a file of a run directory (`runtime.match_every`), read without
+    following a link."""
     import random
 
     import torch
@@ -115,6 +130,7 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
     from tideborn.match.openings import DEFAULT_OPENINGS, load_openings
     from tideborn.match.play import new_games, play
     from tideborn.match.records import write_csa
+    from tideborn.rundir import make_dirs
     from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
 
     if save_games is not None:
@@ -122,9 +138,9 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
     positions = load_openings(openings)
     chosen_device = _device(device)
     nets, sides = [], []
-    for path in (first, second):
+    for path, run_file in zip((first, second), run_files):
         try:
-            payload = load_checkpoint(path)
+            payload = load_checkpoint(path, run_file=run_file)
         except CheckpointError as exc:
             raise UserError(str(exc)) from None
         try:
@@ -144,11 +160,23 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
     if names[0] == names[1]:
         names = (names[0] + " (A)", names[1] + " (B)")
     if save_games is not None:
-        save_games.mkdir(parents=True, exist_ok=True)
+        try:
+            make_dirs(save_games)
+        except OSError as exc:
+            raise UserError(f"--save-games {save_games}: cannot create it ({exc.strerror or exc})") from None
+    saved: list[int] = []
+    save_failed: list[str] = []
 
     def finished(game) -> None:
-        if save_games is not None:
-            write_csa(game, save_games / f"game-{game.index + 1:04d}.csa", names)
+        if save_games is None or save_failed:
+            return  # after a failed save, the rest are not tried: the disk that failed stays full
+        path = save_games / f"game-{game.index + 1:04d}.csa"
+        try:
+            write_csa(game, path, names)
+            saved.append(game.index)
+        except (OSError, UserError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            save_failed.append(f"--save-games {save_games}: could not write {path.name} ({why})")
 
     seconds = play((nets[0], nets[1]), match_games, parallel=parallel, max_moves=max_moves,
                    temperature=temperature, device=chosen_device, on_finished=finished, mode=mode)
@@ -167,6 +195,9 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
         "moves": moves, "ends": dict(Counter(game.reason for game in match_games).most_common()),
         "first_as_black_score": sum(scores[0::2]) / pairs, "first_as_white_score": sum(scores[1::2]) / pairs,
         "saved_games": str(save_games) if save_games is not None else None,
+        "games_saved": len(saved) if save_games is not None else None,
+        "save_error": (f"{save_failed[0]}; {len(saved)} of {len(match_games)} games saved, the score above "
+                       "counts all of them") if save_failed else None,
     }
 
 
@@ -207,7 +238,7 @@ def describe(report: dict) -> str:
         f"  {report['games']} games, {report['moves']} moves in {report['seconds']:.1f} s: "
         f"{report['games_per_second']:.1f} games/s on {report['device']} ({report['threads']} threads)",
     ]
-    if report["saved_games"]:
+    if report["saved_games"] and not report.get("save_error"):
         lines.append(f"  games saved as CSA in {report['saved_games']}/")
     return "\n".join(lines)
 
@@ -241,6 +272,9 @@ def main(argv: list[str] | None = None, prog: str = "tideborn match") -> int:
             sys.stdout.write("\n")
         else:
             print(describe(report))
+        sys.stdout.flush()
     except BrokenPipeError:
         return 0
+    if report["save_error"]:
+        return report_user_error(SaveFailed(report["save_error"]), prog)
     return 0

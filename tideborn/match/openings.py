@@ -1,6 +1,7 @@
 """Start positions for matches: the shipped WCSC28 set, a file of SFENs, or an hcpe file.
 
-Every position is checked here (a valid SFEN, a side to move with a legal move and not already won by an
+Every position is checked here (a valid SFEN; pieces where the rules let them stand; the side not to move not
+in check; `moves` after it legal, one by one; a side to move with a legal move and not already won by an
 entering-king declaration), so a bad one is one line naming the file and line before any game starts.
 """
 
@@ -58,27 +59,97 @@ def _sfen_syntax_error(sfen: str) -> str | None:
     return None
 
 
-def _check_playable(sfen: str, where: str) -> str:
+_USI_MOVE = re.compile(r"[1-9][a-i][1-9][a-i]\+?|[PLNSGBR]\*[1-9][a-i]")
+
+
+def _placement_error(sfen: str) -> str | None:
+    """Why the pieces of `sfen` (valid SFEN text) stand where the rules never let them, or None: a pawn or lance
+    on its last rank, a knight on its last two (no move from there), two unpromoted pawns of a side on a file
+    (nifu). cshogi's `Board.is_ok` checks none of these."""
+    ranks = sfen.split()[0].split("/")
+    pawns: dict[tuple[str, int], int] = {}
+    for row, rank in enumerate(ranks):  # row 0 is rank a (white's back rank), row 8 rank i (black's)
+        column, promoted = 0, False
+        for char in rank:
+            if char == "+":
+                promoted = True
+                continue
+            if char.isdigit():
+                column += int(char)
+                continue
+            file, black = 9 - column, char.isupper()
+            last = 0 if black else 8  # the rank a piece of that side moves towards and cannot leave
+            piece, side = char.upper(), "black" if black else "white"
+            if not promoted:
+                if piece in "PL" and row == last:
+                    return f"a {side} {'pawn' if piece == 'P' else 'lance'} on its last rank ({file}{'abcdefghi'[row]})"
+                if piece == "N" and abs(row - last) <= 1:
+                    return f"a {side} knight on its last two ranks ({file}{'abcdefghi'[row]})"
+                if piece == "P":
+                    pawns[(side, file)] = pawns.get((side, file), 0) + 1
+                    if pawns[(side, file)] > 1:
+                        return f"two unpromoted {side} pawns on file {file} (nifu)"
+            column, promoted = column + 1, False
+    return None
+
+
+def _check_position(sfen: str, where: str) -> cshogi.Board:
+    """The board of `sfen`, refused (`UserError`, naming `where`) unless it is SFEN text of a position the rules
+    can reach: pieces where they may stand, and the side that just moved not left in check."""
     why = _sfen_syntax_error(sfen)
     if why:
         raise UserError(f"{where}: not a SFEN position ({why}): {sfen[:80]!r}")
+    why = _placement_error(sfen)
+    if why:
+        raise UserError(f"{where}: not a legal position ({why}): {sfen[:80]!r}")
+    fields = sfen.split()
+    flipped = cshogi.Board()
+    flipped.set_sfen(" ".join([fields[0], "w" if fields[1] == "b" else "b", *fields[2:]]))
+    if flipped.is_check():  # asked before is_ok, which prints its diagnosis of this case to stdout
+        waiting = "white" if fields[1] == "b" else "black"
+        raise UserError(f"{where}: not a legal position ({waiting}, not to move, is in check): {sfen[:80]!r}")
     board = cshogi.Board()
     board.set_sfen(sfen)
     if not board.is_ok():
         raise UserError(f"{where}: not a legal position: {sfen[:80]!r}")
+    return board
+
+
+def _check_playable(board: cshogi.Board, where: str, text: str) -> str:
     if board.is_game_over() or board.is_nyugyoku():
-        raise UserError(f"{where}: the game is already over in this position: {sfen[:80]!r}")
+        raise UserError(f"{where}: the game is already over in this position: {text[:80]!r}")
     return board.sfen()
 
 
-def _sfen_of_line(line: str) -> str:
-    text = line.strip()
-    for prefix in ("position ", "sfen "):
-        if text.startswith(prefix):
-            text = text[len(prefix):].strip()
-    if text.split(" ")[0] == "startpos":
-        return cshogi.STARTING_SFEN
-    return text
+def _position_of_line(line: str, where: str) -> str:
+    """The SFEN of an openings line: `[position] startpos [moves M...]` or `[position] [sfen] SFEN [moves M...]`,
+    its moves (USI) played and checked legal one by one. Anything else after `startpos`, or a move that is not
+    legal where it is played, is refused naming `where` and the move."""
+    tokens = line.split()
+    if tokens[0] == "position":
+        tokens = tokens[1:]
+    if not tokens:
+        raise UserError(f"{where}: 'position' with no position after it")
+    if tokens[0] == "startpos":
+        base, rest = cshogi.STARTING_SFEN, tokens[1:]
+        if rest and rest[0] != "moves":
+            raise UserError(f"{where}: {rest[0]!r} after startpos; only 'moves' and USI moves may follow it: "
+                            f"{line.strip()[:80]!r}")
+    else:
+        if tokens[0] == "sfen":
+            tokens = tokens[1:]
+        cut = tokens.index("moves") if "moves" in tokens else len(tokens)
+        base, rest = " ".join(tokens[:cut]), tokens[cut:]
+    board = _check_position(base, where)
+    for number, usi in enumerate(rest[1:], start=1):
+        move = board.move_from_usi(usi) if _USI_MOVE.fullmatch(usi) else 0
+        if not move or not board.is_legal(move):
+            if not _USI_MOVE.fullmatch(usi):
+                raise UserError(f"{where}: move {number}, {usi!r}, is not a USI move (e.g. 7g7f, 8h2b+, P*5e)")
+            raise UserError(f"{where}: move {number}, {usi!r}, is not a legal move in the position it is played "
+                            f"in ({board.sfen()})")
+        board.push(move)
+    return _check_playable(board, where, line.strip())
 
 
 def load_openings(path: Path | None = None) -> list[str]:
@@ -100,7 +171,7 @@ def load_openings(path: Path | None = None) -> list[str]:
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        sfens.append(_check_playable(_sfen_of_line(line), f"{source}:{number}"))
+        sfens.append(_position_of_line(line, f"{source}:{number}"))
         if len(sfens) > MAX_OPENINGS:
             raise UserError(f"{source}: more than {MAX_OPENINGS:,} openings; name a smaller file")
     if not sfens:
@@ -123,5 +194,7 @@ def _hcpe_openings(source: Path) -> list[str]:
             board.set_hcp(np.asarray(record["hcp"]))
         except Exception as exc:  # noqa: BLE001 - a damaged record makes cshogi raise a plain exception
             raise UserError(f"{source}: record {index} is not a position ({exc or type(exc).__name__})") from None
-        sfens.append(_check_playable(board.sfen(), f"{source}: record {index}"))
+        where = f"{source}: record {index}"
+        sfen = board.sfen()
+        sfens.append(_check_playable(_check_position(sfen, where), where, sfen))
     return sfens

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import os
 from pathlib import Path
 
 import cshogi
 from cshogi import CSA
 
 from tideborn.match.play import DRAW, WHITE_WINS, Game
+from tideborn.rundir import create_new_file
 
 _ENDINGS = {"mate": "%TORYO", "repetition": "%SENNICHITE", "entering king": "%KACHI", "max moves": "%JISHOGI"}
 """The CSA (V2.2) end-of-game line for each way a game ends. A mated side resigns (%TORYO), as in CSA
@@ -21,18 +24,32 @@ def ending(game: Game) -> str:
     return _ENDINGS[game.reason]
 
 
-def write_csa(game: Game, path: Path, names: tuple[str, str]) -> None:
-    """`game` as a CSA file at `path` (written to a temp name, then renamed: never half a file)."""
+def csa_text(game: Game, names: tuple[str, str]) -> str:
+    """`game` as CSA text (cshogi's exporter, into memory)."""
     black, white = (names[0], names[1]) if game.black == 0 else (names[1], names[0])
+    exporter = CSA.Exporter()
+    exporter.f = io.StringIO()
+    exporter.info(init_board=cshogi.Board(game.sfen), names=[black, white], version="V2.2",
+                  var_info={"EVENT": "tideborn match", "OPENING": game.sfen})
+    for move in game.moves:
+        exporter.move(move)
+    exporter.endgame(ending(game))
+    exporter.f.write(f"'result {game.result}{'' if game.result == DRAW else ' wins'} by {game.reason}\n")
+    return exporter.f.getvalue()
+
+
+def write_csa(game: Game, path: Path, names: tuple[str, str]) -> None:
+    """`game` as a CSA file at `path`: written to a new temp file (never through a link or into another name's
+    file), then renamed, so never half a file; a failed write (a full disk) removes the temp file and raises."""
+    data = csa_text(game, names).encode("utf-8")
     tmp = path.with_name(f".{path.name}.tmp")
-    exporter = CSA.Exporter(str(tmp), encoding="utf-8")
     try:
-        exporter.info(init_board=cshogi.Board(game.sfen), names=[black, white], version="V2.2",
-                      var_info={"EVENT": "tideborn match", "OPENING": game.sfen})
-        for move in game.moves:
-            exporter.move(move)
-        exporter.endgame(ending(game))
-        exporter.f.write(f"'result {game.result}{'' if game.result == DRAW else ' wins'} by {game.reason}\n")
-    finally:
-        exporter.close()
-    tmp.replace(path)
+        fd = create_new_file(tmp, refuse_links=False)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -14,6 +14,7 @@ import grp
 import os
 import pwd
 import re
+import shutil
 import stat
 import time
 import typing
@@ -87,12 +88,79 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
+def create_new_file(path: Path, refuse_links: bool = True) -> int:
+    """A new file at `path` for writing (FILE_MODE), the descriptor: O_EXCL and O_NOFOLLOW make it an inode no
+    other name shares. A symbolic link at the name is refused (`UserError`) and left alone (`refuse_links`; else
+    removed); a file there (our own leftover, or a hard link planted to have us write into its other name) is
+    unlinked, never opened."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, FILE_MODE)
+    except FileExistsError:
+        if refuse_links and path.is_symlink():
+            raise UserError(_link_refused(path)) from None
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    try:
+        return os.open(path, flags, FILE_MODE)
+    except FileExistsError:  # planted again at once: someone is racing us for the name
+        raise UserError(f"{path}: appeared again as it was being replaced; tideborn never writes through an "
+                        "entry it did not create: remove it") from None
+
+
+def open_run_file_for_reading(path: Path) -> int:
+    """`os.open` of a run file for reading, never through a symbolic link (O_NOFOLLOW: a link planted in a run
+    directory, now or since start-up, would have us read its target) and only a regular file (checked on the
+    descriptor, opened non-blocking so that a FIFO cannot hang the reader). `UserError` for a link or another
+    file type; `OSError` as the OS says otherwise (FileNotFoundError for a missing file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(_link_refused(path, "reads")) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UserError(f"{path}: not a regular file (mode {stat.filemode(mode)}); tideborn reads only regular "
+                        "files in a run directory: move it away")
+    return fd
+
+
+def link_atomically(source: Path, path: Path) -> None:
+    """Make `path` a second name of `source` (a hard link; a copy where the filesystem has none), published by a
+    rename over whatever `path` was: a link or a file planted there is replaced, never written through."""
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        os.unlink(temp)
+    except FileNotFoundError:
+        pass
+    try:
+        os.link(source, temp, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        fd = open_run_file_for_reading(source)
+        with os.fdopen(fd, "rb") as original:
+            write_atomically(path, lambda handle: shutil.copyfileobj(original, handle, 1024 * 1024))
+        return
+    try:
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
+
+
 def write_atomically(path: Path, write: typing.Callable[[typing.BinaryIO], object]) -> None:
     """Write `path` whole or not at all: `write` fills a hidden temp file beside it (`.NAME.tmp-PID`, created
     with FILE_MODE), which is fsynced and renamed over `path`; then the directory is fsynced. If anything
-    fails, the temp file is removed and the old `path`, if any, is untouched."""
+    fails, the temp file is removed and the old `path`, if any, is untouched. Neither name is ever followed:
+    the temp file is a new inode (`create_new_file`), and the rename replaces a link at `path`, not its target."""
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = open_run_file(temp, os.O_WRONLY | os.O_TRUNC)  # a link at the temp name is refused, and left alone
+    fd = create_new_file(temp)
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
@@ -200,12 +268,12 @@ def _private_group(gid: int, uid: int) -> bool:
     return group.gr_name == user.pw_name and user.pw_gid == gid and set(group.gr_mem) <= {user.pw_name}
 
 
-def _link_refused(path: Path) -> str:
+def _link_refused(path: Path, what: str = "writes, moves or deletes") -> str:
     try:
         target = f" (to {os.readlink(path)})"
     except OSError:
         target = ""
-    return (f"runtime.out_dir: {path} is a symbolic link{target}; tideborn never writes, moves or deletes "
+    return (f"runtime.out_dir: {path} is a symbolic link{target}; tideborn never {what} "
             "through a link in a run directory: remove it, or choose another runtime.out_dir")
 
 
@@ -213,6 +281,12 @@ def refuse_link(path: Path) -> None:
     """`UserError` if `path` is a symbolic link: run files are never moved, written or deleted through one."""
     if path.is_symlink():
         raise UserError(_link_refused(path))
+
+
+def is_run_entry(name: str) -> bool:
+    """Whether `name` is one the run directory contract gives a file of its own (events, log, pid, launch, lock,
+    match reference, archive, step checkpoints and their temp files): never an output of a tool."""
+    return _is_run_entry(name)
 
 
 def _is_run_entry(name: str) -> bool:

@@ -34,6 +34,7 @@ from tideborn.rundir import (
     check_run_dir,
     make_dirs,
     open_run_file,
+    open_run_file_for_reading,
     os_error_text,
     run_dir_of,
     write_atomically,
@@ -324,7 +325,7 @@ def _exit_report(launched: Launched, code: int) -> Exception:
 
 def _log_lines(path: Path, offset: int) -> list[str]:
     """This launch's lines of train.log (after its opening line), at most its last 64 KiB."""
-    with open(path, "rb") as handle:
+    with os.fdopen(open_run_file_for_reading(path), "rb") as handle:
         size = handle.seek(0, os.SEEK_END)
         handle.seek(max(offset, size - 64 * 1024))
         text = handle.read().decode(errors="replace")
@@ -333,9 +334,11 @@ def _log_lines(path: Path, offset: int) -> list[str]:
 
 def _read_or_none(path: Path) -> bytes | None:
     try:
-        return path.read_bytes()
+        fd = open_run_file_for_reading(path)
     except FileNotFoundError:
         return None
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
 
 
 def _put_back(path: Path, content: bytes | None) -> None:
@@ -346,7 +349,7 @@ def _put_back(path: Path, content: bytes | None) -> None:
 
 
 def _last_byte(path: Path) -> bytes:
-    with open(path, "rb") as handle:
+    with os.fdopen(open_run_file_for_reading(path), "rb") as handle:
         handle.seek(-1, os.SEEK_END)
         return handle.read(1)
 

@@ -137,6 +137,9 @@ class RunTracker:
         """The session's gradient watchdog trip (a `watchdog` event), if any."""
         self.elo_curve: collections.deque = collections.deque(maxlen=ELO_CURVE_POINTS)
         """(step, elo, elo_low, elo_high, reference_step) of each `match` event (runtime.match_every)."""
+        self.elo_rebaselines: collections.deque = collections.deque(maxlen=ELO_CURVE_POINTS)
+        """(step, old reference step, new reference step) of each `warning` with `match_rebaseline`: the run's
+        match reference was lost and the Elo curve's origin moved there."""
         self.last_checkpoint_event: dict | None = None
         self.stop_requested: dict | None = None
         """The session's `stop_requested`: the trainer got its first stop signal and is stopping."""
@@ -252,6 +255,10 @@ class RunTracker:
         elif kind == "warning":
             self.warnings += 1
             self.last_warning = event
+            if event.get("match_rebaseline") is True and isinstance(event.get("step"), int):
+                self.elo_rebaselines.append((event["step"], *(value if isinstance(value, int) else None for value
+                                                             in (event.get("old_reference_step"),
+                                                                 event.get("reference_step")))))
         elif kind in TERMINAL_KINDS:
             self.terminal = event
             failed = run_failed(event)
@@ -486,6 +493,7 @@ class RunTracker:
             # A run halted by divergence names its newest healthy checkpoint, what the next train resumes from.
             "resume_from": _text((terminal or {}).get("resume_from")),
             "elo_curve": [list(point) for point in self.elo_curve],
+            "elo_rebaselines": [list(point) for point in self.elo_rebaselines],
             "terminal": _public(terminal),
             "stop_requested": _public(self.stopping()) if self.state in ("running", "stalled") else None,
             "warnings": {"count": self.warnings, "last": (self.last_warning or {}).get("message")},

@@ -183,6 +183,9 @@ def status_text(report: dict) -> str:
         if len(r["elo_curve"]) > 1:
             lines.append("elo curve   " + " ".join(f"{point[0]}:{elo_number(point[1])}"
                                                    for point in r["elo_curve"][-ELO_CURVE_SHOWN:]))
+    if r.get("elo_rebaselines"):
+        lines.append("elo origin  " + rebaseline_text(r["elo_rebaselines"][-1]) + "; Elo before and after it are "
+                     "not comparable")
     if r["warnings"]["count"]:
         lines.append(f"warnings    {r['warnings']['count']} (last: {r['warnings']['last']})")
     if r["terminal"]:
@@ -226,6 +229,12 @@ def match_text(point: list) -> str:
     """`[step, elo, elo_low, elo_high, reference_step]` from a `match` event, in words."""
     step, elo, low, high, reference = (list(point) + [None] * 5)[:5]
     return f"step {step} vs step {reference}: Elo {elo_number(elo)} [{elo_number(low)}, {elo_number(high)}] (95%)"
+
+
+def rebaseline_text(point: list) -> str:
+    """`[step, old reference step, new reference step]` of a `match_rebaseline` warning, in words."""
+    step, old, new = (list(point) + [None] * 3)[:3]
+    return f"MOVED at step {step}: the match reference (step {old}) was lost, matches now play step {new}"
 
 
 def event_text(event: dict) -> str:

@@ -8,18 +8,29 @@ and plain data, so loading never needs pickle; a file that does is refused and n
 
 from __future__ import annotations
 
+import os
 import pickle
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from tideborn.rundir import checkpoint_name, list_checkpoints, parse_step, write_atomically
+from tideborn.errors import UserError
+from tideborn.rundir import (
+    checkpoint_name,
+    list_checkpoints,
+    open_run_file_for_reading,
+    parse_step,
+    write_atomically,
+)
 from tideborn.trainer.payload_check import PayloadError, check_payload
 
 FORMAT = "tideborn-checkpoint"
 FORMAT_VERSION = 1
+REFERENCE_STEP_KEY = "match_reference_step"
+"""With `runtime.match_every` against the run's own reference: the step of match-reference.pt (an int)."""
 REQUIRED_KEYS = ("format", "format_version", "step", "settings", "model", "optimizer", "scheduler",
                  "rng", "data_cursor")
 
@@ -67,12 +78,12 @@ def _os_error_within(exc: BaseException) -> OSError | None:
     return None
 
 
-def _check_container(path: Path) -> None:
+def _check_container(path: Path, file: typing.BinaryIO) -> None:
     """Name a file that is no PyTorch save at all (empty, text, another format) before torch.load does,
     whose errors for such files say little ("list index out of range")."""
     try:
-        with open(path, "rb") as file:
-            head = file.read(4)
+        head = file.read(4)
+        file.seek(0)
     except OSError as exc:
         raise CheckpointError(f"{path}: unreadable ({exc.strerror or exc})") from None
     if not head:
@@ -82,15 +93,31 @@ def _check_container(path: Path) -> None:
         raise CheckpointError(f"{path}: not a checkpoint (neither a PyTorch zip archive nor a pickle stream)")
 
 
-def load_checkpoint(path: Path) -> dict:
-    """Load and check a checkpoint on the CPU. Raises `CheckpointError` with a one-line reason."""
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint")
-    if not path.is_file():
-        raise CheckpointError(f"{path}: not a file")
-    _check_container(path)
+def _open(path: Path, run_file: bool) -> typing.BinaryIO:
+    """`path` opened for reading. A run file (`run_file`: a step checkpoint or the match reference in a run
+    directory) is opened without following a link, at the moment of use (a link may be planted mid-run)."""
+    if not run_file:
+        if not path.exists():
+            raise CheckpointError(f"{path}: no such checkpoint")
+        if not path.is_file():
+            raise CheckpointError(f"{path}: not a file")
+        try:
+            return open(path, "rb")  # noqa: SIM115 - closed by the caller
+        except OSError as exc:
+            raise CheckpointError(f"{path}: unreadable ({exc.strerror or exc})") from None
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        return os.fdopen(open_run_file_for_reading(path), "rb")
+    except UserError as exc:
+        raise CheckpointError(str(exc)) from None
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: unreadable ({exc.strerror or exc})") from None
+
+
+def _torch_load(path: Path, file: typing.BinaryIO) -> object:
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{path}: refused: loading it would need pickle to run code "
@@ -102,6 +129,14 @@ def load_checkpoint(path: Path) -> dict:
         if len(first) > 120:  # torch's zip reader appends a paragraph of advice to its one-line reason
             first = first.split(". ")[0]
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({first})") from None
+
+
+def load_checkpoint(path: Path, run_file: bool = False) -> dict:
+    """Load and check a checkpoint on the CPU. Raises `CheckpointError` with a one-line reason. `run_file`:
+    `path` is a file of a run directory, never read through a symbolic link."""
+    with _open(path, run_file) as file:
+        _check_container(path, file)
+        payload = _torch_load(path, file)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a tideborn checkpoint")
     if payload.get("format_version") != FORMAT_VERSION:
@@ -122,7 +157,7 @@ def newest_loadable(run_dir: Path) -> tuple[Path | None, dict | None, list[tuple
     skipped: list[tuple[Path, str]] = []
     for step, path in reversed(list_checkpoints(run_dir)):
         try:
-            payload = load_checkpoint(path)
+            payload = load_checkpoint(path, run_file=True)
         except CheckpointError as exc:
             skipped.append((path, str(exc)))
             continue

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import socket
+import stat
 import sys
 import time
 import traceback
@@ -31,16 +31,18 @@ from tideborn.rundir import (
     WATCHDOG_ARCHIVE,
     check_run_dir,
     checkpoint_name,
+    link_atomically,
     list_checkpoints,
     make_dirs,
     move_to_archive,
     os_error_text,
+    parse_step,
     refuse_link,
     temp_checkpoints,
 )
 from tideborn.rundir.events import EventWriter
 from tideborn.rundir.files import boot_relative_start
-from tideborn.trainer.checkpoint import prune_checkpoints, save_checkpoint
+from tideborn.trainer.checkpoint import REFERENCE_STEP_KEY, prune_checkpoints, save_checkpoint
 from tideborn.trainer.device import DeviceSetup, resolve_device
 from tideborn.trainer.distributed import (
     StopVote,
@@ -133,6 +135,11 @@ class Trainer:
         """run_started is in the events: from then on the attempt owes them exactly one terminal event."""
         self.events_lost = False
         """A terminal event could not be written (a full disk): the exit status must say the run went wrong."""
+        recorded = (prepared.start.payload or {}).get(REFERENCE_STEP_KEY)
+        whole = isinstance(recorded, int) and not isinstance(recorded, bool)
+        self.reference_step: int | None = recorded if whole else None
+        """The step of the run's match reference (match-reference.pt), carried in every checkpoint so that a
+        reference deleted or replaced later is noticed (restored from its step file, or a re-baseline said)."""
 
     def run(self) -> int:
         p = self.p
@@ -173,7 +180,7 @@ class Trainer:
         doomed = [path for _, path in list_checkpoints(run_dir)]
         if (run_dir / EVENTS_FILE).exists():
             doomed.append(run_dir / EVENTS_FILE)
-        if (run_dir / MATCH_REFERENCE_FILE).exists():  # the old run's first checkpoint is no reference for a new one
+        if os.path.lexists(run_dir / MATCH_REFERENCE_FILE):  # the old run's reference is not the new one's
             doomed.append(run_dir / MATCH_REFERENCE_FILE)
         if not doomed:
             return None
@@ -348,7 +355,7 @@ class Trainer:
                 with self.stop.saving():  # a repeated Ctrl-C never cuts a save short (trainer/signals.py)
                     last_saved, saved_step = self._save(), self.step
                 if runtime.match_every and last_saved is not None and not runtime.match_reference:
-                    self._keep_first(last_saved)
+                    self._keep_reference(last_saved)
                 if (runtime.match_every and last_saved is not None and self.step % runtime.match_every == 0
                         and self.stop.reason is None):
                     self._match(last_saved)
@@ -531,6 +538,9 @@ class Trainer:
         if not self.env.is_main:
             return None
         payload = {**self.state.payload(self.step), "watchdog": self.watchdog.state_dict(self.healthy_step)}
+        if self.settings.runtime.match_every and not self.settings.runtime.match_reference:
+            # The reference this save will be matched against: the first save's own step when there is none yet.
+            payload[REFERENCE_STEP_KEY] = self.step if self.reference_step is None else self.reference_step
         saved = save_checkpoint(self.p.run_dir, self.step, payload)
         pruned = (prune_checkpoints(self.p.run_dir, self.settings.runtime.keep_checkpoints, saved.path,
                                     self._healthy_checkpoint()) if healthy else [])
@@ -538,21 +548,53 @@ class Trainer:
                          seconds=saved.seconds, pruned=[str(path) for path in pruned], healthy=healthy)
         return saved.path
 
-    def _keep_first(self, saved: Path) -> None:
-        """The run's first checkpoint, the default match reference, hard-linked as match-reference.pt at
-        the first save so that pruning (keep_checkpoints) does not take it away; a resumed run keeps it."""
+    def _keep_reference(self, saved: Path) -> None:
+        """Keep the default match reference, the run's first checkpoint, as match-reference.pt (a hard link,
+        so that pruning does not take it away). Made at the run's first save; later, one that is gone or is no
+        longer a regular file (deleted, replaced by a link: never followed) is restored from the reference's
+        own step file when that is still there, and otherwise re-based on `saved` with a `warning` event
+        (`match_rebaseline`): the Elo curve's origin moves, and status and the monitor say so."""
         reference = self.p.run_dir / MATCH_REFERENCE_FILE
-        if reference.exists():
-            return
         try:
+            found = os.lstat(reference).st_mode
+        except FileNotFoundError:
+            found = None
+        if found is not None and stat.S_ISREG(found):
+            return
+        if found is not None and stat.S_ISDIR(found):
+            self._warn(f"{reference} is a directory, not the match reference: matches cannot be played until "
+                       "it is moved away")
+            return
+        what = "is a symbolic link (never followed)" if found is not None and stat.S_ISLNK(found) else (
+            "is not a regular file" if found is not None else "is missing")
+        known = self.reference_step
+        source, rebased = saved, known is not None
+        if known is not None:
+            own = self.p.run_dir / checkpoint_name(known)
             try:
-                os.link(saved, reference)
-            except OSError:
-                shutil.copyfile(saved, reference)  # a filesystem without hard links
-        except OSError as exc:
-            text = f"could not keep {saved.name} as the match reference {reference}: {exc}"
-            self.events.emit("warning", step=self.step, message=text)
-            self.progress.message(text)
+                if stat.S_ISREG(os.lstat(own).st_mode) and own != saved:
+                    source, rebased = own, False
+            except FileNotFoundError:
+                pass
+        try:
+            link_atomically(source, reference)
+        except (OSError, UserError) as exc:
+            self._warn(f"could not keep {source.name} as the match reference {reference}: {exc}")
+            return
+        if known is None:
+            self.reference_step = parse_step(saved)
+        elif rebased:
+            self.reference_step = parse_step(saved)
+            self._warn(f"{reference} {what} and step {known}'s checkpoint, the run's reference, is gone: the "
+                       f"reference is now step {self.reference_step}; Elo from here on is measured against it "
+                       f"and does not continue the curve before", match_rebaseline=True,
+                       old_reference_step=known, reference_step=self.reference_step)
+        else:
+            self._warn(f"{reference} {what}: restored from {source.name}, the run's reference (step {known})")
+
+    def _warn(self, text: str, **fields: object) -> None:
+        self.events.emit("warning", step=self.step, message=text, **fields)
+        self.progress.message(text)
 
     def _match_reference(self) -> Path:
         named = self.settings.runtime.match_reference
@@ -572,12 +614,20 @@ class Trainer:
             # the generator's state from before the match).
             with torch.random.fork_rng(devices=[]):
                 report = run_match(saved, reference, games=runtime.match_games, parallel=runtime.match_games,
-                                   device=str(self.setup.device))
+                                   device=str(self.setup.device), run_files=(True, not runtime.match_reference))
         except (UserError, OSError, ImportError) as exc:  # ImportError: an image without cshogi
             text = f"match at step {self.step} not played: {exc}"
             self.events.emit("warning", step=self.step, message=text)
             self.progress.message(text)
             return
+        played = report["second"]["step"]
+        if not runtime.match_reference and played != self.reference_step:
+            if self.reference_step is not None:  # replaced in place by another checkpoint: the origin moved
+                self._warn(f"{reference} now holds step {played}, not step {self.reference_step}, the run's "
+                           f"reference: Elo from here on is measured against step {played} and does not continue "
+                           "the curve before", match_rebaseline=True, old_reference_step=self.reference_step,
+                           reference_step=played)
+            self.reference_step = played
         self.events.emit("match", step=self.step, checkpoint=str(saved), reference=str(reference),
                          reference_step=report["second"]["step"],
                          **{key: report[key] for key in ("games", "wins", "draws", "losses", "score", "los",

@@ -19,8 +19,9 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
+from tideborn.errors import UserError
 from tideborn.humanize import duration, shortened
-from tideborn.outputs import remove_stale_temps
+from tideborn.outputs import check_output_before_work, remove_stale_temps
 from tideborn.rundir import list_checkpoints
 from tideborn.tools.train_run import eval_figures
 from tui.options import TuiOptions
@@ -170,6 +171,11 @@ class ExportScreen(ModalScreen[Path | None]):
         if not out.parent.is_dir():
             problem = f"{out.parent}: no such directory (tideborn export writes into an existing one)"
             self.query_one("#export-error", Static).update(Text(problem, style="bold red"))
+            return
+        try:
+            check_output_before_work(out, "--out")  # what `tideborn export` would refuse, said before it starts
+        except UserError as exc:
+            self.query_one("#export-error", Static).update(Text(str(exc), style="bold red"))
             return
         self.dismiss(out)
 

@@ -114,7 +114,7 @@ class RunHeader(Widget):
             second.append(f"  checkpoint step {checkpoint['step']:,} ({duration(age)} ago)")
         else:
             second.append("  no checkpoint")
-        elo = elo_curve_text(s.get("elo_curve"), self.ascii)
+        elo = elo_curve_text(s.get("elo_curve"), self.ascii, s.get("elo_rebaselines"))
         if elo:
             second.append(f"  {elo}")
         if terminal and terminal.get("kind") != "run_failed":
@@ -136,8 +136,9 @@ ASCII_SPARK = "_.-~=+*#"
 ELO_POINTS_SHOWN = 16
 
 
-def elo_curve_text(curve: object, ascii_only: bool = False) -> str:
-    """The newest `match` result and a sparkline of the Elo curve (runtime.match_every), or ""."""
+def elo_curve_text(curve: object, ascii_only: bool = False, rebaselines: object = None) -> str:
+    """The newest `match` result and a sparkline of the Elo curve (runtime.match_every), or ""; with the
+    latest re-baseline (`rebaselines`: status's `elo_rebaselines`), where the curve's origin moved."""
     if not isinstance(curve, list) or not curve or not all(isinstance(p, list) and len(p) >= 4 for p in curve):
         return ""
 
@@ -158,5 +159,8 @@ def elo_curve_text(curve: object, ascii_only: bool = False) -> str:
         spread = (hi - lo) or 1.0
         ramp = ASCII_SPARK if ascii_only else SPARK
         text += " " + "".join(ramp[round((v - lo) / spread * (len(ramp) - 1))] for v in finite)
+    if isinstance(rebaselines, list) and rebaselines and isinstance(rebaselines[-1], list) and rebaselines[-1]:
+        moved = rebaselines[-1]
+        text += f" (origin moved at step {moved[0]}: vs step {moved[2] if len(moved) > 2 else '?'})"
     return text
 

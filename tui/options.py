@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import EVENTS_FILE, LAUNCH_FILE, PID_FILE
+from tideborn.rundir import EVENTS_FILE, LAUNCH_FILE, PID_FILE, check_readable_dir
 from tideborn.rundir.anomaly import AnomalyThresholds
 from tui.plan import LaunchPlan
 
@@ -43,7 +43,10 @@ class TuiOptions:
 
 
 def is_run_dir(path: Path) -> bool:
-    return any((path / name).exists() for name in RUN_MARKERS)
+    try:
+        return any((path / name).exists() for name in RUN_MARKERS)
+    except PermissionError:
+        return False  # another user's directory we may not look into: not one of our runs to pick
 
 
 def runs_in(folder: Path) -> list[Path]:
@@ -110,6 +113,7 @@ def parse_options(argv: typing.Sequence[str] | None = None, cwd: Path | None = N
         options.run_dir = plan.run_dir()  # bad settings fail here, in one line, before the screen opens
         return options
     path = path if path.is_absolute() else cwd / path
+    check_readable_dir(path)  # another user's private run: whose it is, in one line
     if path.exists() and not path.is_dir():
         raise UserError(f"{path}: not a directory (give a run directory or a folder of runs)")
     if plan is None and not path.exists():

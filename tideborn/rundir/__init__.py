@@ -251,11 +251,42 @@ _ATOMIC_TEMP_RE = re.compile(r"^\.(train\.pid|launch\.json)\.tmp-\d+$")
 PROBE_PREFIX = ".tideborn-write-probe-"
 
 
-def _user(uid: int) -> str:
+def user_text(uid: int) -> str:
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
         return f"uid {uid}"
+
+
+_user = user_text  # the name tideborn.data.cachefile imports
+
+
+def whose(path: Path) -> str:
+    """Why this user may not read or write `path`, for a permission error: whose it is, its mode, and who
+    we are (`it belongs to root (uid 0), mode 600, and you are nobody (uid 65534)`). The nearest ancestor
+    that can be examined speaks for a path behind a directory we may not enter."""
+    you = user_text(os.geteuid())
+    for where in (path, *path.parents):
+        try:
+            info = os.stat(where)
+        except OSError:
+            continue
+        owner = f"{where} belongs to" if where != path else "it belongs to"
+        return f"{owner} {user_text(info.st_uid)}, mode {stat.S_IMODE(info.st_mode):o}, and you are {you}"
+    return f"you are {you}"
+
+
+def check_readable_dir(run_dir: Path) -> None:
+    """`UserError` naming whose it is if this user may not list `run_dir` (another user's 0700 run): the
+    run tools and the monitor then say so in one line instead of failing on the first file they look at."""
+    try:
+        os.listdir(run_dir)
+        os.stat(os.path.join(run_dir, "."))  # its entries can be examined too (search permission)
+    except PermissionError:
+        raise UserError(f"{run_dir}: cannot read the run directory: permission denied ({whose(run_dir)}); "
+                        "run this as its owner, or ask them to let you read it (chmod go+rx)") from None
+    except OSError:
+        return  # absent, not a directory, ...: the caller's own checks name those
 
 
 def _private_group(gid: int, uid: int) -> bool:
@@ -298,8 +329,8 @@ def _check_owned(path: Path, info: os.stat_result, what: str, check_mode: bool =
     """Ours, and writable by nobody else: otherwise someone else can swap checkpoints or plant links."""
     euid = os.geteuid()
     if info.st_uid != euid:
-        raise UserError(f"runtime.out_dir: {what} {path} belongs to {_user(info.st_uid)}, and you are "
-                        f"{_user(euid)}; tideborn writes only in a run directory that is yours alone: "
+        raise UserError(f"runtime.out_dir: {what} {path} belongs to {user_text(info.st_uid)}, and you are "
+                        f"{user_text(euid)}; tideborn writes only in a run directory that is yours alone: "
                         "choose another runtime.out_dir (or run as its owner)")
     writable_by_group = info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid, info.st_uid)
     if check_mode and (info.st_mode & stat.S_IWOTH or writable_by_group):

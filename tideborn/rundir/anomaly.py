@@ -25,8 +25,9 @@ NCCL_ERROR = "nccl_error"
 TRACEBACK = "traceback"
 RUN_FILE = "run_file"
 GRADIENT = "gradient"
+EVENTS_GONE = "events_gone"
 RULES = (NONFINITE_LOSS, DIVERGENCE, RUN_FAILED, VANISHED, STALLED, CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK,
-         RUN_FILE, GRADIENT)
+         RUN_FILE, GRADIENT, EVENTS_GONE)
 LOG_RULES = (CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK)
 
 LOSS_FIELDS = ("loss", "policy_loss", "value_loss")
@@ -402,6 +403,25 @@ def run_file(name: str, problem: str, now: float) -> Anomaly:
     """A file of the run directory that cannot be read as one (a directory, a FIFO, a socket, no permission;
     a train.pid that `train_run start` did not write): it is left unread, and says so instead of hanging."""
     return Anomaly(RUN_FILE, f"{name} cannot be read: {problem}", {"file": name, "problem": problem}, now)
+
+
+def events_gone(pid: int, alive: bool, ended: bool, present: bool, written_to: str | None,
+                now: float) -> Anomaly | None:
+    """A live trainer whose events are not where readers look: events.jsonl was moved or deleted under the run
+    (rotation by rename), so none of its new events reach status, watch or the monitor. `written_to`: the file
+    the trainer appends to instead, where the OS says (/proc); else all there is to go by is that events.jsonl
+    is not `present` while the trainer lives (the caller knows it had one). A trainer of this version starts
+    a new events.jsonl at its next event, which ends the anomaly; an older one never does."""
+    if not alive or ended or (written_to is None and present):
+        return None
+    if written_to is not None:
+        message = (f"events.jsonl was moved or deleted under the running trainer (pid {pid}), which appends its "
+                   f"events to {written_to}: they are not seen here until it starts a new events.jsonl (at its "
+                   "next event)")
+    else:
+        message = (f"events.jsonl is gone while the trainer (pid {pid}) is alive: it was moved or deleted under the "
+                   "run, and its new events are not seen here until it starts a new one (at its next event)")
+    return Anomaly(EVENTS_GONE, message, {"pid": pid, "written_to": written_to, "events_file_present": present}, now)
 
 
 def stalled(facts: ProcessFacts, alive: bool, ended: bool, last_output_time: float, now: float,

@@ -37,6 +37,7 @@ from tideborn.rundir import (
     open_run_file_for_reading,
     os_error_text,
     run_dir_of,
+    user_text,
     write_atomically,
 )
 from tideborn.rundir.anomaly import ProcessFacts, identity_mismatch, same_process
@@ -391,13 +392,36 @@ def by_pid(pid: int) -> str:
             f"kill -KILL {pid}")
 
 
-def signal_run(run_dir: Path, signum: int = signal.SIGTERM) -> PidRecord:
-    """Send `signum` to the recorded trainer after checking it is still the same process."""
-    record = recorded_process(run_dir)
+class NotPermitted(UserError):
+    """This user may not signal the run's process (another user's trainer): the message says whose it is."""
+
+
+def not_permitted(run_dir: Path, pid: int, signum: int) -> NotPermitted:
+    try:
+        owner = user_text(psutil.Process(pid).uids().real)
+    except psutil.Error:
+        owner = "another user"
+    you = user_text(os.geteuid())
+    return NotPermitted(f"{run_dir}: the trainer, pid {pid}, belongs to {owner}, and you are {you}: "
+                        f"you cannot stop it (no permission to send it {signal.Signals(signum).name}); nothing was "
+                        f"signalled; stop it as {owner.split(' (')[0]}, or ask them to")
+
+
+def send_signal(run_dir: Path, record: PidRecord, signum: int) -> None:
+    """`os.kill` of the recorded trainer: `NotRunning` if it exited meanwhile, `NotPermitted` if it is another
+    user's process. Signal 0 sends nothing: it only asks whether a signal could be sent."""
     try:
         os.kill(record.pid, signum)
     except ProcessLookupError:
         raise NotRunning(f"{run_dir}: the run is not running (pid {record.pid} exited just now)") from None
+    except PermissionError:
+        raise not_permitted(run_dir, record.pid, signum or signal.SIGTERM) from None
+
+
+def signal_run(run_dir: Path, signum: int = signal.SIGTERM) -> PidRecord:
+    """Send `signum` to the recorded trainer after checking it is still the same process."""
+    record = recorded_process(run_dir)
+    send_signal(run_dir, record, signum)
     return record
 
 

@@ -17,7 +17,8 @@ import time
 import typing
 from pathlib import Path
 
-from tideborn.rundir import no_such_file, open_run_file
+from tideborn.errors import UserError
+from tideborn.rundir import no_such_file, open_run_file, user_text, whose
 
 SCHEMA_VERSION = 1
 TERMINAL_KINDS = ("run_finished", "run_stopped", "run_failed")
@@ -41,6 +42,35 @@ def encode_event(kind: str, fields: typing.Mapping[str, object], now: float | No
     return (json.dumps(jsonable(record), separators=(",", ":"), allow_nan=False, default=str) + "\n").encode()
 
 
+def held_path(fd: int) -> str | None:
+    """Where an open file is now, as the OS names it (`/run/events.jsonl.1`, `... (deleted)`); None without /proc."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+
+
+def _not_ours(info: os.stat_result) -> str | None:
+    """Why a file found at a run file's name must not be written (what `check_run_dir` refuses at start)."""
+    if not stat.S_ISREG(info.st_mode):
+        return file_type(info.st_mode)
+    if info.st_uid != os.geteuid():
+        return f"a file of {user_text(info.st_uid)}"
+    if info.st_nlink > 1:
+        return "a file with other hard links"
+    if info.st_mode & stat.S_IWOTH:
+        return "writable by others"
+    return None
+
+
+def _say(text: str) -> None:
+    """One line on stderr (train.log) with a plain write(2): the writer may be called from a signal handler."""
+    try:
+        os.write(2, f"{text}\n".encode())
+    except OSError:
+        pass  # stderr gone or full: nothing else can be told
+
+
 def _ends_mid_line(fd: int) -> bool:
     size = os.fstat(fd).st_size
     return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
@@ -59,7 +89,13 @@ def as_float(value: object) -> float | None:
 
 class EventWriter:
     """Appends events to `path`; each event is one `os.write` of one line (O_APPEND), so it is flushed
-    when `emit` returns and a concurrent reader sees whole lines or a torn tail, never interleaving."""
+    when `emit` returns and a concurrent reader sees whole lines or a torn tail, never interleaving.
+
+    Before each event it checks that `path` still names the file it holds (an fstat and an lstat): a file
+    moved away or deleted under the run (`mv events.jsonl events.jsonl.1`, logrotate without copytruncate)
+    would otherwise take every later event where no reader looks. It then starts a new file at `path`, which
+    opens with a `warning` saying where the earlier events went; a link, a FIFO or another user's file put
+    there is never written to (the events go on in the file held, and stderr says why, once)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -67,11 +103,26 @@ class EventWriter:
         # A writer that died mid-line (a full disk cut its write short) left a torn last line: start on a
         # line of our own, so the fragment stays one malformed line and our first event is not glued to it.
         self._torn = _ends_mid_line(self._fd)
+        self._following = False
+        """Inside `_follow_path`: a stop signal's event emitted meanwhile (from the handler) must not reopen too."""
+        self._refused: str | None = None
+        """Why the path was last not reopened (said once on stderr, not at every event)."""
 
     def emit(self, kind: str, **fields: object) -> dict:
         if self._fd is None:
             raise ValueError(f"event writer for {self.path} is closed")
+        if not self._following:
+            self._following = True
+            try:
+                self._follow_path(fields.get("step"))
+            finally:
+                self._following = False
         data = encode_event(kind, fields)
+        self._write(data)
+        return json.loads(data)
+
+    def _write(self, data: bytes) -> None:
+        assert self._fd is not None
         view = memoryview(b"\n" + data if self._torn else data)
         started = False
         try:
@@ -83,7 +134,41 @@ class EventWriter:
             self._torn = self._torn or started  # part of the line is in the file: the next event starts anew
             raise
         self._torn = False
-        return json.loads(data)
+
+    def _follow_path(self, step: object) -> None:
+        assert self._fd is not None
+        held = os.fstat(self._fd)
+        try:
+            there: os.stat_result | None = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            there = None  # gone (or its directory is): a new file is made below, if it can be
+        if there is not None and (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino):
+            return
+        moved_to = held_path(self._fd) or "a file no longer named here (moved or deleted)"
+        try:
+            fd = open_run_file(self.path, os.O_RDWR | os.O_APPEND | os.O_NONBLOCK)  # NONBLOCK: a FIFO put there
+        except (OSError, UserError) as exc:
+            self._refuse(str(exc) if isinstance(exc, UserError) else f"{exc.strerror or exc}", moved_to)
+            return
+        problem = _not_ours(os.fstat(fd))
+        if problem is not None:
+            os.close(fd)
+            self._refuse(f"{self.path} is {problem}", moved_to)
+            return
+        old, self._fd, self._refused = self._fd, fd, None
+        os.close(old)
+        self._torn = _ends_mid_line(fd)
+        text = (f"{self.path.name} was moved or deleted under the run (log rotation by rename?): this file continues "
+                f"it; the events before this one, this session's run_started among them, are in {moved_to}")
+        note = {"step": step} if isinstance(step, int) else {}
+        self._write(encode_event("warning", {**note, "message": text, "events_moved_to": moved_to, "pid": os.getpid()}))
+        _say(f"warning: {text}")
+
+    def _refuse(self, why: str, moved_to: str) -> None:
+        if why != self._refused:
+            self._refused = why
+            _say(f"warning: {self.path.name} was moved or replaced under the run, and no new one can be started "
+                 f"there ({why}): events go on in {moved_to}")
 
     def close(self) -> None:
         if self._fd is not None:
@@ -219,7 +304,12 @@ class LineFollower:
             if not isinstance(exc, NotARegularFile) and no_such_file(exc):  # not written yet
                 self.problem = None
                 return None, False
-            self.problem = exc.what if isinstance(exc, NotARegularFile) else f"unreadable ({exc.strerror or exc})"
+            if isinstance(exc, NotARegularFile):
+                self.problem = exc.what
+            elif isinstance(exc, PermissionError):
+                self.problem = f"permission denied ({whose(self.path)})"
+            else:
+                self.problem = f"unreadable ({exc.strerror or exc})"
             return None, False
         self.problem = None
         with handle:
@@ -304,6 +394,11 @@ class FollowingReader:
     def problem(self) -> str | None:
         """Why the file cannot be read now (a directory, a FIFO, no permission), or None."""
         return self._lines.problem
+
+    @property
+    def identity(self) -> tuple[int, int] | None:
+        """(device, inode) of the file last read, or None before any."""
+        return self._lines._identity
 
 
 class EventReader(FollowingReader):

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from tideborn.errors import UserError
-from tideborn.rundir import PID_FILE, no_such_file
+from tideborn.rundir import PID_FILE, no_such_file, whose
 from tideborn.rundir.anomaly import ProcessFacts
 from tideborn.rundir.events import (
     FollowingReader,
@@ -94,6 +94,8 @@ def read_pid_record(run_dir: Path) -> PidRecord | None:
     except OSError as exc:
         if no_such_file(exc):
             return None
+        if isinstance(exc, PermissionError):  # another user's run: say whose, not that the file is not one
+            raise UserError(f"{path}: cannot read it: permission denied ({whose(path)})") from None
         raise UserError(f"{path}: not a train.pid written by train_run start ({type(exc).__name__}: {exc})") from None
     except (KeyError, TypeError, ValueError) as exc:  # ValueError: bad JSON or UTF-8, nested too deeply
         raise UserError(f"{path}: not a train.pid written by train_run start ({type(exc).__name__}: {exc})") from None
@@ -156,6 +158,33 @@ def process_facts(pid: int) -> ProcessFacts:
     # An exited child its parent has not reaped yet is a zombie: gone, as far as a run is concerned.
     return ProcessFacts(pid, running=status != psutil.STATUS_ZOMBIE, create_time=create_time, name=name,
                         start_ticks=ticks, boot_id=boot, start_ticks_slack=slack, status=status)
+
+
+def files_written(pid: int, name: str,
+                  known: typing.Collection[tuple[int, int]] = ()) -> list[tuple[str, tuple[int, int]]] | None:
+    """The files process `pid` holds open for writing that are named `name`-something (`events.jsonl`,
+    `events.jsonl.1`, `events.jsonl (deleted)`) or are one of `known` (device, inode): each as (where the OS
+    says it is now, (device, inode)). None where the OS will not say (no /proc, another user's process)."""
+    folder = f"/proc/{pid}/fd"
+    try:
+        descriptors = os.listdir(folder)
+    except OSError:
+        return None
+    found = []
+    for fd in descriptors:
+        try:
+            target = os.readlink(f"{folder}/{fd}")
+            info = os.stat(f"{folder}/{fd}")
+            identity = (info.st_dev, info.st_ino)
+            if not (os.path.basename(target).startswith(name) or identity in known):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}", encoding="ascii") as handle:
+                flags = next((int(line.split()[1], 8) for line in handle if line.startswith("flags:")), os.O_RDONLY)
+        except (OSError, ValueError, IndexError):
+            continue  # closed meanwhile, or not a file (a socket, a pipe): not a run file it writes
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            found.append((target, identity))
+    return found
 
 
 def boot_relative_start(pid: int) -> dict:

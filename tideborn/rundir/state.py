@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import time
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE, list_checkpoints
+from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE, list_checkpoints, whose
 from tideborn.rundir.anomaly import (
     LOG_RULES,
     LOG_SIGNAL,
@@ -25,6 +26,7 @@ from tideborn.rundir.anomaly import (
     LogScanner,
     LossWatch,
     ProcessFacts,
+    events_gone,
     gradient,
     run_failed,
     run_file,
@@ -39,6 +41,7 @@ from tideborn.rundir.files import (
     PidRecord,
     file_mtime,
     file_size,
+    files_written,
     find_first_run_started,
     find_last_run_started,
     first_event,
@@ -125,6 +128,8 @@ class RunTracker:
         self.events_path, self.log_path = self.run_dir / EVENTS_FILE, self.run_dir / LOG_FILE
         self.strict_pid_file = strict_pid_file
         self._pid_problem: str | None = None
+        self._dir_problem: str | None = None
+        self._events_gone: Anomaly | None = None
         self.record = self._read_record()
         self.loss = LossWatch(self.thresholds)
         self.scanner = LogScanner()
@@ -294,6 +299,7 @@ class RunTracker:
         self.record = self._read_record() or self.record
         update = Update()
         self._keep_events = keep_events
+        read_before = self.events_read
         asked = self._ask_process()
         self._read_into(update)
         if self._launch() != asked:  # the events named a newer launch: ask about it, then read again
@@ -307,6 +313,7 @@ class RunTracker:
             if anomaly.rule not in self._process_reported:
                 update.anomalies.append(anomaly)
         self._process_reported = {a.rule for a in process_anomalies}
+        self._events_gone = self._events_file_gone(now, wrote_here=self.events_read > read_before)
         file_anomalies = self._file_anomalies(now)
         update.anomalies += [a for a in file_anomalies if a.message not in self._files_reported]
         self._files_reported = {a.message for a in file_anomalies}
@@ -419,8 +426,41 @@ class RunTracker:
         return "running", []
 
     def _file_anomalies(self, now: float) -> list[Anomaly]:
-        problems = ((EVENTS_FILE, self.events.problem), (LOG_FILE, self.log.problem), (PID_FILE, self._pid_problem))
-        return [run_file(name, problem, now) for name, problem in problems if problem]
+        problems = ((EVENTS_FILE, self.events.problem), (LOG_FILE, self.log.problem), (PID_FILE, self._pid_problem),
+                    ("the run directory", self._dir_problem))
+        found = [run_file(name, problem, now) for name, problem in problems if problem]
+        return found + ([self._events_gone] if self._events_gone is not None else [])
+
+    def _events_file_gone(self, now: float, wrote_here: bool) -> Anomaly | None:
+        """The live trainer appends its events somewhere readers do not look (events.jsonl moved or deleted
+        under it): the `events_gone` rule, from what the OS says the trainer holds open (/proc), or, where it
+        will not say, from events.jsonl missing while the trainer lives."""
+        launch = self._launch()
+        if launch is None or self.facts is None or self.state not in ("running", "stalled") or wrote_here:
+            return None  # nothing live to ask about, or its new events just arrived in events.jsonl
+        try:
+            info = os.stat(self.events_path)
+            here: tuple[int, int] | None = (info.st_dev, info.st_ino)
+        except OSError:
+            here = None
+        known = {self.events.identity} - {None}
+        pids = [launch.pid]
+        started = self.run_started or {}
+        if isinstance(started.get("pid"), int) and started["pid"] != launch.pid and self.session_is_launch():
+            pids.append(started["pid"])  # under torchrun, rank 0 (not torchrun, the launched pid) writes them
+        answered = False
+        for pid in pids:
+            files = files_written(pid, EVENTS_FILE, known)
+            if files is None:
+                continue
+            answered = True
+            elsewhere = next((target for target, identity in files if identity != here), None)
+            if elsewhere is not None:
+                return events_gone(launch.pid, True, False, here is not None, elsewhere, now)
+        if answered:
+            return None  # it writes events.jsonl itself, or has not opened it yet (starting up)
+        had_one = bool(known) or self.events_read > 0 or (self.record is not None and self.record.events_inode)
+        return events_gone(launch.pid, True, False, here is not None or not had_one, None, now)
 
     def anomalies(self, now: float | None = None) -> list[Anomaly]:
         """Everything that looks wrong now (as of the last refresh)."""
@@ -464,8 +504,12 @@ class RunTracker:
             elapsed = ended_at - began
         else:
             elapsed = now - began if began is not None else None
-        checkpoints = list_checkpoints(self.run_dir)
         checkpoint = None
+        try:
+            checkpoints = list_checkpoints(self.run_dir)
+            self._dir_problem = None
+        except PermissionError:  # made unreadable to us since it was opened (another user's run)
+            checkpoints, self._dir_problem = [], f"permission denied ({whose(self.run_dir)})"
         if checkpoints:
             ck_step, ck_path = checkpoints[-1]
             stat = ck_path.stat()

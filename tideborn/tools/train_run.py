@@ -20,8 +20,8 @@ import psutil
 from tideborn.cliparser import OneLineParser
 from tideborn.errors import UserError, report_error, report_user_error
 from tideborn.humanize import clock, duration, number
-from tideborn.rundir import EVENTS_FILE, PID_FILE, temp_checkpoints
-from tideborn.rundir.anomaly import Anomaly, AnomalyThresholds
+from tideborn.rundir import EVENTS_FILE, PID_FILE, check_readable_dir, temp_checkpoints
+from tideborn.rundir.anomaly import EVENTS_GONE, Anomaly, AnomalyThresholds
 from tideborn.rundir.control import (
     LAUNCH_WAIT_SECONDS,
     LaunchRequest,
@@ -30,6 +30,7 @@ from tideborn.rundir.control import (
     is_alive,
     launch_run,
     recorded_process,
+    send_signal,
     signal_run,
 )
 from tideborn.rundir.events import as_float, encode_event
@@ -125,7 +126,9 @@ def thresholds_of(args: argparse.Namespace) -> AnomalyThresholds:
 
 
 def run_dir_problem(run_dir: Path, prog: str = "python -m tideborn.tools.train_run") -> str | None:
-    """Why `run_dir` holds no run to report on, or None (`prog`: how the user called the run tools)."""
+    """Why `run_dir` holds no run to report on, or None (`prog`: how the user called the run tools). Another
+    user's run that this user may not read is a `UserError` saying whose it is."""
+    check_readable_dir(run_dir)
     try:
         exists, is_dir = run_dir.exists(), run_dir.is_dir()
     except OSError as exc:  # a name too long, a directory we may not enter: no run we can read
@@ -156,7 +159,12 @@ def status_text(report: dict) -> str:
     timing = f"  elapsed {duration(r['elapsed_seconds'])}"
     if r["eta_seconds"] is not None:
         timing += f"  ETA {duration(r['eta_seconds'])}"
-    if r["pid"] is not None and not r["launch_started"] and r["state"] in ("running", "stalled", "vanished"):
+    unreadable = any(a["rule"] == "run_file" and a["evidence"].get("file") == EVENTS_FILE for a in r["anomalies"])
+    moved = any(a["rule"] == EVENTS_GONE for a in r["anomalies"])
+    if (unreadable or moved) and not r["events_read"]:
+        why = "was moved away under the run" if moved else "cannot be read"
+        lines.append(f"step        unknown: {EVENTS_FILE} {why} (see anomalies)")
+    elif r["pid"] is not None and not r["launch_started"] and r["state"] in ("running", "stalled", "vanished"):
         lines.append(f"step        no run_started from pid {r['pid']}" + (" yet" if r["state"] != "vanished" else "")
                      + (f" (the run before reached step {r['step']:,})" if r["step"] else ""))
     else:
@@ -325,6 +333,8 @@ def command_stop(args: argparse.Namespace) -> int:
         # A stop in progress is waited for, never signalled again: the trainer would ignore a repeated
         # SIGTERM anyway, and an older one would have died of it in the middle of its checkpoint save.
         record = recorded_process(run_dir) if stopping is not None else signal_run(run_dir, signal.SIGTERM)
+        if args.force:  # --force may have to kill it: another user's trainer is said now, not after the wait
+            send_signal(run_dir, record, 0)
     except NotRunning as exc:
         return fail(args, f"{exc}; state: {tracker.state}", NO_RUN)
     step = (tracker.last_step or {}).get("step")
@@ -401,8 +411,8 @@ def _force_kill(tracker: RunTracker, record: PidRecord, args: argparse.Namespace
         time.sleep(0.1)
     try:
         recorded_process(tracker.run_dir)
-        os.kill(record.pid, signal.SIGKILL)
-    except (NotRunning, ProcessLookupError):
+        send_signal(tracker.run_dir, record, signal.SIGKILL)
+    except NotRunning:
         return True  # it exited on its own in the meantime
     print(f"sent SIGKILL to pid {record.pid} {why}", flush=True)
     if not _wait_for_exit(tracker, record, time.monotonic() + KILL_WAIT_SECONDS):

@@ -470,7 +470,7 @@ class DashboardScreen(Screen):
     def _signal(self) -> None:
         try:
             record = signal_run(self.run_dir)
-        except NotRunning as exc:
+        except (NotRunning, UserError) as exc:  # gone, or another user's trainer (NotPermitted): say which
             self.post_message(StopFailed(str(exc)))
             return
         self.post_message(StopSent(record.pid))

@@ -100,3 +100,24 @@ def write_hcpe3(path: Path, games: list, seed: int = 0, book_plies: int = 2, max
                 handle.write(candidates.tobytes())
             written.append(record)
     return written
+
+
+def records_of_positions(positions: dict, psv_results: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """A positions cache's arrays (`build_positions(...)["arrays"]`) as hcpe and psv records, one per position:
+    the move played, the eval, and the game result (for psv from the side to move's view; 0, a draw, with
+    `psv_results=False`)."""
+    hcpe = np.zeros(len(positions["hcp"]), dtype=cshogi.HuffmanCodedPosAndEval)
+    hcpe["hcp"], hcpe["eval"] = positions["hcp"], positions["eval"]
+    hcpe["bestMove16"] = positions["move16"].view(np.int16)
+    hcpe["gameResult"] = (positions["result"] & 3).view(np.int8)
+    psv = np.zeros(len(hcpe), dtype=cshogi.PackedSfenValue)
+    board = cshogi.Board()
+    for i, record in enumerate(hcpe):
+        board.set_hcp(record["hcp"])
+        board.to_psfen(psv["sfen"][i])
+        psv["move"][i] = cshogi.move16_to_psv(int(positions["move16"][i]))
+        psv["score"][i] = record["eval"]
+        winner = int(record["gameResult"])
+        if psv_results and winner != cshogi.DRAW:
+            psv["game_result"][i] = 1 if (winner == 1) == (board.turn == 0) else -1
+    return hcpe, psv

@@ -59,6 +59,7 @@ def nets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     torch.manual_seed(0)
     payload["model"] = build_model(ModelSettings(**payload["settings"]["model"])).state_dict()
     payload["ema"], payload["step"] = None, 0
+    payload["watchdog"] = None  # no gradient norm judged yet before the first step
     untrained = root / "untrained" / "step-000000000.pt"
     untrained.parent.mkdir()
     torch.save(payload, untrained)

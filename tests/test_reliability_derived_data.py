@@ -9,11 +9,10 @@ import os
 import re
 from pathlib import Path
 
-import cshogi
 import numpy as np
 import pytest
 from conftest import REPO_ROOT, events_of, run_trainer, settings_args
-from hcpe3_support import sample_games, write_hcpe3
+from hcpe3_support import records_of_positions, sample_games, write_hcpe3
 
 from tideborn.config.schema import DataSettings, Settings
 from tideborn.data import cachefile
@@ -68,19 +67,7 @@ def record_files(directory: Path, games: list) -> dict[str, Path]:
     thousand records each: large enough that most records lie outside the sampled pieces."""
     write_hcpe3(directory / "source.hcpe3", games, seed=300)
     positions = build_positions(directory / "source.hcpe3")["arrays"]
-    hcpe = np.zeros(len(positions["hcp"]), dtype=cshogi.HuffmanCodedPosAndEval)
-    hcpe["hcp"], hcpe["eval"] = positions["hcp"], positions["eval"]
-    hcpe["bestMove16"] = positions["move16"].view(np.int16)
-    hcpe["gameResult"] = (positions["result"] & 3).view(np.int8)
-    psv = np.zeros(len(hcpe), dtype=cshogi.PackedSfenValue)
-    board = cshogi.Board()
-    for i, record in enumerate(hcpe):
-        board.set_hcp(record["hcp"])
-        board.to_psfen(psv["sfen"][i])
-        psv["move"][i] = cshogi.move16_to_psv(int(positions["move16"][i]))
-        psv["score"][i] = record["eval"]
-        winner = int(record["gameResult"])
-        psv["game_result"][i] = 0 if winner == cshogi.DRAW else (1 if (winner == 1) == (board.turn == 0) else -1)
+    hcpe, psv = records_of_positions(positions)
     hcpe.tofile(directory / "a.hcpe")
     psv.tofile(directory / "a.psv")
     return {"hcpe": directory / "a.hcpe", "psv": directory / "a.psv"}

@@ -28,7 +28,7 @@ from conftest import (
     truncated_while_read,
     wait_until,
 )
-from hcpe3_support import sample_games, write_hcpe3
+from hcpe3_support import records_of_positions, sample_games, write_hcpe3
 from test_reliability_hostile_fs import tmpfs
 from test_reliability_support import launched_runs, tool
 
@@ -364,24 +364,12 @@ def test_candidate_offsets_damaged_in_place_under_a_run_are_named_not_an_index_e
 def big_files(games, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Teacher files that take `verify` seconds: the sample games' positions as hcpe and psv records, and
     as hcpe3 games, repeated (an hcpe3 file is its games one after another)."""
-    import cshogi
 
     root = tmp_path_factory.mktemp("big")
     write_hcpe3(root / "one.hcpe3", games, seed=200)
     (root / "big.hcpe3").write_bytes((root / "one.hcpe3").read_bytes() * 24)
     positions = build_positions(root / "one.hcpe3")["arrays"]
-    hcpe = np.zeros(len(positions["hcp"]), dtype=cshogi.HuffmanCodedPosAndEval)
-    hcpe["hcp"], hcpe["eval"] = positions["hcp"], positions["eval"]
-    hcpe["bestMove16"] = positions["move16"].view(np.int16)
-    hcpe["gameResult"] = (positions["result"] & 3).view(np.int8)
-    psv = np.zeros(len(hcpe), dtype=cshogi.PackedSfenValue)
-    board = cshogi.Board()
-    for i, record in enumerate(hcpe):
-        board.set_hcp(record["hcp"])
-        board.to_psfen(psv["sfen"][i])
-        psv["move"][i] = cshogi.move16_to_psv(int(positions["move16"][i]))
-        psv["score"][i] = record["eval"]
-        psv["game_result"][i] = 0
+    hcpe, psv = records_of_positions(positions, psv_results=False)
     repeat = -(-700_000 // len(hcpe))  # about 11 of inspect's 65,536-record chunks
     np.tile(hcpe, repeat).tofile(root / "big.hcpe")
     np.tile(psv, repeat).tofile(root / "big.psv")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import cshogi
 from cshogi import CSA
 
 from tideborn.match.play import DRAW, WHITE_WINS, Game
-from tideborn.rundir import create_new_file
+from tideborn.rundir import write_atomically
 
 _ENDINGS = {"mate": "%TORYO", "repetition": "%SENNICHITE", "entering king": "%KACHI", "max moves": "%JISHOGI"}
 """The CSA (V2.2) end-of-game line for each way a game ends. A mated side resigns (%TORYO), as in CSA
@@ -39,17 +38,8 @@ def csa_text(game: Game, names: tuple[str, str]) -> str:
 
 
 def write_csa(game: Game, path: Path, names: tuple[str, str]) -> None:
-    """`game` as a CSA file at `path`: written to a new temp file (never through a link or into another name's
-    file), then renamed, so never half a file; a failed write (a full disk) removes the temp file and raises."""
+    """`game` as a CSA file at `path`, whole or not at all (`write_atomically`: a new temp file, never through a
+    link or into another name's file, then renamed); a failed write (a full disk) removes the temp file and
+    raises."""
     data = csa_text(game, names).encode("utf-8")
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        fd = create_new_file(tmp, refuse_links=False)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(path, lambda handle: handle.write(data))

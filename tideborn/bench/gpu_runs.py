@@ -37,9 +37,10 @@ CPU_TEACHER_SETS = ('data.kind="hcpe"', "data.test=[]", "optim.batch_size=256",
 net, which is all a CPU can take in a check."""
 CUDA_TEACHER_SETS = ('data.kind="hcpe"', "data.test=[]", 'run.network="resnet10x192"', "optim.batch_size=1024",
                      "runtime.max_steps=120", "runtime.log_every=10", "runtime.checkpoint_every=60",
-                     "runtime.threads=0")
+                     "runtime.threads=0", "runtime.gpu_event_seconds=1")
 """On CUDA: the production net and batch of configs/rtx4070ti.toml (10x192, 1024) for 120 steps, so that the
-share of time waiting for data is the one a real run would see."""
+share of time waiting for data is the one a real run would see; a `gpu` event every second, so that NVML is
+read while the GPU trains (the default 10 s outlasts these runs: their only event was read at step 0)."""
 
 
 def teacher_sets(device: str) -> tuple[str, ...]:

@@ -269,7 +269,7 @@ def test_match_every_during_a_run_writes_match_events_and_status_watch_and_monit
                             "--format", "text"], env=child_env(), capture_output=True, text=True, timeout=60)
     assert " match step 4 vs step 2: Elo " in watch.stdout, watch.stdout
 
-    from tui.widgets.header import elo_curve_text
+    from tideborn.tui.widgets.header import elo_curve_text
 
     assert elo_curve_text(curve).startswith("Elo ") and "at step 4" in elo_curve_text(curve)
 

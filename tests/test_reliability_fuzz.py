@@ -419,7 +419,7 @@ def test_status_watch_the_tracker_and_the_tui_follower_survive_any_run_dir_conte
     nowhere, themselves), nesting (directories, JSON nested up to 100,000 deep) for each run file: readers
     report what they cannot read as a `run_file` anomaly (or, status on a broken train.pid, exit 2), and
     never raise, hang or read a device."""
-    from tui.follow import RunFollower
+    from tideborn.tui.follow import RunFollower
 
     tried("run-directory contents")
     base = tmp_path_factory.mktemp("rd")

@@ -42,10 +42,10 @@ from tideborn.errors import UserError
 from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import read_pid_record
 from tideborn.trainer.rundir_lock import held
-from tui.app import create_app
-from tui.options import TuiOptions
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.dashboard import DashboardScreen
+from tideborn.tui.app import create_app
+from tideborn.tui.options import TuiOptions
+from tideborn.tui.screens.confirm import ConfirmScreen
+from tideborn.tui.screens.dashboard import DashboardScreen
 
 # A smoke run that goes on until it is stopped: a step event each step, no periodic saves.
 ENDLESS = ("runtime.max_steps=1000000", "optim.batch_size=16", "runtime.log_every=1",

@@ -372,9 +372,9 @@ def test_a_trip_between_step_events_is_caught_before_the_checkpoint_and_the_last
 
 
 async def test_the_monitor_shows_the_watchdogs_halt_as_its_own_rule(exploded):
-    from tui.app import create_app
-    from tui.options import TuiOptions
-    from tui.widgets.anomalies import AnomalyList
+    from tideborn.tui.app import create_app
+    from tideborn.tui.options import TuiOptions
+    from tideborn.tui.widgets.anomalies import AnomalyList
 
     run_dir, _ = exploded
     app = create_app(TuiOptions(run_dir=run_dir, use_nvml=False, follow=False))

@@ -60,14 +60,14 @@ def child(run_dir: Path, launched_at: float, follow_seconds: float, result_path:
     """Runs in the measured process: the TUI on `run_dir`, headless at 200x50."""
     import psutil
 
-    from tui.app import create_app
-    from tui.options import TuiOptions
+    from tideborn.tui.app import create_app
+    from tideborn.tui.options import TuiOptions
 
     figures: dict = {"imported_at": time.time() - launched_at}
     app = create_app(TuiOptions(run_dir=run_dir, use_nvml=False))
 
     async def pilot_script(pilot) -> None:
-        from tui.screens.dashboard import DashboardScreen
+        from tideborn.tui.screens.dashboard import DashboardScreen
 
         while not isinstance(pilot.app.screen, DashboardScreen):
             await pilot.pause(0.005)

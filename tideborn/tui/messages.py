@@ -12,9 +12,9 @@ from pathlib import Path
 from textual.message import Message
 
 from tideborn.rundir.anomaly import Anomaly
-from tui.gpu import HardwareSample
-from tui.history import RunHistory
-from tui.plan import LaunchPlan
+from tideborn.tui.gpu import HardwareSample
+from tideborn.tui.history import RunHistory
+from tideborn.tui.plan import LaunchPlan
 
 
 class _Latest(Message):

@@ -15,7 +15,7 @@ from pathlib import Path
 from tideborn.errors import UserError
 from tideborn.rundir import EVENTS_FILE, LAUNCH_FILE, PID_FILE, check_readable_dir
 from tideborn.rundir.anomaly import AnomalyThresholds
-from tui.plan import LaunchPlan
+from tideborn.tui.plan import LaunchPlan
 
 RUN_MARKERS = (EVENTS_FILE, PID_FILE, LAUNCH_FILE)
 WINDOWS = (1_000, 10_000, 100_000, 1_000_000)

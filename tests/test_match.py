@@ -22,10 +22,10 @@ from tests.test_teacher_training import TEACHER_CONFIG
 from tideborn.config.schema import ModelSettings
 from tideborn.data.convert import convert_games
 from tideborn.match.cli import main as match_main
-from tideborn.match.cli import run_match
 from tideborn.match.elo import elo_of_score, estimate
 from tideborn.match.openings import DEFAULT_OPENINGS, load_openings
 from tideborn.match.play import DRAW, Game, _judge, new_games
+from tideborn.match.run import run_match
 from tideborn.trainer.checkpoint import load_checkpoint
 from tideborn.trainer.model import build_model
 

@@ -14,10 +14,10 @@ import json
 import sys
 from pathlib import Path
 
+from tideborn.cliparser import OneLineParser
 from tideborn.errors import UserError, report_interrupted, report_user_error
 from tideborn.export.interface import DEFAULT_VALUE, VALUE_CHOICES, WEIGHT_CHOICES
 from tideborn.outputs import check_output_before_work
-from tideborn.trainer.cli import OneLineParser
 
 PARITY_FAILED_EXIT = 1
 

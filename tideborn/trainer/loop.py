@@ -604,7 +604,7 @@ class Trainer:
         """Play the checkpoint just saved against the reference and write a `match` event. A match that
         cannot be played (a reference that is missing or not a checkpoint) is a warning, not a failure:
         training goes on."""
-        from tideborn.match.cli import run_match
+        from tideborn.match.run import run_match
 
         runtime = self.settings.runtime
         try:

@@ -695,7 +695,7 @@ def _build_data_caches_once(resolved: Resolved, env: DistEnv) -> None:
     ranks out: build the caches first (`tideborn data inspect FILE.hcpe3`)."""
     failure: UserError | None = None
     if env.local_rank == 0:
-        from tideborn.data.sources import build_caches
+        from tideborn.data.loader import build_caches
 
         try:
             build_caches(resolved.settings)

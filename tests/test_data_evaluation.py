@@ -11,9 +11,9 @@ import pytest
 import torch
 from test_data_support import hcpe_records, random_positions, settings_for, write_records
 
-from tideborn.data.evaluation import Evaluator, evaluate
 from tideborn.data.features import Decoder
 from tideborn.data.records import RecordSet
+from tideborn.trainer.evaluation import Evaluator, evaluate
 from tideborn.trainer.model import build_model
 
 CPU = torch.device("cpu")

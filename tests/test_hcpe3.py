@@ -22,6 +22,7 @@ from tests.test_data_support import SHARED_DATA, psv_records
 from tideborn.config.load import settings_from_dict
 from tideborn.config.schema import DataSettings, LossSettings, Settings
 from tideborn.data.average import averaged_source
+from tideborn.data.batch import Batch
 from tideborn.data.cachefile import CacheArray
 from tideborn.data.cli import main as data_main
 from tideborn.data.convert import convert_games
@@ -30,7 +31,6 @@ from tideborn.data.sources import BatchDecoder, open_source
 from tideborn.errors import UserError
 from tideborn.trainer.checkpoint import load_checkpoint
 from tideborn.trainer.model import build_model
-from tideborn.trainer.synthetic import Batch
 
 TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"
 

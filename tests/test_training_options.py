@@ -24,20 +24,20 @@ from tests.test_data_support import hcpe_records, psv_records, random_positions,
 from tideborn.config import load_settings
 from tideborn.config.schema import LossSettings, WatchdogSettings
 from tideborn.data.evalfix import fit_files, fit_scale, scales_by_file
-from tideborn.data.evaluation import Evaluator
 from tideborn.data.features import Decoder
 from tideborn.data.loader import TeacherBatches, decode_indices
 from tideborn.data.records import RecordSet
 from tideborn.data.sources import BatchDecoder, as_source
+from tideborn.data.targets import value_lambda_at
 from tideborn.errors import UserError
 from tideborn.trainer.device import resolve_device
+from tideborn.trainer.evaluation import Evaluator
 from tideborn.trainer.model import build_model
 from tideborn.trainer.optim import build_optimizer
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.state import TrainingState
 from tideborn.trainer.synthetic import SyntheticBatches
-from tideborn.trainer.targets import value_lambda_at
 from tideborn.trainer.watchdog import GradientJudge
 
 CPU = torch.device("cpu")

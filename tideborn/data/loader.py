@@ -22,14 +22,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from tideborn.config.schema import Settings
+from tideborn.data.batch import Batch
 from tideborn.data.dataset import ShardedOrder
 from tideborn.data.evalfix import ScaleFit, fit_files, scales_by_file
 from tideborn.data.features import FEATURES1_NUM, BadRecord
 from tideborn.data.records import expand_paths
 from tideborn.data.sources import BatchDecoder, TeacherSource, file_kind, held_out_source, training_source
+from tideborn.data.targets import value_lambda_decays
 from tideborn.errors import UserError
-from tideborn.trainer.synthetic import Batch
-from tideborn.trainer.targets import value_lambda_decays
 
 SKIP_EXAMPLES = 5
 """How many recently skipped records `skipped_examples` keeps for the warning event."""

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from tideborn.config import Resolved, Settings
+from tideborn.data.targets import value_lambda_at
 from tideborn.errors import UserError
 from tideborn.humanize import duration
 from tideborn.rundir import (
@@ -63,7 +64,6 @@ from tideborn.trainer.resume import StartPoint, choose_start
 from tideborn.trainer.rundir_lock import RunDirLock
 from tideborn.trainer.signals import StopRequest
 from tideborn.trainer.state import TrainingState, versions
-from tideborn.trainer.targets import value_lambda_at
 from tideborn.trainer.watchdog import GradientWatchdog, healthy_step_of
 
 

@@ -22,9 +22,9 @@ from tideborn.data.legal import mask as legal_mask
 from tideborn.data.loader import pins_memory, to_device_batch
 from tideborn.data.records import RecordSet
 from tideborn.data.sources import BatchDecoder, TeacherSource, as_source, held_out_source, padded_targets
+from tideborn.data.targets import mixed_value_target, policy_entropy, value_entropy
 from tideborn.errors import UserError
 from tideborn.trainer.losses import policy_loss as policy_cross_entropy
-from tideborn.trainer.targets import mixed_value_target, policy_entropy, value_entropy
 
 DECODE_CHUNK = 4096
 

@@ -13,8 +13,8 @@ from test_data_support import hcpe_records, random_positions, settings_for, writ
 
 from tideborn.data.features import Decoder
 from tideborn.data.records import RecordSet
+from tideborn.network.model import build_model
 from tideborn.trainer.evaluation import Evaluator, evaluate
-from tideborn.trainer.model import build_model
 
 CPU = torch.device("cpu")
 

@@ -29,8 +29,8 @@ from tideborn.data.convert import convert_games
 from tideborn.data.hcpe3 import Hcpe3File, cache_path, policy_targets
 from tideborn.data.sources import BatchDecoder, open_source
 from tideborn.errors import UserError
-from tideborn.trainer.checkpoint import load_checkpoint
-from tideborn.trainer.model import build_model
+from tideborn.network.checkpoint import load_checkpoint
+from tideborn.network.model import build_model
 
 TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"
 

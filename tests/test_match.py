@@ -26,8 +26,8 @@ from tideborn.match.elo import elo_of_score, estimate
 from tideborn.match.openings import DEFAULT_OPENINGS, load_openings
 from tideborn.match.play import DRAW, Game, _judge, new_games
 from tideborn.match.run import run_match
-from tideborn.trainer.checkpoint import load_checkpoint
-from tideborn.trainer.model import build_model
+from tideborn.network.checkpoint import load_checkpoint
+from tideborn.network.model import build_model
 
 WCSC28 = SAMPLE_GAMES / "wcsc28"
 """The WCSC28 engine games that ship with the project (samples/games/wcsc28/README.md)."""

@@ -564,7 +564,7 @@ CHECKPOINT_FUZZ = r'''
 import json, sys, tempfile, zipfile
 from pathlib import Path
 from hypothesis import HealthCheck, given, settings, strategies as st
-from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
+from tideborn.network.checkpoint import CheckpointError, load_checkpoint
 
 source, examples = Path(sys.argv[1]), int(sys.argv[2])
 original = source.read_bytes()

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from tests.conftest import assert_user_error, child_env, describe, settings_args
+from tideborn.network.checkpoint import CheckpointError, load_checkpoint
 from tideborn.rundir import MATCH_REFERENCE_FILE, write_atomically
 from tideborn.tools import train_run
 from tideborn.trainer import loop
-from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
 from tideborn.trainer.cli import main as trainer_main
 
 MATCH_SETS = ("runtime.max_steps=6", "runtime.checkpoint_every=2", "runtime.match_every=2", "runtime.match_games=2",

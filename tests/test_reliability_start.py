@@ -408,7 +408,7 @@ def test_a_trainer_whose_start_was_killed_records_itself_and_can_be_stopped(left
 
 
 def test_the_torch_free_mark_is_the_checkpoint_format():
-    from tideborn.trainer.checkpoint import FORMAT
+    from tideborn.network.checkpoint import FORMAT
     from tideborn.trainer.preflight import CHECKPOINT_FORMAT_MARK
 
     assert CHECKPOINT_FORMAT_MARK == FORMAT.encode()
@@ -418,7 +418,7 @@ def test_the_start_check_agrees_with_the_trainer_on_every_checkpoint_state(templ
     """`check_start_step` (no torch) against `newest_loadable` (torch): the file the trainer resumes from,
     or no answer where only torch can tell; never another file."""
     from tideborn.config import load_settings
-    from tideborn.trainer.checkpoint import newest_loadable
+    from tideborn.network.checkpoint import newest_loadable
     from tideborn.trainer.preflight import check_start_step
 
     settings = load_settings(str(SMOKE_CONFIG), [*TEMPLATE_SETS, "runtime.max_steps=2"], environ={},

@@ -30,10 +30,10 @@ from conftest import REPO_ROOT, child_env, describe, events_of, settings_args, s
 from test_reliability_support import WAIT_SECONDS, launched_runs, process_gone, wait_for
 from textual.notifications import Notify
 
+from tideborn.network.checkpoint import load_checkpoint
 from tideborn.rundir import list_checkpoints, temp_checkpoints
 from tideborn.rundir.files import boot_relative_start, process_facts, process_start_ticks, read_pid_record, this_host
 from tideborn.tools import train_run
-from tideborn.trainer.checkpoint import load_checkpoint
 
 TOOL = [sys.executable, "-m", "tideborn.tools.train_run"]
 # Goes on until stopped: a step event each step, no periodic checkpoints (the stop's is the only save).

@@ -30,10 +30,10 @@ from tideborn.data.records import RecordSet
 from tideborn.data.sources import BatchDecoder, as_source
 from tideborn.data.targets import value_lambda_at
 from tideborn.errors import UserError
+from tideborn.network.model import build_model
+from tideborn.network.optim import build_optimizer
 from tideborn.trainer.device import resolve_device
 from tideborn.trainer.evaluation import Evaluator
-from tideborn.trainer.model import build_model
-from tideborn.trainer.optim import build_optimizer
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.state import TrainingState

@@ -43,7 +43,7 @@ def export(args: argparse.Namespace, prog: str) -> int:
     check_output_before_work(args.out, "--out")  # before torch loads and the checkpoint is read
     from tideborn.export.onnx_export import choose_weights, export_onnx
     from tideborn.export.parity import ParityError
-    from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
+    from tideborn.network.checkpoint import CheckpointError, load_checkpoint
 
     try:
         payload = load_checkpoint(args.checkpoint)

@@ -46,8 +46,8 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
     from tideborn.match.openings import DEFAULT_OPENINGS, load_openings
     from tideborn.match.play import new_games, play
     from tideborn.match.records import write_csa
+    from tideborn.network.checkpoint import CheckpointError, load_checkpoint
     from tideborn.rundir import make_dirs
-    from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
 
     if save_games is not None:
         _check_save_dir(save_games)

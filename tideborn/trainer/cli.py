@@ -61,7 +61,7 @@ def command_config(args: argparse.Namespace) -> int:
         if args.config or args.overrides or args.type or args.network or args.mode:
             raise UserError("--from-checkpoint prints the checkpoint's own settings; "
                             "it takes no --config, --set, --type, --network or --mode")
-        from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
+        from tideborn.network.checkpoint import CheckpointError, load_checkpoint
 
         try:
             settings = load_checkpoint(args.from_checkpoint)["settings"]

@@ -25,6 +25,7 @@ from tideborn.config import Resolved, Settings
 from tideborn.data.targets import value_lambda_at
 from tideborn.errors import UserError
 from tideborn.humanize import duration
+from tideborn.network.checkpoint import REFERENCE_STEP_KEY, prune_checkpoints, save_checkpoint
 from tideborn.rundir import (
     ARCHIVE_DIR,
     EVENTS_FILE,
@@ -43,7 +44,6 @@ from tideborn.rundir import (
 )
 from tideborn.rundir.events import EventWriter
 from tideborn.rundir.files import boot_relative_start
-from tideborn.trainer.checkpoint import REFERENCE_STEP_KEY, prune_checkpoints, save_checkpoint
 from tideborn.trainer.device import DeviceSetup, resolve_device
 from tideborn.trainer.distributed import (
     StopVote,

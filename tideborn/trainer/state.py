@@ -18,18 +18,18 @@ from torch.nn.parallel import DistributedDataParallel
 import tideborn
 from tideborn.config import Settings
 from tideborn.data.targets import mixed_value_target, policy_entropy, value_lambda_at, value_lambda_decays
-from tideborn.trainer.checkpoint import FORMAT, FORMAT_VERSION
-from tideborn.trainer.device import DeviceSetup, apply_global_switches
-from tideborn.trainer.distributed import AllReduceCounter, check_ranks_in_sync
-from tideborn.trainer.ema import WeightAverage
-from tideborn.trainer.losses import policy_loss as policy_cross_entropy
-from tideborn.trainer.model import build_model
-from tideborn.trainer.optim import (
+from tideborn.network.checkpoint import FORMAT, FORMAT_VERSION
+from tideborn.network.model import build_model
+from tideborn.network.optim import (
     build_optimizer,
     build_scheduler,
     load_optimizer_state,
     load_scheduler_state,
 )
+from tideborn.trainer.device import DeviceSetup, apply_global_switches
+from tideborn.trainer.distributed import AllReduceCounter, check_ranks_in_sync
+from tideborn.trainer.ema import WeightAverage
+from tideborn.trainer.losses import policy_loss as policy_cross_entropy
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.synthetic import SyntheticBatches

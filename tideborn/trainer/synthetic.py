@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from tideborn.data.batch import Batch
-from tideborn.trainer.model import FEATURES1_NUM, FEATURES2_NUM, POLICY_CLASSES
+from tideborn.network.model import FEATURES1_NUM, FEATURES2_NUM, POLICY_CLASSES
 
 PIECE_DENSITY = 0.05
 HAND_DENSITY = 0.3

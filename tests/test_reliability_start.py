@@ -41,7 +41,7 @@ from textual.notifications import Notify
 from tideborn.errors import UserError
 from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import read_pid_record
-from tideborn.trainer.rundir_lock import held
+from tideborn.rundir.lock import held
 from tideborn.tui.app import create_app
 from tideborn.tui.options import TuiOptions
 from tideborn.tui.screens.confirm import ConfirmScreen

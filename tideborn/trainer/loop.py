@@ -44,6 +44,7 @@ from tideborn.rundir import (
 )
 from tideborn.rundir.events import EventWriter
 from tideborn.rundir.files import boot_relative_start
+from tideborn.rundir.lock import RunDirLock
 from tideborn.trainer.device import DeviceSetup, resolve_device
 from tideborn.trainer.distributed import (
     StopVote,
@@ -61,7 +62,6 @@ from tideborn.trainer.preflight import nothing_to_train, preflight, stop_at_step
 from tideborn.trainer.progress import Progress
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint, choose_start
-from tideborn.trainer.rundir_lock import RunDirLock
 from tideborn.trainer.signals import StopRequest
 from tideborn.trainer.state import TrainingState, versions
 from tideborn.trainer.watchdog import GradientWatchdog, healthy_step_of

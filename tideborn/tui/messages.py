@@ -101,7 +101,7 @@ class RunLaunched(Message):
         self.pid = pid
         self.run_dir = run_dir
         self.outcome = outcome
-        """`tideborn.rundir.control.Launched.outcome`: "running", "starting", "ended" or "launched"."""
+        """`tideborn.tools.control.Launched.outcome`: "running", "starting", "ended" or "launched"."""
         self.step = step
 
 

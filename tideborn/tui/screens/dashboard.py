@@ -1,5 +1,5 @@
 """One run's dashboard: header, loss plot, hardware, anomalies and the log, kept current by a worker
-that follows the run directory; start and stop by key, through `tideborn.rundir.control`."""
+that follows the run directory; start and stop by key, through `tideborn.tools.control`."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from tideborn.errors import UserError
 from tideborn.humanize import duration
 from tideborn.rundir import LAUNCH_FILE, list_checkpoints
 from tideborn.rundir.anomaly import STALLED, VANISHED, Anomaly
-from tideborn.rundir.control import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
 from tideborn.rundir.events import TERMINAL_KINDS
 from tideborn.rundir.files import file_size, first_event
+from tideborn.tools.control import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
 from tideborn.tui.follow import RunFollower, follow
 from tideborn.tui.history import RunHistory, SeenEvents, load_history, rotated_away, starts_a_new_run
 from tideborn.tui.messages import (

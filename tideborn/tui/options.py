@@ -12,6 +12,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tideborn import __version__
 from tideborn.errors import UserError
 from tideborn.rundir import EVENTS_FILE, LAUNCH_FILE, PID_FILE, check_readable_dir
 from tideborn.rundir.anomaly import AnomalyThresholds
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-nvml", action="store_true", help="do not read GPUs through NVML here")
     parser.add_argument("--stall-seconds", type=float, default=AnomalyThresholds().stall_seconds, metavar="S",
                         help="stalled after S seconds without output (as for train_run status)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
 

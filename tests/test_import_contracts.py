@@ -90,3 +90,17 @@ def test_a_circle_fails(tmp_path: Path) -> None:
     result = subprocess.run([str(LINT_IMPORTS), "--no-cache", str(config)], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_docs_name_every_layer_and_the_readme_every_package() -> None:
+    """docs/layout.md describes each layer of the contract; the README's layout line says where each package is."""
+    layers = next(contract for contract in CONTRACTS if contract["id"] == "layers")["layers"]
+    layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    for layer in layers:
+        for name in (part.strip() for part in layer.split("|")):
+            named = (f"`tideborn/{name}/`", f"`tideborn/{name}.py`", f"`{name}.py`")
+            assert any(form in layout for form in named), f"docs/layout.md does not place {name}"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    line = readme[readme.index("Layout ("):].split("\n\n", 1)[0]
+    packages = sorted(path.parent.name for path in (ROOT / "tideborn").glob("*/__init__.py"))
+    assert packages and all(f"`{package}`" in line for package in packages), (packages, line)

@@ -25,8 +25,8 @@ from conftest import (
     wait_until,
 )
 
+from tideborn.network.checkpoint import FORMAT, FORMAT_VERSION, CheckpointError, load_checkpoint
 from tideborn.rundir import latest_checkpoint, list_checkpoints, temp_checkpoints
-from tideborn.trainer.checkpoint import FORMAT, FORMAT_VERSION, CheckpointError, load_checkpoint
 from tideborn.trainer.cli import main
 
 # -- which files count ----------------------------------------------------------------------------

@@ -193,7 +193,7 @@ def test_config_json_round_trip_through_the_console_script(workdir: Path) -> Non
 
 def test_config_from_checkpoint_prints_the_settings_it_was_trained_with(template_run: Path, workdir: Path,
                                                                        capsys) -> None:
-    from tideborn.trainer.checkpoint import load_checkpoint
+    from tideborn.network.checkpoint import load_checkpoint
 
     checkpoint = template_run / "step-000000004.pt"
     printed = json.loads(config_json(["--from-checkpoint", str(checkpoint)], capsys))

@@ -11,10 +11,10 @@ import pytest
 import torch
 from test_data_support import hcpe_records, random_positions, settings_for, write_records
 
-from tideborn.data.evaluation import Evaluator, evaluate
 from tideborn.data.features import Decoder
 from tideborn.data.records import RecordSet
-from tideborn.trainer.model import build_model
+from tideborn.network.model import build_model
+from tideborn.trainer.evaluation import Evaluator, evaluate
 
 CPU = torch.device("cpu")
 

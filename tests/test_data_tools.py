@@ -18,10 +18,10 @@ from test_data_support import HCPE, SAMPLE_GAMES, hcpe_records, psv_records, ran
 
 from tideborn.config import load_settings
 from tideborn.data.cli import main as data_main
-from tideborn.data.evaluation import Evaluator
 from tideborn.data.game_index import index_path, read_index
 from tideborn.data.loader import TeacherBatches
 from tideborn.data.split import position_hashes
+from tideborn.trainer.evaluation import Evaluator
 
 CSA_GAME = """V2.2
 N+alpha

@@ -22,7 +22,7 @@ from tests.conftest import (
     step_events,
     terminal_events,
 )
-from tideborn.trainer.checkpoint import load_checkpoint
+from tideborn.network.checkpoint import load_checkpoint
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 SMALL = ("optim.batch_size=16", "runtime.log_every=1", "runtime.progress=\"plain\"")

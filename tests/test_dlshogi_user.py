@@ -29,7 +29,7 @@ from tests.conftest import (
 )
 from tests.hcpe3_support import sample_games, write_hcpe3
 from tideborn.data.convert import convert_games
-from tideborn.trainer.checkpoint import load_checkpoint
+from tideborn.network.checkpoint import load_checkpoint
 
 TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"
 

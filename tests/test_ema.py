@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tests.conftest import events_of, step_events, train
-from tideborn.trainer.checkpoint import load_checkpoint
+from tideborn.network.checkpoint import load_checkpoint
 
 SETS = ("runtime.max_steps=8", "runtime.log_every=1", "runtime.checkpoint_every=4", "optim.batch_size=16",
         "optim.ema_decay=0.9")
@@ -47,8 +47,8 @@ def test_the_average_is_torchs_ema_bit_for_bit_and_keeps_its_state_dict_layout()
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
     from tideborn.config.schema import ModelSettings
+    from tideborn.network.model import build_model
     from tideborn.trainer.ema import WeightAverage
-    from tideborn.trainer.model import build_model
 
     torch.manual_seed(0)
     model = build_model(ModelSettings(blocks=1, channels=8, value_channels=4, value_hidden=16))
@@ -75,8 +75,8 @@ def test_an_update_moves_nothing_between_host_and_device(monkeypatch):
     # torch's AveragedModel copies its counter to the device (`.to`) for every dtype group, and on CUDA
     # each such copy makes the host wait for the GPU. The average's update must make no such call.
     from tideborn.config.schema import ModelSettings
+    from tideborn.network.model import build_model
     from tideborn.trainer.ema import WeightAverage
-    from tideborn.trainer.model import build_model
 
     model = build_model(ModelSettings(blocks=1, channels=8, value_channels=4, value_hidden=16))
     average = WeightAverage(model, 0.99)

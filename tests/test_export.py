@@ -26,7 +26,7 @@ from tideborn.export import onnx_export
 from tideborn.export.interface import INPUT_NAMES, METADATA_KEYS, OUTPUT_NAMES
 from tideborn.export.onnx_export import ExportInputError, choose_weights, export_onnx, reference_module
 from tideborn.export.parity import ParityError, check_parity, parity_positions
-from tideborn.trainer.checkpoint import load_checkpoint, save_checkpoint
+from tideborn.network.checkpoint import load_checkpoint, save_checkpoint
 from tideborn.trainer.device import resolve_device
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint

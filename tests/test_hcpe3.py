@@ -22,15 +22,15 @@ from tests.test_data_support import SHARED_DATA, psv_records
 from tideborn.config.load import settings_from_dict
 from tideborn.config.schema import DataSettings, LossSettings, Settings
 from tideborn.data.average import averaged_source
+from tideborn.data.batch import Batch
 from tideborn.data.cachefile import CacheArray
 from tideborn.data.cli import main as data_main
 from tideborn.data.convert import convert_games
 from tideborn.data.hcpe3 import Hcpe3File, cache_path, policy_targets
 from tideborn.data.sources import BatchDecoder, open_source
 from tideborn.errors import UserError
-from tideborn.trainer.checkpoint import load_checkpoint
-from tideborn.trainer.model import build_model
-from tideborn.trainer.synthetic import Batch
+from tideborn.network.checkpoint import load_checkpoint
+from tideborn.network.model import build_model
 
 TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"
 

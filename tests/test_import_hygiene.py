@@ -9,13 +9,15 @@ import sys
 
 import pytest
 
-TORCH_FREE = ["tideborn.config", "tideborn.rundir.events", "tideborn.rundir", "tideborn.errors", "tideborn.cli",
-              "tideborn.trainer.cli", "tideborn.trainer.preflight", "tideborn.trainer.signals", "tideborn.trainer.rank",
-              "tideborn.rundir.anomaly", "tideborn.rundir.files", "tideborn.rundir.state", "tideborn.rundir.control",
-              "tideborn.cliparser",
-              "tideborn.tools.train_run", "tideborn.humanize", "tideborn.bench.monitor", "tui.app",
-              "tui.screens.dashboard", "tui.screens.override_editor", "tui.screens.run_picker", "tui.follow",
-              "tui.history", "tui.plotting", "tui.overrides"]
+TORCH_FREE = ["tideborn.config", "tideborn.errors", "tideborn.cli", "tideborn.cliparser", "tideborn.humanize",
+              "tideborn.rundir", "tideborn.rundir.events", "tideborn.rundir.anomaly", "tideborn.rundir.files",
+              "tideborn.rundir.lock", "tideborn.rundir.report", "tideborn.rundir.state",
+              "tideborn.trainer.cli", "tideborn.trainer.options", "tideborn.trainer.preflight",
+              "tideborn.trainer.signals", "tideborn.trainer.rank",
+              "tideborn.tools.control", "tideborn.tools.train_run",
+              "tideborn.tui.benchmark", "tideborn.tui.app", "tideborn.tui.screens.dashboard",
+              "tideborn.tui.screens.override_editor", "tideborn.tui.screens.run_picker", "tideborn.tui.follow",
+              "tideborn.tui.history", "tideborn.tui.plotting", "tideborn.tui.overrides"]
 HEADLESS = ["tideborn.trainer.loop", "tideborn.trainer.cli", "tideborn.config", "tideborn.rundir.events"]
 
 

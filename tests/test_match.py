@@ -22,12 +22,12 @@ from tests.test_teacher_training import TEACHER_CONFIG
 from tideborn.config.schema import ModelSettings
 from tideborn.data.convert import convert_games
 from tideborn.match.cli import main as match_main
-from tideborn.match.cli import run_match
 from tideborn.match.elo import elo_of_score, estimate
 from tideborn.match.openings import DEFAULT_OPENINGS, load_openings
 from tideborn.match.play import DRAW, Game, _judge, new_games
-from tideborn.trainer.checkpoint import load_checkpoint
-from tideborn.trainer.model import build_model
+from tideborn.match.run import run_match
+from tideborn.network.checkpoint import load_checkpoint
+from tideborn.network.model import build_model
 
 WCSC28 = SAMPLE_GAMES / "wcsc28"
 """The WCSC28 engine games that ship with the project (samples/games/wcsc28/README.md)."""
@@ -269,7 +269,7 @@ def test_match_every_during_a_run_writes_match_events_and_status_watch_and_monit
                             "--format", "text"], env=child_env(), capture_output=True, text=True, timeout=60)
     assert " match step 4 vs step 2: Elo " in watch.stdout, watch.stdout
 
-    from tui.widgets.header import elo_curve_text
+    from tideborn.tui.widgets.header import elo_curve_text
 
     assert elo_curve_text(curve).startswith("Elo ") and "at step 4" in elo_curve_text(curve)
 

@@ -10,7 +10,7 @@ from cshogi.dlshogi import make_input_features, make_move_label
 from torch import nn
 
 from tideborn.config.schema import ModelSettings
-from tideborn.trainer.model import (
+from tideborn.network.model import (
     FEATURES1_NUM,
     FEATURES2_NUM,
     MOVE_DIRECTIONS,

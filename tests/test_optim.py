@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tideborn.config.schema import ModelSettings, OptimSettings
-from tideborn.trainer.model import build_model
-from tideborn.trainer.optim import build_optimizer, load_optimizer_state
+from tideborn.network.model import build_model
+from tideborn.network.optim import build_optimizer, load_optimizer_state
 
 TINY = ModelSettings(blocks=1, channels=8, value_channels=4, value_hidden=16)
 
@@ -102,7 +102,7 @@ def test_restored_fused_state_in_another_layout_computes_the_same_update() -> No
 
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # no steps needed
 def test_a_resume_takes_this_runs_rates_and_decay_and_keeps_the_schedules_position() -> None:
-    from tideborn.trainer.optim import build_scheduler, load_scheduler_state, lr_factor
+    from tideborn.network.optim import build_scheduler, load_scheduler_state, lr_factor
 
     before = OptimSettings(lr=0.1, weight_decay=1e-4, momentum=0.9, warmup_steps=2)
     model, optimizer = _stepped(before, fused=False, channels_last=False)

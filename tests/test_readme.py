@@ -159,7 +159,7 @@ def parsed(words: list[str]) -> argparse.Namespace:
     from tideborn.match.cli import build_parser as match_parser
     from tideborn.tools.train_run import build_parser as run_parser
     from tideborn.trainer.cli import build_parser as trainer_parser
-    from tui.options import build_parser as tui_parser
+    from tideborn.tui.options import build_parser as tui_parser
 
     head, rest = words[0], words[1:]
     parser = {"run": run_parser("tideborn run"), "data": data_parser("tideborn data"), "export": export_parser(),

@@ -19,10 +19,10 @@ import pytest
 from conftest import TEMPLATE_SETS, assert_user_error, describe, run_trainer, settings_args, train
 from test_reliability_support import check_attempts, fault_env, read_history
 
+from tideborn.network.checkpoint import load_checkpoint
 from tideborn.rundir import list_checkpoints, temp_checkpoints
 from tideborn.rundir.anomaly import AnomalyThresholds
 from tideborn.rundir.state import RunTracker
-from tideborn.trainer.checkpoint import load_checkpoint
 
 SETS = ("runtime.max_steps=6", "runtime.checkpoint_every=2", "runtime.log_every=1", "runtime.keep_checkpoints=5",
         "optim.batch_size=16", "runtime.progress=plain")

@@ -28,7 +28,7 @@ from tests.conftest import (
     train,
 )
 from tideborn.config.schema import WatchdogSettings
-from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint, prune_checkpoints
+from tideborn.network.checkpoint import CheckpointError, load_checkpoint, prune_checkpoints
 from tideborn.trainer.watchdog import GradientJudge
 
 SMOKE_TEACHER = REPO_ROOT / "configs" / "smoke-teacher.toml"

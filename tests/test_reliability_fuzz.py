@@ -40,6 +40,7 @@ from tideborn.config import load_settings
 from tideborn.config.schema import SECTIONS
 from tideborn.errors import UserError
 from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE
+from tideborn.rundir import report as report_text
 from tideborn.rundir.events import EventReader, well_formed
 from tideborn.rundir.state import RunTracker
 from tideborn.tools import train_run
@@ -326,9 +327,9 @@ def test_status_watch_and_the_tracker_survive_any_events_file(tmp_path_factory, 
     tracker.finish_log()
     report = tracker.status()
     json.dumps(report, allow_nan=False)  # status --json prints it
-    train_run.status_text(report)
+    report_text.status_text(report)
     for event in update.events:  # what watch prints, in both formats
-        train_run.event_text(event)
+        report_text.event_text(event)
         json.dumps({k: v for k, v in event.items() if not k.startswith("_")})
     for anomaly in update.anomalies:
         train_run._anomaly_line(anomaly, text=True)
@@ -419,7 +420,7 @@ def test_status_watch_the_tracker_and_the_tui_follower_survive_any_run_dir_conte
     nowhere, themselves), nesting (directories, JSON nested up to 100,000 deep) for each run file: readers
     report what they cannot read as a `run_file` anomaly (or, status on a broken train.pid, exit 2), and
     never raise, hang or read a device."""
-    from tui.follow import RunFollower
+    from tideborn.tui.follow import RunFollower
 
     tried("run-directory contents")
     base = tmp_path_factory.mktemp("rd")
@@ -434,9 +435,9 @@ def test_status_watch_the_tracker_and_the_tui_follower_survive_any_run_dir_conte
     tracker.finish_log()
     report = tracker.status()
     json.dumps(report, allow_nan=False)
-    train_run.status_text(report)
+    report_text.status_text(report)
     for event in update.events:  # what watch prints, in both formats
-        train_run.event_text(event)
+        report_text.event_text(event)
         json.dumps({k: v for k, v in event.items() if not k.startswith("_")})
     for anomaly in update.anomalies:
         train_run._anomaly_line(anomaly, text=True)
@@ -564,7 +565,7 @@ CHECKPOINT_FUZZ = r'''
 import json, sys, tempfile, zipfile
 from pathlib import Path
 from hypothesis import HealthCheck, given, settings, strategies as st
-from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
+from tideborn.network.checkpoint import CheckpointError, load_checkpoint
 
 source, examples = Path(sys.argv[1]), int(sys.argv[2])
 original = source.read_bytes()
@@ -671,7 +672,7 @@ def test_event_fields_the_fuzz_broke_are_handled_now(tmp_path: Path) -> None:
         handle.write(b'{"kind":"run_finished","step":3}\n')
     tracker = RunTracker(tmp_path)
     update = tracker.refresh()
-    texts = [train_run.event_text(e) for e in update.events]
+    texts = [report_text.event_text(e) for e in update.events]
     assert texts[0].startswith("? run_started") and " run_finished step=3" in texts[1]
     report = tracker.status()
     assert report["state"] == "finished" and report["terminal"]["kind"] == "run_finished"

@@ -334,11 +334,11 @@ def test_an_unprivileged_trainer_is_told_why_it_cannot_write(open_tmp: Path) -> 
 async def test_the_monitors_start_key_shows_the_error_and_keeps_running(tmp_path: Path, make) -> None:
     from textual.notifications import Notify
 
-    from tui.app import create_app
-    from tui.options import TuiOptions
-    from tui.plan import LaunchPlan
-    from tui.screens.confirm import ConfirmScreen
-    from tui.screens.dashboard import DashboardScreen
+    from tideborn.tui.app import create_app
+    from tideborn.tui.options import TuiOptions
+    from tideborn.tui.plan import LaunchPlan
+    from tideborn.tui.screens.confirm import ConfirmScreen
+    from tideborn.tui.screens.dashboard import DashboardScreen
 
     with contextlib.ExitStack() as stack:
         run_dir, pattern = make(tmp_path, stack)

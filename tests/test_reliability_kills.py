@@ -27,9 +27,9 @@ from test_reliability_support import (
     read_history,
 )
 
+from tideborn.network.checkpoint import load_checkpoint
 from tideborn.rundir import EVENTS_FILE, list_checkpoints, temp_checkpoints
 from tideborn.rundir.events import TERMINAL_KINDS, EventReader
-from tideborn.trainer.checkpoint import load_checkpoint
 
 CHECKPOINT_EVERY = 3
 SETS = ("optim.batch_size=16", f"runtime.checkpoint_every={CHECKPOINT_EVERY}", "runtime.log_every=1",

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from tests.conftest import assert_user_error, child_env, describe, settings_args
+from tideborn.network.checkpoint import CheckpointError, load_checkpoint
 from tideborn.rundir import MATCH_REFERENCE_FILE, write_atomically
 from tideborn.tools import train_run
 from tideborn.trainer import loop
-from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
 from tideborn.trainer.cli import main as trainer_main
 
 MATCH_SETS = ("runtime.max_steps=6", "runtime.checkpoint_every=2", "runtime.match_every=2", "runtime.match_games=2",
@@ -167,7 +167,7 @@ def test_a_lost_reference_is_a_rebaseline_warning_shown_by_status_and_the_monito
     assert train_run.main(["status", "--out-dir", str(run_dir), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["elo_rebaselines"] == [[4, 2, 4]]
-    from tui.widgets.header import elo_curve_text
+    from tideborn.tui.widgets.header import elo_curve_text
 
     assert "(origin moved at step 4: vs step 4)" in elo_curve_text(report["elo_curve"], False,
                                                                    report["elo_rebaselines"])
@@ -268,7 +268,7 @@ def test_export_checks_its_output_directory_before_the_checkpoint(tmp_path, caps
 async def test_the_monitors_export_dialog_refuses_a_run_file(small_run, tmp_path, monkeypatch):
     from textual.app import App
 
-    from tui.screens.checkpoints import CheckpointFile, ExportScreen
+    from tideborn.tui.screens.checkpoints import CheckpointFile, ExportScreen
 
     monkeypatch.chdir(tmp_path)
     events = small_run / "events.jsonl"

@@ -121,8 +121,8 @@ def test_every_reader_gets_every_event_exactly_once_under_a_fast_writer_with_tor
         followers = [Follower("EventReader", reader.read_new, lambda: None),
                      Follower("RunTracker", tracker_read, tracker_check)]
         try:
-            from tui.follow import RunFollower
-            from tui.messages import EventsArrived
+            from tideborn.tui.follow import RunFollower
+            from tideborn.tui.messages import EventsArrived
         except ImportError as exc:  # the TUI is built alongside; RunTracker above is what it reads through
             pytest.fail(f"the TUI's run follower cannot be imported: {exc}")
         follower = RunFollower(run_dir, use_nvml=False)
@@ -130,7 +130,7 @@ def test_every_reader_gets_every_event_exactly_once_under_a_fast_writer_with_tor
         def tui_read() -> list[dict]:
             return [e for m in follower.poll() if isinstance(m, EventsArrived) for e in m.events]
 
-        followers.append(Follower("tui.follow.RunFollower", tui_read,
+        followers.append(Follower("tideborn.tui.follow.RunFollower", tui_read,
                                   lambda: follower.tracker.events.malformed == 0 or pytest.fail("malformed")))
         watch = subprocess.Popen([sys.executable, "-m", "tideborn.tools.train_run", "watch", "--out-dir", str(run_dir)],
                                  cwd=REPO_ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

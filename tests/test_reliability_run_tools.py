@@ -38,7 +38,7 @@ ENDLESS = ("runtime.max_steps=1000000", "optim.batch_size=16", "runtime.log_ever
 def as_nobody_available() -> bool:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         return False
-    probe = subprocess.run([*NOBODY, sys.executable, "-c", "import tideborn.tools.train_run, tui.app"],
+    probe = subprocess.run([*NOBODY, sys.executable, "-c", "import tideborn.tools.train_run, tideborn.tui.app"],
                            env=child_env(), cwd=REPO_ROOT, capture_output=True)
     return probe.returncode == 0
 
@@ -85,8 +85,8 @@ MONITOR_STOP = r'''
 import asyncio, sys, time
 from pathlib import Path
 from textual.notifications import Notify
-from tui.app import create_app
-from tui.options import TuiOptions
+from tideborn.tui.app import create_app
+from tideborn.tui.options import TuiOptions
 
 
 async def main():
@@ -148,7 +148,7 @@ def test_another_users_unreadable_run_is_one_line_from_every_tool(open_tmp: Path
             assert result.returncode == 2, describe(result)
             assert_user_error(result.stderr, rf"{run_dir}: cannot read the run directory: permission denied \(it "
                                              rf"belongs to root \(uid 0\), mode {mode:o}, and you are nobody")
-        monitor = as_nobody(sys.executable, "-m", "tui.app", str(run_dir), home=open_tmp)
+        monitor = as_nobody(sys.executable, "-m", "tideborn.tui.app", str(run_dir), home=open_tmp)
         assert monitor.returncode == 2, describe(monitor)
         assert_user_error(monitor.stderr, "cannot read the run directory: permission denied")
     run_dir.chmod(0o755)
@@ -174,8 +174,8 @@ def test_another_users_unreadable_run_is_one_line_from_every_tool(open_tmp: Path
 def test_a_live_trainer_continues_a_renamed_events_file_and_readers_see_the_gap(tmp_path: Path, runs: list[Path]):
     from tideborn.rundir.state import RunTracker
     from tideborn.tools import train_run
-    from tui.follow import RunFollower
-    from tui.messages import AnomaliesFound, EventsArrived
+    from tideborn.tui.follow import RunFollower
+    from tideborn.tui.messages import AnomaliesFound, EventsArrived
 
     run_dir = tmp_path / "run"
     pid = start_endless(run_dir, runs)

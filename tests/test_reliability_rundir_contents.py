@@ -112,8 +112,8 @@ def live_writer(tmp_path: Path):
 
 def test_every_reader_starts_a_copytruncated_file_again_even_once_it_grew_past_the_old_offset(live_writer):
     """The reader's offset lands inside the new content: size alone cannot tell, the first bytes do."""
-    from tui.follow import RunFollower
-    from tui.messages import EventsArrived, LogLinesArrived
+    from tideborn.tui.follow import RunFollower
+    from tideborn.tui.messages import EventsArrived, LogLinesArrived
 
     run_dir, writer, stop = live_writer
     events_path, log_path = run_dir / EVENTS_FILE, run_dir / LOG_FILE
@@ -250,8 +250,8 @@ def ended_run(run_dir: Path, *middle: bytes) -> None:
 @pytest.mark.timeout(WAIT_SECONDS)
 def test_json_nested_100000_deep_is_one_malformed_line_to_every_reader(tmp_path: Path) -> None:
     """It raised RecursionError in status, watch, stop and the TUI (which then exited 0)."""
-    from tui.follow import RunFollower
-    from tui.history import load_history
+    from tideborn.tui.follow import RunFollower
+    from tideborn.tui.history import load_history
 
     run_dir = tmp_path / "run"
     deep_field = b'{"kind":"eval","step":15,"x":' + DEEP + b"}"
@@ -299,8 +299,8 @@ def make_odd(path: Path, what: str) -> None:
 @pytest.mark.parametrize("name", [EVENTS_FILE, LOG_FILE])
 def test_a_fifo_or_directory_for_a_run_file_is_an_anomaly_never_a_hang(tmp_path: Path, name: str, what: str) -> None:
     """status hung on a FIFO (and watch, and the TUI's follower); a directory raised IsADirectoryError."""
-    from tui.follow import RunFollower
-    from tui.messages import AnomaliesFound
+    from tideborn.tui.follow import RunFollower
+    from tideborn.tui.messages import AnomaliesFound
 
     run_dir = tmp_path / "run"
     if name == LOG_FILE:
@@ -357,10 +357,10 @@ def test_a_train_pid_that_is_a_fifo_a_directory_or_nested_json_is_one_line_exit_
 
 async def test_the_tui_shows_odd_run_files_as_anomalies_and_keeps_running(tmp_path: Path) -> None:
     """Each used to end the app (a worker's RecursionError, IsADirectoryError or UserError) or hang it."""
-    from tui.app import create_app
-    from tui.options import TuiOptions
-    from tui.screens.dashboard import DashboardScreen
-    from tui.widgets.anomalies import AnomalyList
+    from tideborn.tui.app import create_app
+    from tideborn.tui.options import TuiOptions
+    from tideborn.tui.screens.dashboard import DashboardScreen
+    from tideborn.tui.widgets.anomalies import AnomalyList
 
     cases: dict[str, tuple[typing.Callable[[Path], None], str | None]] = {
         "deep events": (lambda d: ended_run(d, DEEP), None),
@@ -391,7 +391,7 @@ async def test_the_tui_shows_odd_run_files_as_anomalies_and_keeps_running(tmp_pa
         assert app.return_code in (None, 0), label
 
     # the picker, over all of them at once
-    from tui.screens.run_picker import RunPickerScreen
+    from tideborn.tui.screens.run_picker import RunPickerScreen
 
     app = create_app(TuiOptions(runs_folder=tmp_path, clock=time.time, use_nvml=False, follow=False))
     async with app.run_test(size=(100, 30)) as pilot:
@@ -426,7 +426,7 @@ def test_the_tui_start_key_reads_launch_json_without_hanging_or_recursing(tmp_pa
     """The start key reads launch.json on the UI thread: a FIFO there froze the TUI, 100,000 `[` raised
     RecursionError. Both are the one-line error the dashboard shows for an unreadable launch.json."""
     from tideborn.errors import UserError
-    from tui.plan import LaunchPlan
+    from tideborn.tui.plan import LaunchPlan
 
     run_dir = tmp_path / "run"
     ended_run(run_dir)

@@ -127,10 +127,10 @@ def test_export_never_runs_a_pickle_payload(hostile, tmp_path: Path) -> None:
 TUI_READS_A_RUN = r'''
 import json, pkgutil, importlib, sys
 from pathlib import Path
-import tui
-for module in pkgutil.walk_packages(tui.__path__, "tui."):
+import tideborn.tui
+for module in pkgutil.walk_packages(tideborn.tui.__path__, "tideborn.tui."):
     importlib.import_module(module.name)
-from tui.follow import RunFollower
+from tideborn.tui.follow import RunFollower
 follower = RunFollower(Path(sys.argv[1]), use_nvml=False)
 messages = follower.poll() + follower.poll()
 print(json.dumps({"torch": "torch" in sys.modules, "messages": [type(m).__name__ for m in messages]}))

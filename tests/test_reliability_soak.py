@@ -37,9 +37,9 @@ from test_reliability_support import (
     wait_for,
 )
 
+from tideborn.network.checkpoint import load_checkpoint
 from tideborn.rundir import list_checkpoints, temp_checkpoints
 from tideborn.tools import train_run
-from tideborn.trainer.checkpoint import load_checkpoint
 
 CHECKPOINT_EVERY = 5
 MAX_STEPS = 100_000  # never reached: the cycles stop the run; the comparison run stops at the same step

@@ -41,11 +41,11 @@ from textual.notifications import Notify
 from tideborn.errors import UserError
 from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import read_pid_record
-from tideborn.trainer.rundir_lock import held
-from tui.app import create_app
-from tui.options import TuiOptions
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.dashboard import DashboardScreen
+from tideborn.rundir.lock import held
+from tideborn.tui.app import create_app
+from tideborn.tui.options import TuiOptions
+from tideborn.tui.screens.confirm import ConfirmScreen
+from tideborn.tui.screens.dashboard import DashboardScreen
 
 # A smoke run that goes on until it is stopped: a step event each step, no periodic saves.
 ENDLESS = ("runtime.max_steps=1000000", "optim.batch_size=16", "runtime.log_every=1",
@@ -408,7 +408,7 @@ def test_a_trainer_whose_start_was_killed_records_itself_and_can_be_stopped(left
 
 
 def test_the_torch_free_mark_is_the_checkpoint_format():
-    from tideborn.trainer.checkpoint import FORMAT
+    from tideborn.network.checkpoint import FORMAT
     from tideborn.trainer.preflight import CHECKPOINT_FORMAT_MARK
 
     assert CHECKPOINT_FORMAT_MARK == FORMAT.encode()
@@ -418,7 +418,7 @@ def test_the_start_check_agrees_with_the_trainer_on_every_checkpoint_state(templ
     """`check_start_step` (no torch) against `newest_loadable` (torch): the file the trainer resumes from,
     or no answer where only torch can tell; never another file."""
     from tideborn.config import load_settings
-    from tideborn.trainer.checkpoint import newest_loadable
+    from tideborn.network.checkpoint import newest_loadable
     from tideborn.trainer.preflight import check_start_step
 
     settings = load_settings(str(SMOKE_CONFIG), [*TEMPLATE_SETS, "runtime.max_steps=2"], environ={},

@@ -30,10 +30,10 @@ from conftest import REPO_ROOT, child_env, describe, events_of, settings_args, s
 from test_reliability_support import WAIT_SECONDS, launched_runs, process_gone, wait_for
 from textual.notifications import Notify
 
+from tideborn.network.checkpoint import load_checkpoint
 from tideborn.rundir import list_checkpoints, temp_checkpoints
 from tideborn.rundir.files import boot_relative_start, process_facts, process_start_ticks, read_pid_record, this_host
 from tideborn.tools import train_run
-from tideborn.trainer.checkpoint import load_checkpoint
 
 TOOL = [sys.executable, "-m", "tideborn.tools.train_run"]
 # Goes on until stopped: a step event each step, no periodic checkpoints (the stop's is the only save).
@@ -482,10 +482,10 @@ COUNTER = ("import signal, sys, time\n"
 
 
 async def test_the_monitor_does_not_offer_stop_again_while_stopping(tmp_path, processes):
-    from tui.app import create_app
-    from tui.options import TuiOptions
-    from tui.screens.confirm import ConfirmScreen
-    from tui.screens.dashboard import DashboardScreen
+    from tideborn.tui.app import create_app
+    from tideborn.tui.options import TuiOptions
+    from tideborn.tui.screens.confirm import ConfirmScreen
+    from tideborn.tui.screens.dashboard import DashboardScreen
 
     received = tmp_path / "sigterms"
     slow = processes([sys.executable, "-c", COUNTER, str(received)], stdout=subprocess.PIPE, text=True)
@@ -515,9 +515,9 @@ async def test_the_monitor_does_not_offer_stop_again_while_stopping(tmp_path, pr
 
 async def test_the_monitor_sees_a_stop_sent_from_elsewhere(tmp_path, processes):
     from tideborn.rundir.events import encode_event
-    from tui.app import create_app
-    from tui.options import TuiOptions
-    from tui.screens.confirm import ConfirmScreen
+    from tideborn.tui.app import create_app
+    from tideborn.tui.options import TuiOptions
+    from tideborn.tui.screens.confirm import ConfirmScreen
 
     sleeper = processes([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(120)"],
                         stdout=subprocess.PIPE, text=True)

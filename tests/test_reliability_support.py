@@ -103,7 +103,7 @@ def assert_same_weights(a_path: Path, b_path: Path) -> None:
     """The two checkpoints hold the same step, bit-identical weights, optimizer state and data cursor."""
     from test_resume import assert_same_tensors
 
-    from tideborn.trainer.checkpoint import load_checkpoint
+    from tideborn.network.checkpoint import load_checkpoint
 
     a, b = load_checkpoint(a_path), load_checkpoint(b_path)
     assert a["step"] == b["step"], (a_path, b_path)
@@ -312,7 +312,7 @@ class CreatesFile:
 def write_hostile_checkpoint(path: Path, marker: Path, settings: dict | None = None) -> Path:
     import torch
 
-    from tideborn.trainer.checkpoint import FORMAT, FORMAT_VERSION
+    from tideborn.network.checkpoint import FORMAT, FORMAT_VERSION
 
     torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, "step": 2, "settings": settings or {},
                 "model": {"w": torch.zeros(2)}, "optimizer": {}, "scheduler": {}, "rng": {}, "data_cursor": {},

@@ -18,7 +18,7 @@ from conftest import (
     train,
 )
 
-from tideborn.trainer.checkpoint import load_checkpoint
+from tideborn.network.checkpoint import load_checkpoint
 
 EXACT_SETS = ("runtime.max_steps=20", "runtime.log_every=1", "runtime.checkpoint_every=10", "optim.batch_size=32",
               "runtime.progress=plain")
@@ -109,7 +109,7 @@ def test_a_changed_learning_rate_and_decay_take_effect_on_resume(tmp_path: Path)
     # changed_settings lists them; the resumed steps must also use them (the checkpoint's optimizer state
     # holds the old ones).
     from tideborn.config.schema import OptimSettings
-    from tideborn.trainer.optim import lr_factor
+    from tideborn.network.optim import lr_factor
 
     run = tmp_path / "run"
     sets = ("runtime.max_steps=12", "runtime.log_every=1", "optim.batch_size=16", "runtime.progress=plain")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import SMOKE_CONFIG, describe, events_of, run_trainer, step_events, terminal_events
 
+from tideborn.network.checkpoint import load_checkpoint
 from tideborn.rundir import ARCHIVE_DIR, EVENTS_FILE, list_checkpoints
 from tideborn.rundir.events import TERMINAL_KINDS
-from tideborn.trainer.checkpoint import load_checkpoint
 
 # smoke.toml's out_dir "ckpt/smoke" under the default paths.runs_root "runs", from the current directory.
 SMOKE_RUN_DIR = Path("runs") / "ckpt" / "smoke"

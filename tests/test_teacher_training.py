@@ -15,7 +15,7 @@ from tideborn.data.convert import convert_games
 from tideborn.data.features import Decoder
 from tideborn.data.records import RecordSet
 from tideborn.data.split import split_games
-from tideborn.trainer.checkpoint import load_checkpoint
+from tideborn.network.checkpoint import load_checkpoint
 
 TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"
 

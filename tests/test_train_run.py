@@ -389,7 +389,7 @@ def test_watch_reports_a_vanished_process_and_ends(tmp_path, processes):
 
 
 def test_run_tools_do_not_import_torch():
-    modules = ["tideborn.rundir.anomaly", "tideborn.rundir.files", "tideborn.rundir.state", "tideborn.rundir.control",
+    modules = ["tideborn.rundir.anomaly", "tideborn.rundir.files", "tideborn.rundir.state", "tideborn.tools.control",
                "tideborn.tools.train_run"]
     code = f"import json, sys, {', '.join(modules)}; print(json.dumps(sorted(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

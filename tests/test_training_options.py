@@ -24,20 +24,20 @@ from tests.test_data_support import hcpe_records, psv_records, random_positions,
 from tideborn.config import load_settings
 from tideborn.config.schema import LossSettings, WatchdogSettings
 from tideborn.data.evalfix import fit_files, fit_scale, scales_by_file
-from tideborn.data.evaluation import Evaluator
 from tideborn.data.features import Decoder
 from tideborn.data.loader import TeacherBatches, decode_indices
 from tideborn.data.records import RecordSet
 from tideborn.data.sources import BatchDecoder, as_source
+from tideborn.data.targets import value_lambda_at
 from tideborn.errors import UserError
+from tideborn.network.model import build_model
+from tideborn.network.optim import build_optimizer
 from tideborn.trainer.device import resolve_device
-from tideborn.trainer.model import build_model
-from tideborn.trainer.optim import build_optimizer
+from tideborn.trainer.evaluation import Evaluator
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.state import TrainingState
 from tideborn.trainer.synthetic import SyntheticBatches
-from tideborn.trainer.targets import value_lambda_at
 from tideborn.trainer.watchdog import GradientJudge
 
 CPU = torch.device("cpu")
@@ -372,9 +372,9 @@ def test_a_trip_between_step_events_is_caught_before_the_checkpoint_and_the_last
 
 
 async def test_the_monitor_shows_the_watchdogs_halt_as_its_own_rule(exploded):
-    from tui.app import create_app
-    from tui.options import TuiOptions
-    from tui.widgets.anomalies import AnomalyList
+    from tideborn.tui.app import create_app
+    from tideborn.tui.options import TuiOptions
+    from tideborn.tui.widgets.anomalies import AnomalyList
 
     run_dir, _ = exploded
     app = create_app(TuiOptions(run_dir=run_dir, use_nvml=False, follow=False))

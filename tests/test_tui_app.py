@@ -1,7 +1,7 @@
 """The TUI driven with Textual's Pilot: each pane shows what the run directory says, each key does what
 its footer label says, the files are followed as they change, and start/stop go to the right process.
 
-The fixture run (tui.testing) has fixed times, a host that is not this one and a fixed clock, so what
+The fixture run (tideborn.tui.testing) has fixed times, a host that is not this one and a fixed clock, so what
 the panes show does not depend on this machine or on when the test runs.
 """
 
@@ -25,19 +25,19 @@ from textual.notifications import Notify
 from tideborn.errors import UserError
 from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import PidRecord, this_host
-from tui.app import create_app, main
-from tui.gpu import NvmlProbe
-from tui.history import load_history
-from tui.options import TuiOptions, parse_options
-from tui.plan import LaunchPlan
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.dashboard import DashboardScreen
-from tui.screens.help import TextScreen
-from tui.screens.run_picker import RunPickerScreen
-from tui.testing import FIXTURE_NOW, FIXTURE_START, write_fixture_run
-from tui.widgets.anomalies import AnomalyList
-from tui.widgets.gpu_panel import GpuPanel
-from tui.widgets.log_pane import LogPane
+from tideborn.tui.app import create_app, main
+from tideborn.tui.gpu import NvmlProbe
+from tideborn.tui.history import load_history
+from tideborn.tui.options import TuiOptions, parse_options
+from tideborn.tui.plan import LaunchPlan
+from tideborn.tui.screens.confirm import ConfirmScreen
+from tideborn.tui.screens.dashboard import DashboardScreen
+from tideborn.tui.screens.help import TextScreen
+from tideborn.tui.screens.run_picker import RunPickerScreen
+from tideborn.tui.testing import FIXTURE_NOW, FIXTURE_START, write_fixture_run
+from tideborn.tui.widgets.anomalies import AnomalyList
+from tideborn.tui.widgets.gpu_panel import GpuPanel
+from tideborn.tui.widgets.log_pane import LogPane
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -315,7 +315,7 @@ async def test_status_refreshes_redraw_the_footer_only_when_what_it_offers_chang
     """Status arrives about once a second while a run is followed; redrawing the footer each time
     restyled all its keys (most of the TUI's CPU use while following). Only a change of what it offers
     (Stop, or only the stopping note; Start) redraws it."""
-    from tui.messages import RunRefreshed
+    from tideborn.tui.messages import RunRefreshed
 
     async with app_for(fixture_run).run_test(size=(100, 30)) as pilot:
         screen = await attached(pilot)
@@ -684,8 +684,8 @@ def test_a_launch_file_plan_never_carries_fresh_over(tmp_path):
 
 
 def test_tui_app_does_not_import_torch():
-    code = "import sys, tui.app, tui.screens.dashboard, tui.screens.override_editor, tui.screens.run_picker; " \
-           "print('torch' in sys.modules)"
+    code = "import sys, tideborn.tui.app, tideborn.tui.screens.dashboard, tideborn.tui.screens.override_editor, " \
+           "tideborn.tui.screens.run_picker; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "False"
 

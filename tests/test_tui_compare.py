@@ -1,7 +1,7 @@
 """The run picker's marking, sorting and filtering; the comparison of runs on one plot; a run's eval table
 and checkpoint list (resume and export from it); and keys offered only where they work (Pilot).
 
-The runs are written by hand (tui.testing) with fixed times, a host that is not this one and a fixed
+The runs are written by hand (tideborn.tui.testing) with fixed times, a host that is not this one and a fixed
 clock, so nothing depends on this machine or on when the test runs. Resuming and exporting for real
 (a trainer, `tideborn export`) are the slow tests at the end.
 """
@@ -23,15 +23,15 @@ from textual.notifications import Notify
 
 from tideborn.rundir.files import PidRecord, read_pid_record, this_host
 from tideborn.tools.train_run import main as train_run_main
-from tui.app import create_app
-from tui.options import TuiOptions
-from tui.screens.checkpoints import CheckpointScreen, ChoiceScreen, ExportScreen
-from tui.screens.compare import RUN_GLYPHS, RUN_STYLES, CompareScreen
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.dashboard import DashboardScreen
-from tui.screens.help import TextScreen
-from tui.screens.run_picker import RunPickerScreen
-from tui.testing import FIXTURE_NOW, FIXTURE_START, write_fixture_run, write_small_run
+from tideborn.tui.app import create_app
+from tideborn.tui.options import TuiOptions
+from tideborn.tui.screens.checkpoints import CheckpointScreen, ChoiceScreen, ExportScreen
+from tideborn.tui.screens.compare import RUN_GLYPHS, RUN_STYLES, CompareScreen
+from tideborn.tui.screens.confirm import ConfirmScreen
+from tideborn.tui.screens.dashboard import DashboardScreen
+from tideborn.tui.screens.help import TextScreen
+from tideborn.tui.screens.run_picker import RunPickerScreen
+from tideborn.tui.testing import FIXTURE_NOW, FIXTURE_START, write_fixture_run, write_small_run
 
 pytestmark = pytest.mark.usefixtures("utc")  # clock times in UTC, whatever this machine's zone
 

@@ -16,13 +16,13 @@ import pytest
 from conftest import until
 from textual.widgets import DataTable, Input, Static
 
-from tui.app import create_app
-from tui.options import TuiOptions
-from tui.overrides import OverrideModel
-from tui.plan import LaunchPlan
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.dashboard import DashboardScreen
-from tui.screens.override_editor import OverrideEditorScreen, SaveScreen
+from tideborn.tui.app import create_app
+from tideborn.tui.options import TuiOptions
+from tideborn.tui.overrides import OverrideModel
+from tideborn.tui.plan import LaunchPlan
+from tideborn.tui.screens.confirm import ConfirmScreen
+from tideborn.tui.screens.dashboard import DashboardScreen
+from tideborn.tui.screens.override_editor import OverrideEditorScreen, SaveScreen
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -174,7 +174,7 @@ async def test_editor_drop_key_removes_an_override_and_escape_cancels_an_edit(wo
 
 async def test_editor_launch_key_starts_the_run_with_the_edits(workdir, monkeypatch):
     """Ctrl+R hands the edited plan, once confirmed, to runcontrol.launch_run, aimed at the run the TUI shows."""
-    import tui.screens.dashboard as dashboard_module
+    import tideborn.tui.screens.dashboard as dashboard_module
 
     asked = []
 
@@ -202,8 +202,8 @@ async def test_editor_launch_key_starts_the_run_with_the_edits(workdir, monkeypa
 def test_a_distributed_launch_is_started_again_through_torchrun(tmp_path):
     import json as _json
 
-    from tui.options import parse_options
-    from tui.plan import LaunchPlan
+    from tideborn.tui.options import parse_options
+    from tideborn.tui.plan import LaunchPlan
 
     options = parse_options(["--config", "configs/smoke.toml", "--nproc-per-node", "2"], cwd=tmp_path)
     assert options.plan.request().trainer_argv()[1:6] == ["-m", "torch.distributed.run", "--standalone",

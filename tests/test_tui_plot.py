@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from tui.decimate import decimate
-from tui.history import RunHistory
-from tui.plotting import (
+from tideborn.tui.decimate import decimate
+from tideborn.tui.history import RunHistory
+from tideborn.tui.plotting import (
     Chart,
     Curve,
     Marker,
@@ -26,7 +26,7 @@ from tui.plotting import (
     render_plot,
     y_ticks,
 )
-from tui.series import Series, ema_debiased
+from tideborn.tui.series import Series, ema_debiased
 
 BRAILLE = range(0x2800, 0x2900)
 
@@ -371,8 +371,8 @@ def test_history_keeps_every_step_metric_over_one_shared_step_array():
 
 def test_the_loaders_fast_path_reads_every_metric_as_events_do(tmp_path):
     from tideborn.rundir.events import loads_bounded
-    from tui.history import load_history
-    from tui.testing import write_fixture_run
+    from tideborn.tui.history import load_history
+    from tideborn.tui.testing import write_fixture_run
 
     write_fixture_run(tmp_path)
     path = tmp_path / "events.jsonl"
@@ -394,7 +394,7 @@ def test_the_loaders_fast_path_reads_every_metric_as_events_do(tmp_path):
 
 
 def test_the_accuracy_chart_draws_top1_among_legal_moves_where_eval_events_carry_it():
-    from tui.widgets.loss_plot import GROUPS
+    from tideborn.tui.widgets.loss_plot import GROUPS
 
     history = RunHistory(0.9)
     history.add([{"kind": "run_started", "step": 0}]

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tui.app import create_app
-from tui.options import TuiOptions
-from tui.testing import FIXTURE_NOW, write_fixture_run, write_small_run
-from tui.widgets.loss_plot import GROUPS
+from tideborn.tui.app import create_app
+from tideborn.tui.options import TuiOptions
+from tideborn.tui.testing import FIXTURE_NOW, write_fixture_run, write_small_run
+from tideborn.tui.widgets.loss_plot import GROUPS
 
 BRAILLE = range(0x2801, 0x2900)
 

@@ -20,7 +20,7 @@ import pytest
 from test_tui_e2e import TMUX
 from test_tui_e2e import Terminal as TmuxTerminal
 
-from tui.testing import write_fixture_run
+from tideborn.tui.testing import write_fixture_run
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).parent / "tideborn-tui"

@@ -14,12 +14,12 @@ from test_tui_app import app_for, attached, until
 
 from tideborn.rundir.anomaly import Anomaly
 from tideborn.rundir.events import encode_event
-from tui.messages import RunRefreshed
-from tui.screens.dashboard import DashboardScreen
-from tui.testing import FIXTURE_NOW, write_fixture_run
-from tui.widgets import anomalies as anomalies_module
-from tui.widgets.anomalies import AnomalyList
-from tui.widgets.log_pane import LogPane
+from tideborn.tui.messages import RunRefreshed
+from tideborn.tui.screens.dashboard import DashboardScreen
+from tideborn.tui.testing import FIXTURE_NOW, write_fixture_run
+from tideborn.tui.widgets import anomalies as anomalies_module
+from tideborn.tui.widgets.anomalies import AnomalyList
+from tideborn.tui.widgets.log_pane import LogPane
 
 pytestmark = pytest.mark.usefixtures("utc")  # clock times in UTC, whatever this machine's zone
 
@@ -279,7 +279,7 @@ async def test_the_footer_keeps_help_within_80_columns_with_a_launch_plan(tmp_pa
     screen, so that "? Help" is still on screen at 80 columns (it was cut off after "f Foll")."""
     from textual.widgets._footer import FooterKey
 
-    from tui.plan import LaunchPlan
+    from tideborn.tui.plan import LaunchPlan
 
     run_dir = tmp_path / "run"
     if state == "stopped":

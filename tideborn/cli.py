@@ -1,51 +1,92 @@
-"""The `tideborn` console script: one entry point for the trainer's commands and the tools."""
+"""The `tideborn` console script (also `python -m tideborn`): one entry point for the trainer's commands and the
+tools. Dispatch only: each command's module parses its own arguments, and the usage below is made from those
+parsers and the table of commands, so it lists exactly what dispatches and says what each command's help says."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import sys
+import textwrap
+from dataclasses import dataclass
 
-USAGE = """usage: tideborn COMMAND ...
-
-commands:
-  train     train (resumes from the newest checkpoint)     tideborn train --config configs/smoke.toml
-  summary   show the network and the settings train uses   tideborn summary --config configs/smoke.toml
-  config    print the resolved settings as JSON            tideborn config --config configs/smoke.toml
-  run       start|status|stop|watch a detached run         tideborn run status --out-dir runs/ckpt/smoke
-  data      inspect|verify|convert|split teacher data      tideborn data inspect data/teacher/train.hcpe
-  export    a checkpoint's network as checked ONNX         tideborn export --checkpoint CKPT --out model.onnx
-  match     two checkpoints play each other: score and Elo tideborn match A.pt B.pt --games 200
-
-Each command takes --help."""
+from tideborn import __version__
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass(frozen=True)
+class Command:
+    name: str
+    module: str
+    """Where `main(argv, prog)` and `build_parser(prog)` live."""
+    example: str
+    """One command line that works from a fresh clone's setup (tests parse each with the command's parser)."""
+    trainer: bool = False
+    """One of the trainer's commands: its parser takes the command's name as its first argument."""
+
+
+COMMANDS = (
+    Command("train", "tideborn.trainer.cli", "tideborn train --config configs/smoke.toml", trainer=True),
+    Command("summary", "tideborn.trainer.cli", "tideborn summary --config configs/smoke.toml", trainer=True),
+    Command("config", "tideborn.trainer.cli", "tideborn config --config configs/smoke.toml", trainer=True),
+    Command("run", "tideborn.tools.train_run", "tideborn run status --out-dir runs/ckpt/smoke"),
+    Command("data", "tideborn.data.cli", "tideborn data inspect data/teacher/train.hcpe"),
+    Command("export", "tideborn.export.cli", "tideborn export --checkpoint CKPT --out model.onnx"),
+    Command("match", "tideborn.match.cli", "tideborn match A.pt B.pt --games 200"),
+)
+BY_NAME = {command.name: command for command in COMMANDS}
+USAGE_WIDTH = 100
+
+
+def command_parser(command: Command, prog: str = "tideborn") -> argparse.ArgumentParser:
+    """The parser `tideborn NAME` parses with (the trainer's: the subcommand's own)."""
+    module = importlib.import_module(command.module)
+    if not command.trainer:
+        return module.build_parser(f"{prog} {command.name}")
+    for action in module.build_parser(prog)._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command.name]
+    raise LookupError(f"{command.module} has no {command.name} command")
+
+
+def summary_of(command: Command, prog: str = "tideborn") -> str:
+    """What the command does, as its own parser says it (with its subcommands, where it has any)."""
+    parser = command_parser(command, prog)
+    text = (parser.description or "").strip().rstrip(".")
+    text = text[:1].lower() + text[1:]
+    subcommands = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    if subcommands:
+        text = f"{'|'.join(subcommands[0].choices)}: {text}"
+    return text
+
+
+def usage(prog: str = "tideborn") -> str:
+    width = max(len(command.name) for command in COMMANDS)
+    lines = [f"usage: {prog} COMMAND ...", "", "commands:"]
+    indent = " " * (width + 4)
+    for command in COMMANDS:
+        lines += textwrap.wrap(summary_of(command, prog), USAGE_WIDTH, initial_indent=f"  {command.name:<{width}}  ",
+                               subsequent_indent=indent)
+        lines.append(f"{indent}e.g. {command.example}")
+    lines += ["", f"Each command takes --help. {prog} --version prints the version ({__version__})."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, prog: str = "tideborn") -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE, file=sys.stdout if argv else sys.stderr)  # asked-for help is output; a bare call, a mistake
+        print(usage(prog), file=sys.stdout if argv else sys.stderr)  # asked-for help is output; a bare call, a mistake
         return 0 if argv else 2
-    command = argv[0]
-    if command in ("train", "summary", "config"):
-        from tideborn.trainer.cli import main as trainer_main
-
-        return trainer_main(argv, prog="tideborn")
-    if command == "run":
-        from tideborn.tools.train_run import main as train_run_main
-
-        return train_run_main(argv[1:], prog="tideborn run")
-    if command == "data":
-        from tideborn.data.cli import main as data_main
-
-        return data_main(argv[1:], prog="tideborn data")
-    if command == "export":
-        from tideborn.export.cli import main as export_main
-
-        return export_main(argv[1:], prog="tideborn export")
-    if command == "match":
-        from tideborn.match.cli import main as match_main
-
-        return match_main(argv[1:], prog="tideborn match")
-    print(f"tideborn: error: unknown command {command!r} (see tideborn --help)", file=sys.stderr)
-    return 2
+    if argv[0] == "--version":
+        print(f"{prog} {__version__}")
+        return 0
+    command = BY_NAME.get(argv[0])
+    if command is None:
+        print(f"{prog}: error: unknown command {argv[0]!r} (see {prog} --help)", file=sys.stderr)
+        return 2
+    module = importlib.import_module(command.module)
+    if command.trainer:
+        return module.main(argv, prog=prog)
+    return module.main(argv[1:], prog=f"{prog} {command.name}")
 
 
 if __name__ == "__main__":

@@ -28,13 +28,13 @@ import torch
 import torch.nn.functional as F
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features, make_move_label
 
+from tideborn.cliparser import OneLineParser
 from tideborn.config import load_settings
 from tideborn.data.loader import TeacherBatches
 from tideborn.data.records import RECORD_DTYPES
 from tideborn.errors import UserError, report_user_error
-from tideborn.trainer.cli import OneLineParser
+from tideborn.network.model import build_model
 from tideborn.trainer.losses import policy_loss
-from tideborn.trainer.model import build_model
 
 
 def random_game_records(count: int, seed: int = 0) -> np.ndarray:

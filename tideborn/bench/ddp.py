@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tideborn.config import load_settings
+from tideborn.network.model import build_model
 from tideborn.rundir.events import read_events
-from tideborn.trainer.model import build_model
 
 
 def training_rep(processes: int, args: argparse.Namespace) -> float:

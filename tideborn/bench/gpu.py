@@ -36,8 +36,8 @@ from tideborn.bench.gpu_report import render_markdown
 from tideborn.bench.gpu_runs import describe_run, smoke_run
 from tideborn.config import load_settings
 from tideborn.config.schema import RuntimeSettings
+from tideborn.network.model import build_model
 from tideborn.trainer.device import resolve_device
-from tideborn.trainer.model import build_model
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.state import TrainingState

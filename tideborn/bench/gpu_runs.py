@@ -355,7 +355,7 @@ def profile_match(checkpoints: tuple[Path, Path], out: Path, device: str, games:
     import io
     import pstats
 
-    from tideborn.match.cli import run_match
+    from tideborn.match.run import run_match
 
     profile = cProfile.Profile()
     profile.enable()

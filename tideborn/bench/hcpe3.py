@@ -47,8 +47,8 @@ import numpy as np
 from tideborn.bench.hcpe3_check import check_average, cross_check
 from tideborn.bench.hcpe3_dlshogi import DlshogiData, dlshogi_figures, dump_dlshogi_average, load_cppshogi
 from tideborn.bench.hcpe3_file import reference_moves, write_hcpe3_from_games
+from tideborn.cliparser import OneLineParser
 from tideborn.errors import UserError, report_user_error
-from tideborn.trainer.cli import OneLineParser
 
 DEFAULT_GAMES = Path(__file__).resolve().parents[2] / "samples" / "games"
 

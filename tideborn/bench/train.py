@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from tideborn.config import load_settings
+from tideborn.network.model import build_model
+from tideborn.network.optim import build_optimizer, build_scheduler
 from tideborn.rundir.events import EventWriter, read_events
 from tideborn.trainer.loop import Trainer, prepare
-from tideborn.trainer.model import build_model
-from tideborn.trainer.optim import build_optimizer, build_scheduler
 from tideborn.trainer.synthetic import SyntheticBatches
 
 

@@ -1,5 +1,6 @@
-"""Teacher data: hcpe and PackedSfenValue readers, features and targets, the training loader, evaluation,
+"""Teacher data: hcpe and PackedSfenValue readers, features and targets, batches, the training loader,
 and the `python -m tideborn.data inspect|verify|convert|split` tools.
 
-Importing the package loads nothing heavy; `loader` and `evaluation` need torch, the rest numpy and cshogi.
+Importing the package loads nothing heavy; `batch`, `legal`, `loader` and `targets` need torch,
+the rest numpy and cshogi.
 """

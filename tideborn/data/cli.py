@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from tideborn.cliparser import OneLineParser
 from tideborn.errors import UserError, report_interrupted, report_user_error
-from tideborn.trainer.cli import OneLineParser
 
 VERIFY_FOUND_BAD = 1
 

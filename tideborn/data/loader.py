@@ -22,14 +22,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from tideborn.config.schema import Settings
+from tideborn.data.batch import Batch
 from tideborn.data.dataset import ShardedOrder
 from tideborn.data.evalfix import ScaleFit, fit_files, scales_by_file
 from tideborn.data.features import FEATURES1_NUM, BadRecord
-from tideborn.data.records import training_records
-from tideborn.data.sources import BatchDecoder, TeacherSource
+from tideborn.data.records import expand_paths
+from tideborn.data.sources import BatchDecoder, TeacherSource, file_kind, held_out_source, training_source
+from tideborn.data.targets import value_lambda_decays
 from tideborn.errors import UserError
-from tideborn.trainer.synthetic import Batch
-from tideborn.trainer.targets import value_lambda_decays
 
 SKIP_EXAMPLES = 5
 """How many recently skipped records `skipped_examples` keeps for the warning event."""
@@ -161,7 +161,7 @@ class TeacherBatches:
         self.settings = settings
         self.device = torch.device(device)
         self.pinned = pins_memory(self.device, settings)
-        self.records = training_records(settings)
+        self.records = training_source(settings)
         # fitted on the files as they are (before any averaging, which then uses each file's scale)
         self.scale_fits: list[ScaleFit] = (fit_files(self.records, data.eval_scale)
                                            if data.eval_scale_fit == "per_file" else [])
@@ -274,3 +274,26 @@ class TeacherBatches:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def build_caches(settings: Settings) -> None:
+    """What the trainer's checks would decode, decoded now: the hcpe3 files of `data.train` and `data.test`
+    into their positions caches and, with `data.use_average`, the averaged set into its cache (under
+    torchrun one process does this while the others wait; see `trainer.loop`)."""
+    data = settings.data
+    if data.resolved_kind == "synthetic" or not data.train:
+        return
+    paths = expand_paths(data.train, settings.paths.data_root, "data.train")
+    if data.test:
+        paths += expand_paths(data.test, settings.paths.data_root, "data.test")
+    if not data.use_average and "hcpe3" not in {file_kind(p, data.kind) for p in paths}:
+        return  # hcpe and psv files have nothing to build
+    source = training_source(settings)
+    if settings.data.use_average:
+        from tideborn.data.average import averaged_source
+
+        source = averaged_source(source, settings)
+    source.close()
+    test = held_out_source(settings)
+    if test is not None:
+        test.close()

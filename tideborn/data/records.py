@@ -21,10 +21,6 @@ import numpy as np
 from tideborn.errors import UserError
 from tideborn.outputs import file_type_name
 
-if typing.TYPE_CHECKING:
-    from tideborn.config.schema import Settings
-    from tideborn.data.sources import TeacherSource
-
 RECORD_DTYPES: dict[str, np.dtype] = {
     "hcpe": np.dtype(cshogi.HuffmanCodedPosAndEval),  # dlshogi: hcp[32], eval, bestMove16, gameResult, pad
     "psv": np.dtype(cshogi.PackedSfenValue),  # YaneuraOu: sfen[32], score, move, gamePly, game_result, pad
@@ -327,17 +323,3 @@ class RecordSet:
 def _identity(facts: os.stat_result) -> tuple[int, int]:
     return facts.st_dev, facts.st_ino
 
-
-def training_records(settings: Settings, decode: bool = True) -> TeacherSource:
-    """The `data.train` files as one source of positions (every file checked; `UserError` names a bad one);
-    see `sources`: hcpe, psv and hcpe3 files, mixed. `decode=False`: hcpe3 files are only checked."""
-    from tideborn.data.sources import training_source
-
-    return training_source(settings, decode=decode)
-
-
-def held_out_records(settings: Settings, decode: bool = True) -> TeacherSource | None:
-    """The `data.test` files, or None when there are none; a file also in `data.train` is an error."""
-    from tideborn.data.sources import held_out_source
-
-    return held_out_source(settings, decode=decode)

@@ -324,25 +324,3 @@ def held_out_source(settings: Settings, warn: typing.Callable[[str], None] | Non
             raise UserError(f"data.test: {path} is also in data.train; held-out data must not be trained on")
     return open_source(paths, data.kind, warn, decode=decode)
 
-
-def build_caches(settings: Settings) -> None:
-    """What the trainer's checks would decode, decoded now: the hcpe3 files of `data.train` and `data.test`
-    into their positions caches and, with `data.use_average`, the averaged set into its cache (under
-    torchrun one process does this while the others wait; see `trainer.loop`)."""
-    data = settings.data
-    if data.resolved_kind == "synthetic" or not data.train:
-        return
-    paths = expand_paths(data.train, settings.paths.data_root, "data.train")
-    if data.test:
-        paths += expand_paths(data.test, settings.paths.data_root, "data.test")
-    if not data.use_average and "hcpe3" not in {file_kind(p, data.kind) for p in paths}:
-        return  # hcpe and psv files have nothing to build
-    source = training_source(settings)
-    if settings.data.use_average:
-        from tideborn.data.average import averaged_source
-
-        source = averaged_source(source, settings)
-    source.close()
-    test = held_out_source(settings)
-    if test is not None:
-        test.close()

@@ -14,10 +14,10 @@ import json
 import sys
 from pathlib import Path
 
+from tideborn.cliparser import OneLineParser
 from tideborn.errors import UserError, report_interrupted, report_user_error
 from tideborn.export.interface import DEFAULT_VALUE, VALUE_CHOICES, WEIGHT_CHOICES
 from tideborn.outputs import check_output_before_work
-from tideborn.trainer.cli import OneLineParser
 
 PARITY_FAILED_EXIT = 1
 
@@ -43,7 +43,7 @@ def export(args: argparse.Namespace, prog: str) -> int:
     check_output_before_work(args.out, "--out")  # before torch loads and the checkpoint is read
     from tideborn.export.onnx_export import choose_weights, export_onnx
     from tideborn.export.parity import ParityError
-    from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
+    from tideborn.network.checkpoint import CheckpointError, load_checkpoint
 
     try:
         payload = load_checkpoint(args.checkpoint)

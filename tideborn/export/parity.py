@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features
 
-from tideborn.trainer.model import POLICY_CLASSES
+from tideborn.network.model import POLICY_CLASSES
 
 TOLERANCE = 1e-4
 """Largest absolute difference allowed between onnxruntime's and PyTorch's outputs, fp32 on the CPU."""

@@ -2,9 +2,10 @@
 
 This package holds the whole concept: here the names of the files in it, and how step checkpoints are named
 and listed; `events` (events.jsonl: writing, bounded reading, following), `files` (train.pid, launch.json, the
-process identity), `state` (what a run is doing, from its files), `control` (signals to a run) and `anomaly`
-(the rules `status`, `watch` and the monitor report). Only files named exactly
-`step-XXXXXXXXX.pt` count as checkpoints; a save in progress is a hidden temp file that never matches.
+process identity), `state` (what a run is doing, from its files), `lock` (one trainer per run directory) and
+`anomaly` (the rules `status`, `watch` and the monitor report); starting and signalling a run is
+`tideborn.tools.control`. Only files named exactly `step-XXXXXXXXX.pt` count as checkpoints; a save in
+progress is a hidden temp file that never matches.
 """
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
-"""Command-line tools around a training run (`train_run`). Benchmarks live in `tideborn.bench`."""
+"""The run tools: starting, signalling and following a detached training run (`control`, used by the
+monitor too) and their command line (`train_run`). No torch. Benchmarks live in `tideborn.bench`."""

@@ -11,42 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from tideborn.cliparser import OneLineParser
 from tideborn.errors import UserError, report_user_error
-
-COMMANDS = ("summary", "train", "config")
-
-
-def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="settings file (TOML, or JSON as `config` prints)")
-    parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
-                        help="override one setting, e.g. --set optim.lr=1e-3 (value is TOML; repeatable)")
-    parser.add_argument("--type", help="engine family (run.type); only 'dl' is trained here")
-    parser.add_argument("--network", help="architecture preset (run.network), e.g. resnet10x192")
-    parser.add_argument("--mode", help="scratch (default) or finetune (run.mode)")
-
-
-def build_parser(prog: str = "python -m tideborn.trainer") -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=prog, description="Train DLManaka's policy/value ResNet.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{summary,train,config}",
-                                parser_class=OneLineParser)
-    summary = sub.add_parser("summary", help="show the network and the settings train would use",
-                             description="Show the network and the settings train would use.")
-    add_settings_arguments(summary)
-    train = sub.add_parser("train", help="train (resumes from the newest checkpoint in the run directory)",
-                           description="Train (resumes from the newest checkpoint in the run directory).")
-    add_settings_arguments(train)
-    train.add_argument("--resume", metavar="PATH", type=Path, help="resume from this checkpoint")
-    train.add_argument("--fresh", action="store_true",
-                       help="start at step 0; old checkpoints and events move to OUT_DIR/archive/")
-    train.add_argument("--stop-at-step", type=int, metavar="N",
-                       help="checkpoint and stop (run_stopped) after step N")
-    config = sub.add_parser("config", help="print the fully resolved settings as JSON",
-                            description="Print the fully resolved settings as JSON.")
-    add_settings_arguments(config)
-    config.add_argument("--from-checkpoint", metavar="PATH", type=Path,
-                        help="print the settings stored in a checkpoint instead")
-    return parser
+from tideborn.trainer.options import build_parser
 
 
 def resolve(args: argparse.Namespace):
@@ -61,7 +27,7 @@ def command_config(args: argparse.Namespace) -> int:
         if args.config or args.overrides or args.type or args.network or args.mode:
             raise UserError("--from-checkpoint prints the checkpoint's own settings; "
                             "it takes no --config, --set, --type, --network or --mode")
-        from tideborn.trainer.checkpoint import CheckpointError, load_checkpoint
+        from tideborn.network.checkpoint import CheckpointError, load_checkpoint
 
         try:
             settings = load_checkpoint(args.from_checkpoint)["settings"]

@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 
 from tideborn.config import Resolved, Settings
+from tideborn.data.targets import value_lambda_at
 from tideborn.errors import UserError
 from tideborn.humanize import duration
+from tideborn.network.checkpoint import REFERENCE_STEP_KEY, prune_checkpoints, save_checkpoint
 from tideborn.rundir import (
     ARCHIVE_DIR,
     EVENTS_FILE,
@@ -42,7 +44,7 @@ from tideborn.rundir import (
 )
 from tideborn.rundir.events import EventWriter
 from tideborn.rundir.files import boot_relative_start
-from tideborn.trainer.checkpoint import REFERENCE_STEP_KEY, prune_checkpoints, save_checkpoint
+from tideborn.rundir.lock import RunDirLock
 from tideborn.trainer.device import DeviceSetup, resolve_device
 from tideborn.trainer.distributed import (
     StopVote,
@@ -60,10 +62,8 @@ from tideborn.trainer.preflight import nothing_to_train, preflight, stop_at_step
 from tideborn.trainer.progress import Progress
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint, choose_start
-from tideborn.trainer.rundir_lock import RunDirLock
 from tideborn.trainer.signals import StopRequest
 from tideborn.trainer.state import TrainingState, versions
-from tideborn.trainer.targets import value_lambda_at
 from tideborn.trainer.watchdog import GradientWatchdog, healthy_step_of
 
 
@@ -604,7 +604,7 @@ class Trainer:
         """Play the checkpoint just saved against the reference and write a `match` event. A match that
         cannot be played (a reference that is missing or not a checkpoint) is a warning, not a failure:
         training goes on."""
-        from tideborn.match.cli import run_match
+        from tideborn.match.run import run_match
 
         runtime = self.settings.runtime
         try:
@@ -695,7 +695,7 @@ def _build_data_caches_once(resolved: Resolved, env: DistEnv) -> None:
     ranks out: build the caches first (`tideborn data inspect FILE.hcpe3`)."""
     failure: UserError | None = None
     if env.local_rank == 0:
-        from tideborn.data.sources import build_caches
+        from tideborn.data.loader import build_caches
 
         try:
             build_caches(resolved.settings)

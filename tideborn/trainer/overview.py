@@ -6,9 +6,9 @@ import torch
 
 from tideborn.config import Resolved
 from tideborn.errors import UserError
+from tideborn.network.model import build_model
 from tideborn.rundir import latest_checkpoint, run_dir_of
 from tideborn.trainer.device import resolve_device
-from tideborn.trainer.model import build_model
 from tideborn.trainer.summary import format_model_summary, parameter_bytes, summarize_model
 
 

@@ -29,11 +29,11 @@ def preflight(settings: Settings, resume: Path | None = None, fresh: bool = Fals
         # Every teacher file is opened and size-checked now, so a bad one is named before anything starts;
         # so is a game index written for another version of its file, and a train/test pair from two splits.
         from tideborn.data.game_index import check_pairs
-        from tideborn.data.records import held_out_records, training_records
+        from tideborn.data.sources import held_out_source, training_source
 
         # hcpe3 files are decoded into their caches here (a malformed game is named before anything starts);
         # `decode=False` (train_run start) only checks them: decoding a large one takes minutes.
-        train, test = training_records(settings, decode=decode), held_out_records(settings, decode=decode)
+        train, test = training_source(settings, decode=decode), held_out_source(settings, decode=decode)
         for records in (train, test):
             if records is not None:
                 records.close()

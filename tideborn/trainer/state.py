@@ -17,22 +17,22 @@ from torch.nn.parallel import DistributedDataParallel
 
 import tideborn
 from tideborn.config import Settings
-from tideborn.trainer.checkpoint import FORMAT, FORMAT_VERSION
-from tideborn.trainer.device import DeviceSetup, apply_global_switches
-from tideborn.trainer.distributed import AllReduceCounter, check_ranks_in_sync
-from tideborn.trainer.ema import WeightAverage
-from tideborn.trainer.losses import policy_loss as policy_cross_entropy
-from tideborn.trainer.model import build_model
-from tideborn.trainer.optim import (
+from tideborn.data.targets import mixed_value_target, policy_entropy, value_lambda_at, value_lambda_decays
+from tideborn.network.checkpoint import FORMAT, FORMAT_VERSION
+from tideborn.network.model import build_model
+from tideborn.network.optim import (
     build_optimizer,
     build_scheduler,
     load_optimizer_state,
     load_scheduler_state,
 )
+from tideborn.trainer.device import DeviceSetup, apply_global_switches
+from tideborn.trainer.distributed import AllReduceCounter, check_ranks_in_sync
+from tideborn.trainer.ema import WeightAverage
+from tideborn.trainer.losses import policy_loss as policy_cross_entropy
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.synthetic import SyntheticBatches
-from tideborn.trainer.targets import mixed_value_target, policy_entropy, value_lambda_at, value_lambda_decays
 
 
 def versions() -> dict[str, str]:
@@ -90,7 +90,7 @@ class TrainingState:
             self.data = TeacherBatches(s, setup.device, env.rank, env.world_size)
         self.evaluator = None
         if env.is_main and s.data.resolved_kind != "synthetic" and s.data.test:
-            from tideborn.data.evaluation import Evaluator
+            from tideborn.trainer.evaluation import Evaluator
 
             self.evaluator = Evaluator(s, setup.device)
         self.value_lambda_decays = value_lambda_decays(s.loss)

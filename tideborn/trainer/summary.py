@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from tideborn.trainer.model import FEATURES1_NUM, FEATURES2_NUM, ResidualBlock
+from tideborn.network.model import FEATURES1_NUM, FEATURES2_NUM, ResidualBlock
 
 __all__ = ["LayerRow", "ModelSummary", "format_model_summary", "parameter_bytes", "summarize_model"]
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from rich.text import Text
 
-from tui.decimate import Columns, column_bounds, decimate
-from tui.series import Series
+from tideborn.tui.decimate import Columns, column_bounds, decimate
+from tideborn.tui.series import Series
 
 BRAILLE_BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.uint16)
 Y_LABEL_WIDTH = 9

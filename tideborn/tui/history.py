@@ -1,7 +1,7 @@
 """A run's curves and x-axis markers, folded from its events; and the loader that reads a long
 events.jsonl from the start in a worker while the tail is already on screen. No textual here.
 
-Only what the plot needs is kept: steps and losses in numpy arrays (tui.series), eval figures, and the
+Only what the plot needs is kept: steps and losses in numpy arrays (tideborn.tui.series), eval figures, and the
 steps of checkpoints, resumes and anomalies. A two-million-step run fits in about 150 MB.
 """
 
@@ -20,8 +20,8 @@ import numpy as np
 from tideborn.rundir.anomaly import Anomaly, nonfinite_loss
 from tideborn.rundir.events import as_float, loads_bounded, open_regular
 from tideborn.rundir.files import first_event
-from tui.plotting import Marker
-from tui.series import Column, ColumnSpec, Series, StepTable
+from tideborn.tui.plotting import Marker
+from tideborn.tui.series import Column, ColumnSpec, Series, StepTable
 
 STEP_SERIES = ("loss", "policy_loss", "value_loss")
 STEP_METRICS = ("grad_norm", "lr", "positions_per_second", "data_wait_fraction")

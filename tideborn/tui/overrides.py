@@ -19,7 +19,7 @@ from tideborn.config.reference import field_docstrings
 from tideborn.config.schema import SECTIONS
 from tideborn.errors import UserError
 from tideborn.rundir import create_new_file
-from tui.plan import LaunchPlan
+from tideborn.tui.plan import LaunchPlan
 
 
 @dataclass(frozen=True)

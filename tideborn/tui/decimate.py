@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tui.series import BLOCK, BlockExtremes
+from tideborn.tui.series import BLOCK, BlockExtremes
 
 
 @dataclass

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from tideborn.errors import UserError
+from tideborn.network.payload_check import PayloadError, check_payload
 from tideborn.rundir import (
     checkpoint_name,
     list_checkpoints,
@@ -25,7 +26,6 @@ from tideborn.rundir import (
     parse_step,
     write_atomically,
 )
-from tideborn.trainer.payload_check import PayloadError, check_payload
 
 FORMAT = "tideborn-checkpoint"
 FORMAT_VERSION = 1

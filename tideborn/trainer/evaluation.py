@@ -20,11 +20,11 @@ from tideborn.data.features import BadRecord, kept_positions
 from tideborn.data.legal import LegalLabels
 from tideborn.data.legal import mask as legal_mask
 from tideborn.data.loader import pins_memory, to_device_batch
-from tideborn.data.records import RecordSet, held_out_records
-from tideborn.data.sources import BatchDecoder, TeacherSource, as_source, padded_targets
+from tideborn.data.records import RecordSet
+from tideborn.data.sources import BatchDecoder, TeacherSource, as_source, held_out_source, padded_targets
+from tideborn.data.targets import mixed_value_target, policy_entropy, value_entropy
 from tideborn.errors import UserError
 from tideborn.trainer.losses import policy_loss as policy_cross_entropy
-from tideborn.trainer.targets import mixed_value_target, policy_entropy, value_entropy
 
 DECODE_CHUNK = 4096
 
@@ -42,7 +42,7 @@ class Evaluator:
 
     def __init__(self, settings: Settings, device: torch.device, batch_size: int | None = None,
                  records: RecordSet | TeacherSource | None = None):
-        records = records if records is not None else held_out_records(settings)
+        records = records if records is not None else held_out_source(settings)
         if records is None:
             raise UserError("data.test: no files given; evaluation needs held-out data")
         records = as_source(records)

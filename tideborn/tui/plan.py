@@ -1,7 +1,7 @@
 """What the start key launches: a config file, `--set` overrides and trainer flags, from the command
 line or from a run directory's launch.json, always aimed at the run directory the TUI shows. No textual.
 
-Launching goes through `tideborn.rundir.control.launch_run`, the function `train_run start` uses.
+Launching goes through `tideborn.tools.control.launch_run`, the function `train_run start` uses.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from tideborn.config import load_settings
 from tideborn.errors import UserError
 from tideborn.rundir import LAUNCH_FILE, no_such_file, run_dir_of
-from tideborn.rundir.control import LaunchRequest
 from tideborn.rundir.events import NotARegularFile, loads_bounded, open_regular
+from tideborn.tools.control import LaunchRequest
 
 OUT_DIR_KEY = "runtime.out_dir"
 

@@ -15,9 +15,9 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from tideborn.errors import UserError
-from tui.overrides import OverrideModel, SettingRow
-from tui.plan import LaunchPlan
-from tui.screens.confirm import ConfirmScreen
+from tideborn.tui.overrides import OverrideModel, SettingRow
+from tideborn.tui.plan import LaunchPlan
+from tideborn.tui.screens.confirm import ConfirmScreen
 
 SOURCE_STYLES = {"override": "bold yellow", "config": "cyan", "tideborn.toml": "green", "preset": "magenta",
                  "default": "dim"}

@@ -18,8 +18,8 @@ import torch
 from tideborn.config.load import settings_from_dict
 from tideborn.config.schema import MAX_STEPS_LIMIT, Settings
 from tideborn.errors import UserError
-from tideborn.trainer.model import build_model
-from tideborn.trainer.optim import build_optimizer, build_scheduler
+from tideborn.network.model import build_model
+from tideborn.network.optim import build_optimizer, build_scheduler
 
 
 class PayloadError(ValueError):

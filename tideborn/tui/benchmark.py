@@ -1,4 +1,4 @@
-"""Benchmark of tideborn-tui on a long run (figures, never pass/fail): `python -m tideborn.bench.monitor`.
+"""Benchmark of tideborn-tui on a long run (figures, never pass/fail): `python -m tideborn.tui.benchmark`.
 
 Writes a run directory with N step events (default two million, about 700 MB), then starts the TUI in
 a fresh process (headless, 200x50: everything is laid out and rendered, nothing is written to a
@@ -60,14 +60,14 @@ def child(run_dir: Path, launched_at: float, follow_seconds: float, result_path:
     """Runs in the measured process: the TUI on `run_dir`, headless at 200x50."""
     import psutil
 
-    from tui.app import create_app
-    from tui.options import TuiOptions
+    from tideborn.tui.app import create_app
+    from tideborn.tui.options import TuiOptions
 
     figures: dict = {"imported_at": time.time() - launched_at}
     app = create_app(TuiOptions(run_dir=run_dir, use_nvml=False))
 
     async def pilot_script(pilot) -> None:
-        from tui.screens.dashboard import DashboardScreen
+        from tideborn.tui.screens.dashboard import DashboardScreen
 
         while not isinstance(pilot.app.screen, DashboardScreen):
             await pilot.pause(0.005)
@@ -123,7 +123,7 @@ def append_steps(path: Path, first_step: int, rate: float, stop: threading.Event
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tideborn.bench.monitor", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tideborn.tui.benchmark", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=2_000_000, help="step events in the run (default 2,000,000)")
     parser.add_argument("--follow-seconds", type=float, default=30.0, help="how long to follow the appends")
     parser.add_argument("--rate", type=float, default=20.0, help="step events a second while following")
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         result = Path(tmp) / "result.json"
         launched_at = time.time()
-        process = subprocess.Popen([sys.executable, "-m", "tideborn.bench.monitor", "--child", str(run_dir),
+        process = subprocess.Popen([sys.executable, "-m", "tideborn.tui.benchmark", "--child", str(run_dir),
                                     repr(launched_at), str(args.follow_seconds), str(result)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         stop = threading.Event()

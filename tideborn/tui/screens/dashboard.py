@@ -1,5 +1,5 @@
 """One run's dashboard: header, loss plot, hardware, anomalies and the log, kept current by a worker
-that follows the run directory; start and stop by key, through `tideborn.rundir.control`."""
+that follows the run directory; start and stop by key, through `tideborn.tools.control`."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from tideborn.errors import UserError
 from tideborn.humanize import duration
 from tideborn.rundir import LAUNCH_FILE, list_checkpoints
 from tideborn.rundir.anomaly import STALLED, VANISHED, Anomaly
-from tideborn.rundir.control import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
 from tideborn.rundir.events import TERMINAL_KINDS
 from tideborn.rundir.files import file_size, first_event
-from tui.follow import RunFollower, follow
-from tui.history import RunHistory, SeenEvents, load_history, rotated_away, starts_a_new_run
-from tui.messages import (
+from tideborn.tools.control import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
+from tideborn.tui.follow import RunFollower, follow
+from tideborn.tui.history import RunHistory, SeenEvents, load_history, rotated_away, starts_a_new_run
+from tideborn.tui.messages import (
     AnomaliesFound,
     EventsArrived,
     HardwareSampled,
@@ -39,16 +39,16 @@ from tui.messages import (
     StopFailed,
     StopSent,
 )
-from tui.options import WINDOWS, TuiOptions
-from tui.plan import LaunchPlan
-from tui.plotting import Marker, PlotOptions
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.help import PLOT_NOTES, TextScreen
-from tui.widgets.anomalies import AnomalyList, clock_text, evidence_text
-from tui.widgets.gpu_panel import GpuPanel
-from tui.widgets.header import RunHeader
-from tui.widgets.log_pane import LogPane
-from tui.widgets.loss_plot import ZOOM_FACTOR, LossPlot
+from tideborn.tui.options import WINDOWS, TuiOptions
+from tideborn.tui.plan import LaunchPlan
+from tideborn.tui.plotting import Marker, PlotOptions
+from tideborn.tui.screens.confirm import ConfirmScreen
+from tideborn.tui.screens.help import PLOT_NOTES, TextScreen
+from tideborn.tui.widgets.anomalies import AnomalyList, clock_text, evidence_text
+from tideborn.tui.widgets.gpu_panel import GpuPanel
+from tideborn.tui.widgets.header import RunHeader
+from tideborn.tui.widgets.log_pane import LogPane
+from tideborn.tui.widgets.loss_plot import ZOOM_FACTOR, LossPlot
 
 LIVE_STATES = ("running", "stalled")
 SMOOTHING_WEIGHTS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
@@ -563,7 +563,7 @@ class DashboardScreen(Screen):
                     else "smoothing off", timeout=2)
 
     def action_edit(self) -> None:
-        from tui.screens.override_editor import OverrideEditorScreen
+        from tideborn.tui.screens.override_editor import OverrideEditorScreen
 
         try:
             plan = self.launch_plan()
@@ -603,7 +603,7 @@ class DashboardScreen(Screen):
 
     def action_checkpoints(self) -> None:
         """The last eval and the checkpoints; one picked there is resumed from through the start key's path."""
-        from tui.screens.checkpoints import CheckpointScreen
+        from tideborn.tui.screens.checkpoints import CheckpointScreen
 
         def picked(checkpoint: Path | None) -> None:
             if checkpoint is not None:

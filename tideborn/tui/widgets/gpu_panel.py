@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tideborn.humanize import duration
-from tui.gpu import DeviceSample, HardwareSample
+from tideborn.tui.gpu import DeviceSample, HardwareSample
 
 HISTORY = 24
 BARS = "▁▂▃▄▅▆▇█"

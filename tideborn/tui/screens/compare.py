@@ -1,6 +1,6 @@
 """Runs side by side: one metric of several runs overlaid on one plot (x is the step), each run its own
 colour (and, in ASCII mode, its own glyph), with a legend naming the runs. Opened from the run picker
-with the selected runs; each run's events.jsonl is folded by `tui.history.load_history` in a worker."""
+with the selected runs; each run's events.jsonl is folded by `tideborn.tui.history.load_history` in a worker."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from textual.widgets import Footer, Static
 from tideborn.humanize import number
 from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.files import file_size
-from tui.history import RunHistory, load_history
-from tui.options import TuiOptions
-from tui.plotting import Curve, PlotOptions, format_step, render_plot
+from tideborn.tui.history import RunHistory, load_history
+from tideborn.tui.options import TuiOptions
+from tideborn.tui.plotting import Curve, PlotOptions, format_step, render_plot
 
-METRICS = (  # series name (tui.history), what people call it
+METRICS = (  # series name (tideborn.tui.history), what people call it
     ("loss", "loss"),
     ("policy_loss", "policy loss"),
     ("value_loss", "value loss"),
@@ -70,7 +70,7 @@ def metrics_present(loaded: list[LoadedRun]) -> list[tuple[str, str]]:
 
 
 class CompareChart(Widget):
-    """One metric of every run, overlaid (`tui.plotting.render_plot`, one curve a run)."""
+    """One metric of every run, overlaid (`tideborn.tui.plotting.render_plot`, one curve a run)."""
 
     def __init__(self, options: PlotOptions, *, id: str | None = None) -> None:
         super().__init__(id=id)

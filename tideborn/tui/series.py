@@ -15,7 +15,7 @@ import numpy as np
 
 _EMA_BLOCK = 32
 BLOCK = 256
-"""Points per block of the block extremes a long series keeps for fast decimation (tui.decimate)."""
+"""Points per block of the block extremes a long series keeps for fast decimation (tideborn.tui.decimate)."""
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)

@@ -1,5 +1,5 @@
 """The metrics view: a chart per metric group (losses, accuracy, learning rate, gradient norm,
-throughput, data wait) of a `RunHistory`, each with its own y axis, drawn by `tui.plotting`. Several in
+throughput, data wait) of a `RunHistory`, each with its own y axis, drawn by `tideborn.tui.plotting`. Several in
 a grid where the terminal has room for them, else one at a time (`g` cycles). Zoom and pan on the x axis
 (keys and the mouse wheel), step or wall-time x, a cursor that reads each curve's value.
 
@@ -18,8 +18,8 @@ from rich.text import Text
 from textual import events
 from textual.widget import Widget
 
-from tui.history import COLUMN_NAMES, RunHistory
-from tui.plotting import (
+from tideborn.tui.history import COLUMN_NAMES, RunHistory
+from tideborn.tui.plotting import (
     Y_LABEL_WIDTH,
     Chart,
     Curve,

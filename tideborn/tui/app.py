@@ -18,8 +18,8 @@ from textual.app import App
 from textual.binding import Binding
 
 from tideborn.errors import UserError
-from tui.options import TuiOptions, main_error, parse_options
-from tui.plan import LaunchPlan
+from tideborn.tui.options import TuiOptions, main_error, parse_options
+from tideborn.tui.plan import LaunchPlan
 
 TERMINAL_GONE = 129
 """The exit status when the terminal went away (as for SIGHUP)."""
@@ -49,17 +49,17 @@ class TidebornApp(App[None]):
         self._exiting = False
         self.plan: LaunchPlan | None = options.plan
         self.exports: list = []
-        """`tideborn export` jobs started from the checkpoint screen (tui.screens.checkpoints.ExportJob)
+        """`tideborn export` jobs started from the checkpoint screen (tideborn.tui.screens.checkpoints.ExportJob)
         still running: quitting asks first, and every way out stops them."""
         """What the start key launches; the override editor replaces it."""
         if options.ascii:
             self.add_class("-ascii")
 
     def on_mount(self) -> None:
-        from tui.screens.dashboard import DashboardScreen
+        from tideborn.tui.screens.dashboard import DashboardScreen
         if not self.is_headless:
             self._watch_terminal()
-        from tui.screens.run_picker import RunPickerScreen
+        from tideborn.tui.screens.run_picker import RunPickerScreen
 
         if self.options.runs_folder is not None:
             self.push_screen(RunPickerScreen(self.options.runs_folder, self.options))
@@ -116,7 +116,7 @@ class TidebornApp(App[None]):
 
     async def action_quit(self) -> None:
         """Quit; while an export runs, ask first (quitting stops it: nothing would be left to report it)."""
-        from tui.screens.confirm import ConfirmScreen
+        from tideborn.tui.screens.confirm import ConfirmScreen
 
         running = [job for job in self.exports if job.running()]
         if not running:
@@ -143,7 +143,7 @@ class TidebornApp(App[None]):
         super().exit(result, return_code, message)
 
     def action_help(self) -> None:
-        from tui.screens.help import TextScreen, help_text
+        from tideborn.tui.screens.help import TextScreen, help_text
 
         if isinstance(self.screen, TextScreen):
             return

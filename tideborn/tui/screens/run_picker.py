@@ -1,7 +1,7 @@
 """A folder of runs at a glance: each run's state, progress, latest losses, anomalies and last event,
 refreshed by a worker that keeps one tracker per run (reading only what is new); Enter opens a run.
 The list sorts (name, last update, state, step) and filters (state, a part of the name); runs marked with
-space are compared (`tui.screens.compare`)."""
+space are compared (`tideborn.tui.screens.compare`)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from tideborn.humanize import duration, number
 from tideborn.rundir.state import STATES, RunTracker
-from tui.messages import RunsListed
-from tui.options import TuiOptions, runs_in
-from tui.widgets.header import STATE_STYLES
+from tideborn.tui.messages import RunsListed
+from tideborn.tui.options import TuiOptions, runs_in
+from tideborn.tui.widgets.header import STATE_STYLES
 
 REFRESH_SECONDS = 3.0
 SORTS = ("name", "last update", "state", "step")
@@ -189,7 +189,7 @@ class RunPickerScreen(Screen):
     def _open(self, run_dir: str | None) -> None:
         if run_dir is None:
             return
-        from tui.screens.dashboard import DashboardScreen
+        from tideborn.tui.screens.dashboard import DashboardScreen
 
         self.app.push_screen(DashboardScreen(Path(run_dir), self.options, from_picker=True))
 
@@ -218,7 +218,7 @@ class RunPickerScreen(Screen):
                     severity="warning", timeout=5)
 
     def action_compare(self) -> None:
-        from tui.screens.compare import ComparedRun, CompareScreen
+        from tideborn.tui.screens.compare import ComparedRun, CompareScreen
 
         # In the table's order; marked runs the filters hide are compared too (the title says how many).
         order = {run["run_dir"]: index for index, run in enumerate(self.shown)}

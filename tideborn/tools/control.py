@@ -50,9 +50,9 @@ from tideborn.rundir.files import (
     read_pid_record,
     this_host,
 )
-from tideborn.trainer.cli import build_parser
+from tideborn.rundir.lock import LAUNCH_ENV, held, read_holder
+from tideborn.trainer.options import build_parser
 from tideborn.trainer.preflight import check_start_step, preflight
-from tideborn.trainer.rundir_lock import LAUNCH_ENV, held, read_holder
 
 LAUNCH_WAIT_SECONDS = 300.0
 """How long `start` waits for its trainer to write run_started (importing torch, building the network,

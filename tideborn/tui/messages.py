@@ -12,9 +12,9 @@ from pathlib import Path
 from textual.message import Message
 
 from tideborn.rundir.anomaly import Anomaly
-from tui.gpu import HardwareSample
-from tui.history import RunHistory
-from tui.plan import LaunchPlan
+from tideborn.tui.gpu import HardwareSample
+from tideborn.tui.history import RunHistory
+from tideborn.tui.plan import LaunchPlan
 
 
 class _Latest(Message):
@@ -101,7 +101,7 @@ class RunLaunched(Message):
         self.pid = pid
         self.run_dir = run_dir
         self.outcome = outcome
-        """`tideborn.rundir.control.Launched.outcome`: "running", "starting", "ended" or "launched"."""
+        """`tideborn.tools.control.Launched.outcome`: "running", "starting", "ended" or "launched"."""
         self.step = step
 
 

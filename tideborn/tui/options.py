@@ -12,10 +12,11 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tideborn import __version__
 from tideborn.errors import UserError
 from tideborn.rundir import EVENTS_FILE, LAUNCH_FILE, PID_FILE, check_readable_dir
 from tideborn.rundir.anomaly import AnomalyThresholds
-from tui.plan import LaunchPlan
+from tideborn.tui.plan import LaunchPlan
 
 RUN_MARKERS = (EVENTS_FILE, PID_FILE, LAUNCH_FILE)
 WINDOWS = (1_000, 10_000, 100_000, 1_000_000)
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-nvml", action="store_true", help="do not read GPUs through NVML here")
     parser.add_argument("--stall-seconds", type=float, default=AnomalyThresholds().stall_seconds, metavar="S",
                         help="stalled after S seconds without output (as for train_run status)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
 

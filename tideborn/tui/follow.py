@@ -17,8 +17,8 @@ from tideborn.rundir import EVENTS_FILE, LOG_FILE
 from tideborn.rundir.anomaly import AnomalyThresholds, LogScanner, match_log_line
 from tideborn.rundir.files import LogReader, file_size, line_start_at_or_after, this_host
 from tideborn.rundir.state import RunTracker
-from tui.gpu import HardwareSample, NvmlProbe, ProcessProbe, devices_from_event
-from tui.messages import (
+from tideborn.tui.gpu import HardwareSample, NvmlProbe, ProcessProbe, devices_from_event
+from tideborn.tui.messages import (
     AnomaliesFound,
     EventsArrived,
     HardwareSampled,

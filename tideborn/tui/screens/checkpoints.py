@@ -23,8 +23,8 @@ from tideborn.errors import UserError
 from tideborn.humanize import duration, shortened
 from tideborn.outputs import check_output_before_work, remove_stale_temps
 from tideborn.rundir import list_checkpoints
-from tideborn.tools.train_run import eval_figures
-from tui.options import TuiOptions
+from tideborn.rundir.report import eval_figures
+from tideborn.tui.options import TuiOptions
 
 LIVE_STATES = ("running", "stalled")
 REFRESH_SECONDS = 2.0

@@ -18,7 +18,14 @@ import typing
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import PROBE_PREFIX, create_new_file, fsync_directory, is_run_entry, make_dirs, os_error_text
+from tideborn.rundir import (
+    create_new_file,
+    fsync_directory,
+    is_run_entry,
+    make_dirs,
+    os_error_text,
+    write_probe,
+)
 
 
 class OutputError(UserError):
@@ -63,21 +70,12 @@ def probe_directory(directory: Path, flag: str, output: Path | None = None) -> N
     names `output` (the file to be written there), else the directory."""
     named = directory if output is None else output
     where = directory
-    while not os.path.lexists(where) and where.parent != where:
+    while not os.path.lexists(where) and where.parent != where:  # a dangling link counts: it is in the way
         where = where.parent
     if not where.is_dir():
         raise UserError(f"{flag} {named}: {where} is not a directory")
-    probe = where / f"{PROBE_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            try:
-                os.write(fd, b"\0" * 4096)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        finally:
-            os.unlink(probe)
+        write_probe(where)
     except OSError as exc:
         doing = f"cannot write in {where}" if where == directory else f"cannot create {directory} in {where}"
         raise UserError(f"{flag} {named}: {doing}: {os_error_text(exc)}") from None

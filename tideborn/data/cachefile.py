@@ -272,9 +272,9 @@ def trust_problem(facts: os.stat_result, trusted_uids: typing.Collection[int]) -
     if not stat.S_ISREG(facts.st_mode):
         return f"is {file_type_name(facts.st_mode)}, not a regular file"
     if facts.st_uid not in trusted_uids:
-        from tideborn.rundir import _user
+        from tideborn.rundir import user_text
 
-        return (f"belongs to {_user(facts.st_uid)}, neither you nor the owner of the data it was built from, "
+        return (f"belongs to {user_text(facts.st_uid)}, neither you nor the owner of the data it was built from, "
                 f"who could have crafted it")
     writable_by_group = facts.st_mode & stat.S_IWGRP and not _private_group(facts.st_gid, facts.st_uid)
     if facts.st_mode & stat.S_IWOTH or writable_by_group:

@@ -259,9 +259,6 @@ def user_text(uid: int) -> str:
         return f"uid {uid}"
 
 
-_user = user_text  # the name tideborn.data.cachefile imports
-
-
 def whose(path: Path) -> str:
     """Why this user may not read or write `path`, for a permission error: whose it is, its mode, and who
     we are (`it belongs to root (uid 0), mode 600, and you are nobody (uid 65534)`). The nearest ancestor
@@ -318,10 +315,6 @@ def refuse_link(path: Path) -> None:
 def is_run_entry(name: str) -> bool:
     """Whether `name` is one the run directory contract gives a file of its own (events, log, pid, launch, lock,
     match reference, archive, step checkpoints and their temp files): never an output of a tool."""
-    return _is_run_entry(name)
-
-
-def _is_run_entry(name: str) -> bool:
     return (name in RUN_FILES or name == ARCHIVE_DIR or bool(CHECKPOINT_RE.match(name))
             or bool(TEMP_CHECKPOINT_RE.match(name)) or bool(_ATOMIC_TEMP_RE.match(name)))
 
@@ -366,7 +359,7 @@ def check_run_dir(run_dir: Path) -> None:
         raise UserError(f"runtime.out_dir: {run_dir} exists and is not a directory")
     _check_owned(run_dir, info, "the run directory")
     try:
-        entries = [entry for entry in os.scandir(run_dir) if _is_run_entry(entry.name)]
+        entries = [entry for entry in os.scandir(run_dir) if is_run_entry(entry.name)]
     except OSError as exc:
         raise UserError(f"runtime.out_dir: cannot list {run_dir}: {os_error_text(exc)}") from None
     for entry in entries:
@@ -432,6 +425,22 @@ def _existing_ancestor(run_dir: Path) -> Path:
             path = path.parent
 
 
+def write_probe(directory: Path) -> None:
+    """Show that files can be written in `directory`: a hidden probe file created there (O_EXCL, O_NOFOLLOW),
+    written a block (on a full disk an empty file can still be created), fsynced and removed; nothing stays.
+    `OSError` as the OS says why not."""
+    probe = directory / f"{PROBE_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            os.write(fd, b"\0" * 4096)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        os.unlink(probe)
+
+
 def check_writable(run_dir: Path) -> None:
     """Refuse (`UserError`, one line naming the cause) a run directory that cannot be created or written:
     a read-only mount, a path under a regular file, a name too long, a full disk, a directory we may not
@@ -443,15 +452,7 @@ def check_writable(run_dir: Path) -> None:
         if not stat.S_ISDIR(os.stat(where).st_mode):
             raise UserError(f"runtime.out_dir: {run_dir}: {where} is a file, not a directory; "
                             "choose another runtime.out_dir")
-        probe = where / f"{PROBE_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            try:
-                os.write(fd, b"\0" * 4096)  # a block: on a full disk an empty file can still be created
-            finally:
-                os.close(fd)
-        finally:
-            os.unlink(probe)
+        write_probe(where)
     except OSError as exc:
         if exc.errno == errno.ENAMETOOLONG:
             longest = max(run_dir.parts, key=lambda part: len(os.fsencode(part)))

@@ -368,7 +368,12 @@ def averaged_source(source: TeacherSource, settings: Settings, warn: typing.Call
         found = None
         say(f"{path}: {what} is damaged ({exc}); it is built again")
     inputs = input_identities(source, None if found is None else found[0].get("input_files"))
-    if found is None or found[0].get("key") != key or not _same_contents(found[0], inputs):
+
+    def current(cached: tuple | None) -> bool:
+        """A merged set for these options and these very inputs' contents."""
+        return cached is not None and cached[0].get("key") == key and _same_contents(cached[0], inputs)
+
+    if not current(found):
         meta, arrays = build_average(source, settings, scales)
         meta["key"], meta["input_files"] = key, inputs
         found = None
@@ -382,7 +387,7 @@ def averaged_source(source: TeacherSource, settings: Settings, warn: typing.Call
                 say(f"{path}: the averaged positions could not be cached ({exc}); averaged in memory")
             except (HostileCache, DamagedCache):
                 found = None  # replaced by something else since it was written: use what was built
-        if found is None or found[0].get("key") != key or not _same_contents(found[0], inputs):
+        if not current(found):  # not written, or replaced since by something else: use what was built
             found = (meta, arrays)
     header, arrays = found
     summary = {"inputs": int(header["inputs"]), "positions": int(header["positions"]),

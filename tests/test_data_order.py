@@ -86,6 +86,23 @@ def test_workers_deliver_what_the_training_process_would_decode(tmp_path):
         assert _read(workers, 4) == expected
 
 
+def test_planes_packed_in_the_workers_arrive_bit_for_bit(tmp_path):
+    """The packed planes a GPU run gets (eight to a byte, unpacked on the device; forced here on the CPU) are
+    the planes the training process would decode itself, and so is the rest of the batch."""
+    _teacher_file(tmp_path)
+    with TeacherBatches(settings_for(tmp_path, "data.workers=0", train=["train.hcpe"]), CPU) as inline:
+        expected = [inline.next_batch() for _ in range(4)]
+    with TeacherBatches(settings_for(tmp_path, "data.workers=2", train=["train.hcpe"]), CPU,
+                        pack_planes=True) as packed:
+        assert packed.pack_planes
+        got = [packed.next_batch() for _ in range(4)]
+    for want, have in zip(expected, got, strict=True):
+        assert have.features1.dtype == torch.float32 and have.features1.shape == want.features1.shape
+        assert torch.equal(have.features1, want.features1) and want.features1.sum() > 0
+        assert torch.equal(have.features2, want.features2) and torch.equal(have.policy, want.policy)
+        assert torch.equal(have.value, want.value)
+
+
 def test_rank_loaders_read_disjoint_records(tmp_path):
     positions = random_positions(96, seed=4)
     records = hcpe_records(positions)

@@ -113,12 +113,16 @@ def test_the_gpu_check_without_cuda_says_so_in_one_line(tmp_path: Path, capsys) 
 
 
 def test_compile_time_is_reported_as_an_event(tmp_path):
+    """With CUDA graphs asked for (runtime.compile_mode), which the CPU leaves out: the step marks its start
+    for them, and the run trains as with the default mode."""
     from tests.conftest import events_of, train
 
     run_dir = tmp_path / "run"
-    train(run_dir, "runtime.max_steps=2", "optim.batch_size=8", "runtime.compile=true", cwd=tmp_path)
+    train(run_dir, "runtime.max_steps=2", "optim.batch_size=8", "runtime.compile=true",
+          'runtime.compile_mode="reduce-overhead"', cwd=tmp_path)
     (compiled,) = [e for e in events_of(run_dir) if e["kind"] == "compile"]
     assert compiled["step"] == 1 and compiled["first_step_seconds"] > 0
+    assert events_of(run_dir)[-1]["kind"] == "run_finished"
 
 
 @pytest.mark.parametrize("capability, requested, expected", [

@@ -101,6 +101,10 @@ BAD_INPUT = {
     "stop-at-step-not-a-number": (
         ["train", *SMOKE, "--stop-at-step", "ten"], {},
         r"argument --stop-at-step: invalid int value: 'ten'"),
+    "compile-mode-unknown": (
+        ["summary", *SMOKE, "--set", 'runtime.compile_mode="fast"'], {},
+        r"runtime\.compile_mode must be one of default, reduce-overhead, max-autotune, "
+        r"max-autotune-no-cudagraphs; got 'fast'"),
     "fp16-on-cpu": (
         ["train", *SMOKE, "--set", "runtime.precision=fp16"], {},
         r"runtime\.precision=\"fp16\" needs CUDA"),

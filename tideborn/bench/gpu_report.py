@@ -135,10 +135,11 @@ def _loader(rows: list[dict] | None) -> list[str]:
     if rows[0].get("skipped"):
         return [f"Skipped: {rows[0]['skipped']}."]
     lines = ["`TeacherBatches.next_batch` in a loop, no training, batch 1024, on the teacher run's records:", "",
-             "| workers | pinned memory | batches/s | positions/s |", "| ---: | --- | ---: | ---: |"]
+             "| workers | pinned memory | planes packed | batches/s | positions/s |",
+             "| ---: | --- | --- | ---: | ---: |"]
     for row in rows:
-        lines.append(f"| {row['workers']} | {row['pin_memory']} | {row['batches_per_second']:,.1f} | "
-                     f"{_rate(row['positions_per_second'])} |")
+        lines.append(f"| {row['workers']} | {row['pin_memory']} | {row.get('packed', False)} | "
+                     f"{row['batches_per_second']:,.1f} | {_rate(row['positions_per_second'])} |")
     return lines
 
 

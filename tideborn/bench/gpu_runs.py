@@ -208,7 +208,7 @@ def match_speed(checkpoints: tuple[Path, Path], out: Path, devices: tuple[str, .
     for device in devices:
         command = [sys.executable, "-m", "tideborn.cli", "match", *map(str, checkpoints), "--games", str(games),
                    "--parallel", str(games), "--max-moves", str(max_moves), "--device", device, "--json"]
-        log_path = out / f"match-{device}.log"
+        log_path = out / f"match-{device}-{games}.log"
         try:
             done = subprocess.run(command, cwd=out, env=child_env(), capture_output=True, text=True,
                                   stdin=subprocess.DEVNULL, timeout=timeout_seconds)
@@ -306,8 +306,9 @@ def describe_run(label: str, run: dict) -> str:
 
 def loader_speed(device: str, worker_counts: tuple[int, ...], batches: int = 200, batch_size: int = 1024) -> list[dict]:
     """The teacher loader alone (`TeacherBatches.next_batch`, no training) on the teacher run's records: batches
-    per second at each worker count, with and without pinned memory on CUDA. Beside the teacher run's data
-    wait, it tells a loader too slow for the step from one slowed by what runs beside it."""
+    per second at each worker count, with and without pinned memory on CUDA, and with the planes packed eight to
+    a byte (the CUDA default) or not. Beside the teacher run's data wait, it tells a loader too slow for the step
+    from one slowed by what runs beside it."""
     if missing := cshogi_missing():
         return [{"skipped": missing}]
     import torch
@@ -320,31 +321,33 @@ def loader_speed(device: str, worker_counts: tuple[int, ...], batches: int = 200
     with tempfile.TemporaryDirectory(prefix="tideborn-loader-") as scratch:
         data = Path(scratch) / "random-play.hcpe"
         random_game_records(TEACHER_POSITIONS, seed=0).tofile(data)
-        for workers in worker_counts:
-            for pinned in ((True, False) if device == "cuda" else (False,)):
-                sets = ['data.kind="hcpe"', "data.test=[]", f"data.train=[{json.dumps(str(data))}]",
-                        f"data.workers={workers}", f"optim.batch_size={batch_size}", f'runtime.device="{device}"',
-                        f"runtime.pin_memory={str(pinned).lower()}"]
-                settings = load_settings(None, sets, {}, environ={}, cwd=Path(scratch)).settings
-                loader = TeacherBatches(settings, torch.device(device))
-                try:
-                    for _ in range(10):  # workers started, queues full
-                        loader.next_batch()
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    started = time.perf_counter()
-                    for _ in range(batches):
-                        batch = loader.next_batch()
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    seconds = time.perf_counter() - started
-                    del batch
-                finally:
-                    loader.close()
-                rows.append({"workers": workers, "pin_memory": pinned, "batches_per_second": batches / seconds,
-                             "positions_per_second": batches * batch_size / seconds})
-                print(f"loader: {workers} worker(s), pin_memory {pinned}: {batches / seconds:,.1f} batches/s",
-                      flush=True)
+        combinations = [(w, pinned, packed) for w in worker_counts for pinned in (True, False)
+                        for packed in (True, False)] if device == "cuda" else [(w, False, False) for w in worker_counts]
+        for workers, pinned, packed in combinations:
+            sets = ['data.kind="hcpe"', "data.test=[]", f"data.train=[{json.dumps(str(data))}]",
+                    f"data.workers={workers}", f"optim.batch_size={batch_size}", f'runtime.device="{device}"',
+                    f"runtime.pin_memory={str(pinned).lower()}"]
+            settings = load_settings(None, sets, {}, environ={}, cwd=Path(scratch)).settings
+            loader = TeacherBatches(settings, torch.device(device), pack_planes=packed)
+            try:
+                for _ in range(10):  # workers started, queues full
+                    loader.next_batch()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                for _ in range(batches):
+                    batch = loader.next_batch()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - started
+                del batch
+            finally:
+                loader.close()
+            rows.append({"workers": workers, "pin_memory": pinned, "packed": packed,
+                         "batches_per_second": batches / seconds,
+                         "positions_per_second": batches * batch_size / seconds})
+            print(f"loader: {workers} worker(s), pin_memory {pinned}, packed {packed}: "
+                  f"{batches / seconds:,.1f} batches/s", flush=True)
     return rows
 
 

@@ -17,6 +17,7 @@ ACTIVATIONS = ("relu", "silu", "mish")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "step", "constant")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 PROGRESS_STYLES = ("auto", "line", "plain", "off")
 DATA_KINDS = ("auto", "synthetic", "hcpe", "psv", "hcpe3")
 EVAL_SCALE_FITS = ("off", "per_file")
@@ -292,6 +293,10 @@ class RuntimeSettings:
     """Use the channels_last memory format on CUDA (faster convolutions with tensor cores)."""
     compile: bool = False
     """Compile the model with `torch.compile` (slower start, faster steps)."""
+    compile_mode: str = "default"
+    """`torch.compile`'s mode with `runtime.compile`: `default`, `reduce-overhead` (the step's forward and
+    backward replayed as CUDA graphs, which takes the launch cost off the host: a small net's step on a fast
+    GPU is bound by it; scripts/gpu-check.sh measures it), `max-autotune` or `max-autotune-no-cudagraphs`."""
     fused_optimizer: bool = True
     """Use the fused (single-kernel) optimizer step on CUDA; ignored on the CPU."""
     deterministic: bool = False
@@ -350,6 +355,7 @@ class RuntimeSettings:
                                                            and self.device[5:].isdigit()),
                "runtime.device", f"must be auto, cpu, cuda or cuda:N; got {clipped(self.device)}")
         _one_of(self.precision, PRECISIONS, "runtime.precision")
+        _one_of(self.compile_mode, COMPILE_MODES, "runtime.compile_mode")
         _check(self.threads >= 0, "runtime.threads", f"must be >= 0; got {self.threads}")
         _check(bool(self.out_dir), "runtime.out_dir", "must not be empty")
         _check(self.log_every >= 1, "runtime.log_every", f"must be >= 1; got {self.log_every}")

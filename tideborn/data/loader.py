@@ -9,7 +9,9 @@ DataLoader brings what hand-rolled multiprocessing would have to rebuild: tensor
 shared memory rather than pickled bytes, batches come back in order whichever worker finished first, a
 pin-memory thread stages them for asynchronous copies to CUDA, and workers are shut down (or their death
 reported) for us. Workers send uint8 planes (see `features`); they are widened to float on the target
-device.
+device. For a GPU the workers pack the 0/1 planes eight to a byte (`np.packbits`, about 0.3 ms a batch of
+1024 in a worker) and the GPU unpacks them: 0.6 MB a batch instead of 5 MB crosses shared memory, the pinned
+staging and the bus, which is what limited a fast GPU's data path (docs/benchmarks.md, the H200's data path).
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ class _DecodedBatches(Dataset):
     """Maps a cursor (epoch, batch) to that decoded batch; runs in the workers, which also work out the
     batch's record indices, so the training process does nothing per batch but receive it."""
 
-    def __init__(self, records: TeacherSource, order: ShardedOrder, decoder_args: tuple):
+    def __init__(self, records: TeacherSource, order: ShardedOrder, decoder_args: tuple, pack_planes: bool = False):
         self.records = records
         self.order = order
         self.decoder_args = decoder_args
+        self.pack_planes = pack_planes
         self._decoder: BatchDecoder | None = None
 
     def __getstate__(self) -> dict:
@@ -56,7 +59,7 @@ class _DecodedBatches(Dataset):
         if self._decoder is None:
             self._decoder = BatchDecoder(*self.decoder_args)
         in_worker = torch.utils.data.get_worker_info() is not None
-        return decode_indices(self.records, self._decoder, indices, in_worker)
+        return decode_indices(self.records, self._decoder, indices, in_worker, self.pack_planes and in_worker)
 
 
 def _shared_zeros(shape: tuple[int, ...]) -> torch.Tensor:
@@ -66,10 +69,12 @@ def _shared_zeros(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
 
 
-def decode_indices(records: TeacherSource, decoder: BatchDecoder, indices: np.ndarray, in_worker: bool = False) -> dict:
+def decode_indices(records: TeacherSource, decoder: BatchDecoder, indices: np.ndarray, in_worker: bool = False,
+                   pack_planes: bool = False) -> dict:
     """Decode the records at `indices` into tensors. Errors come back as a message, not an exception:
-    an exception raised in a worker would reach the trainer as a multi-line worker traceback."""
-    planes = _shared_zeros((len(indices), FEATURES1_NUM, 9, 9)) if in_worker else None
+    an exception raised in a worker would reach the trainer as a multi-line worker traceback. `pack_planes`:
+    the board planes go packed eight to a byte (`features1_packed`, see `unpack_planes`)."""
+    planes = _shared_zeros((len(indices), FEATURES1_NUM, 9, 9)) if in_worker and not pack_planes else None
     try:
         decoded = decoder.decode(records, indices, None if planes is None else planes.numpy())
     except BadRecord as bad:
@@ -86,7 +91,26 @@ def decode_indices(records: TeacherSource, decoder: BatchDecoder, indices: np.nd
     }
     if decoded.policy_probs is not None:  # a distribution target (hcpe3 visits, averaged duplicates)
         item["policy_labels"], item["policy_probs"] = decoded.policy_labels, decoded.policy_probs
+    if pack_planes:
+        bits = np.packbits(decoded.features1.reshape(len(decoded), -1), axis=1, bitorder="little")
+        shared = _shared_zeros(bits.shape)
+        shared.numpy()[:] = bits
+        item["features1"], item["features1_packed"] = shared, True
     return item
+
+
+_BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def unpack_planes(packed: torch.Tensor) -> torch.Tensor:
+    """[n, bytes] uint8 of `np.packbits(..., bitorder="little")` back to the [n, 62, 9, 9] 0/1 planes, as float,
+    on the packed tensor's device (a few element-wise kernels on a GPU)."""
+    shifts = _BIT_SHIFTS.get(packed.device)
+    if shifts is None:
+        shifts = _BIT_SHIFTS[packed.device] = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    n = packed.shape[0]
+    bits = (packed.unsqueeze(-1) >> shifts) & 1
+    return bits.view(n, -1)[:, :FEATURES1_NUM * 81].float().view(n, FEATURES1_NUM, 9, 9)
 
 
 def _as_decoded(item: dict) -> dict:
@@ -121,7 +145,10 @@ def to_device_batch(item: dict, device: torch.device, pinned: bool = True, value
     """
     non_blocking = device.type == "cuda" and pinned
     planes, hands = torch.as_tensor(item["features1"]), torch.as_tensor(item["features2"])
-    if device.type == "cpu":
+    if item.get("features1_packed"):
+        features1 = unpack_planes(_to_device(planes, device, non_blocking))
+        hands = _to_device(hands, device, non_blocking).float()
+    elif device.type == "cpu":
         # numpy widens in one pass; torch's threaded cast is several times slower on a busy 2-core host
         features1 = torch.from_numpy(planes.numpy().astype(np.float32))
         hands = torch.from_numpy(hands.numpy().astype(np.float32))
@@ -156,11 +183,15 @@ class TeacherBatches:
     """An endless stream of teacher micro-batches for one rank; resumable at any batch boundary."""
 
     def __init__(self, settings: Settings, device: torch.device, rank: int = 0, world_size: int = 1,
-                 micro_batch_size: int | None = None):
+                 micro_batch_size: int | None = None, pack_planes: bool | None = None):
         data = settings.data
         self.settings = settings
         self.device = torch.device(device)
         self.pinned = pins_memory(self.device, settings)
+        self.pack_planes = self.device.type == "cuda" if pack_planes is None else pack_planes
+        """Workers pack the planes eight to a byte (module docstring): on CUDA, where the device unpacks them
+        for nothing; on the CPU unpacking would cost more than the copy it saves. (An argument for the
+        loader benchmark and the tests.)"""
         self.records = training_source(settings)
         # fitted on the files as they are (before any averaging, which then uses each file's scale)
         self.scale_fits: list[ScaleFit] = (fit_files(self.records, data.eval_scale)
@@ -203,7 +234,7 @@ class TeacherBatches:
 
     def _start(self) -> None:
         workers = self.settings.data.workers
-        dataset = _DecodedBatches(self.records, self.order, self.decoder_args)
+        dataset = _DecodedBatches(self.records, self.order, self.decoder_args, self.pack_planes)
         extra = {"prefetch_factor": self.settings.data.prefetch_batches} if workers else {}
         self._loader = DataLoader(
             dataset, batch_size=None, sampler=_CursorSampler(self.order, self.epoch, self.batch_in_epoch),

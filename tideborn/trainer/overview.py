@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from tideborn.config import Resolved
+from tideborn.config.schema import RuntimeSettings
 from tideborn.errors import UserError
 from tideborn.network.model import build_model
 from tideborn.rundir import latest_checkpoint, run_dir_of
@@ -77,7 +78,7 @@ def summary_text(resolved: Resolved) -> str:
                       f"{s.watchdog.window} for {s.watchdog.consecutive} steps after {s.watchdog.warmup_steps}")
                      if s.watchdog.enabled else "off"),
         ("Device", f"{device}; tf32 {'on' if runtime.tf32 else 'off'}, "
-                   f"compile {'on' if runtime.compile else 'off'}, torch {torch.__version__}"),
+                   f"compile {_compile(runtime)}, torch {torch.__version__}"),
         ("Steps", f"{runtime.max_steps:,} (seed {runtime.seed}); log every {runtime.log_every}, checkpoint "
                   f"every {runtime.checkpoint_every}, keep {runtime.keep_checkpoints}"),
         ("Run dir", f"{run_dir}: {start}"),
@@ -87,3 +88,9 @@ def summary_text(resolved: Resolved) -> str:
     width = max(len(label) for label, _ in rows)
     settings = "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
     return f"{format_model_summary(network)}\n\n{settings}"
+
+
+def _compile(runtime: RuntimeSettings) -> str:
+    if not runtime.compile:
+        return "off"
+    return "on" if runtime.compile_mode == "default" else f"on ({runtime.compile_mode})"

@@ -126,7 +126,9 @@ class TrainingState:
                 self.allreduce_counter = AllReduceCounter()
                 self.ddp.register_comm_hook(None, self.allreduce_counter.hook)
             forward = self.ddp
-        self.forward = torch.compile(forward) if self.settings.runtime.compile else forward
+        runtime = self.settings.runtime
+        self.forward = torch.compile(forward, mode=runtime.compile_mode) if runtime.compile else forward
+        self.graphed = runtime.compile and runtime.compile_mode in ("reduce-overhead", "max-autotune")
 
     def payload(self, step: int) -> dict:
         return {
@@ -156,6 +158,10 @@ class TrainingState:
         totals = torch.zeros(3, device=setup.device)
         data_wait = 0.0
         for micro in range(micro_steps):
+            if self.graphed:
+                # CUDA graphs replay into the same output memory: a new step begins, so the last one's outputs
+                # (already read) may be overwritten, and torch need not keep them alive.
+                torch.compiler.cudagraph_mark_step_begin()
             waited = time.perf_counter()
             batch = self.data.next_batch()
             data_wait += time.perf_counter() - waited

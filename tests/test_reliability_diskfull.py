@@ -42,7 +42,7 @@ def assert_checkpoints_intact(run_dir: Path, steps: list[int]) -> None:
 def status_of(run_dir: Path) -> dict:
     tracker = RunTracker(run_dir, AnomalyThresholds(), start="tail")
     tracker.refresh(keep_events=False)
-    return tracker.status()
+    return tracker.status().to_json()
 
 
 def resume_to_the_end(run_dir: Path, cwd: Path, from_step: int, malformed: int) -> list[dict]:

@@ -326,7 +326,7 @@ def test_status_watch_and_the_tracker_survive_any_events_file(tmp_path_factory, 
         assert len(update.events) == len(good) and tracker.events.malformed == bad
     tracker.finish_log()
     report = tracker.status()
-    json.dumps(report, allow_nan=False)  # status --json prints it
+    json.dumps(report.to_json(), allow_nan=False)  # status --json prints it
     report_text.status_text(report)
     for event in update.events:  # what watch prints, in both formats
         report_text.event_text(event)
@@ -434,7 +434,7 @@ def test_status_watch_the_tracker_and_the_tui_follower_survive_any_run_dir_conte
     update = tracker.refresh()
     tracker.finish_log()
     report = tracker.status()
-    json.dumps(report, allow_nan=False)
+    json.dumps(report.to_json(), allow_nan=False)
     report_text.status_text(report)
     for event in update.events:  # what watch prints, in both formats
         report_text.event_text(event)
@@ -481,7 +481,7 @@ def test_a_line_longer_than_the_read_limit_is_skipped_not_waited_for(tmp_path: P
     assert [e["kind"] for e in got] == ["run_started", "step"] and reader.malformed == 1
     tracker = RunTracker(tmp_path, start="beginning")
     assert [e["kind"] for e in tracker.refresh().events] == ["run_started", "step"]
-    assert tracker.status()["events_malformed"] == 1
+    assert tracker.status().events_malformed == 1
     small = EventReader(path)  # the same with a small buffer, a piece at a time
     got = []
     for _ in range(100_000):
@@ -675,7 +675,7 @@ def test_event_fields_the_fuzz_broke_are_handled_now(tmp_path: Path) -> None:
     texts = [report_text.event_text(e) for e in update.events]
     assert texts[0].startswith("? run_started") and " run_finished step=3" in texts[1]
     report = tracker.status()
-    assert report["state"] == "finished" and report["terminal"]["kind"] == "run_finished"
+    assert report.state == "finished" and report.terminal is not None and report.terminal.kind == "run_finished"
     assert run_status(tmp_path)[0] == 0
 
 

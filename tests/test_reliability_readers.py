@@ -112,7 +112,7 @@ def test_every_reader_gets_every_event_exactly_once_under_a_fast_writer_with_tor
 
         def tracker_read() -> list[dict]:
             events = tracker.refresh().events
-            statuses.append(tracker.status())
+            statuses.append(tracker.status().to_json())
             return events
 
         def tracker_check() -> None:

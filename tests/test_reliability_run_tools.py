@@ -194,7 +194,7 @@ def test_a_live_trainer_continues_a_renamed_events_file_and_readers_see_the_gap(
             os.rename(events, moved)
             report = RunTracker(run_dir, start="tail")
             report.refresh(keep_events=False)
-            status = report.status()
+            status = report.status().to_json()
             gone = [a for a in status["anomalies"] if a["rule"] == "events_gone"]
             assert status["state"] == "running" and len(gone) == 1, status
             assert f"appends its events to {moved}" in gone[0]["message"]
@@ -212,7 +212,7 @@ def test_a_live_trainer_continues_a_renamed_events_file_and_readers_see_the_gap(
         assert fresh[1]["step"] > max(e["step"] for e in before if e["kind"] == "step")
         report = RunTracker(run_dir, start="tail")
         report.refresh(keep_events=False)
-        status = report.status()
+        status = report.status().to_json()
         assert status["state"] == "running" and status["pid"] == pid and status["step"] >= fresh[1]["step"]
         assert not status["anomalies"], status["anomalies"]
         arrived = [m for m in follower.poll() if isinstance(m, EventsArrived)]

@@ -152,7 +152,7 @@ def test_every_reader_starts_a_copytruncated_file_again_even_once_it_grew_past_t
     update = tracker.refresh()
     check_events(update.events, "RunTracker")
     assert tracker.events.malformed == 0 and tracker.events_rotated
-    report = tracker.status()
+    report = tracker.status().to_json()
     assert report["events_rotated"] and report["launch_started"] and not report["run_started_missing"]
     assert report["max_steps"] == 10**9  # the run_started read before the rotation is kept
 
@@ -401,7 +401,7 @@ async def test_the_tui_shows_odd_run_files_as_anomalies_and_keeps_running(tmp_pa
         while not picker.ready.is_set():
             assert time.monotonic() < deadline, "the picker never listed the runs"
             await pilot.pause(0.05)
-        flagged = {r["name"] for r in picker.runs if any(a["rule"] == "run_file" for a in r["anomalies"])}
+        flagged = {r.name for r in picker.runs if any(a.rule == "run_file" for a in r.status.anomalies)}
         assert flagged == {label.replace(" ", "-") for label, (_make, odd) in cases.items() if odd}
         assert pilot.app.return_code is None
 

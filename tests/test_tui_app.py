@@ -7,6 +7,7 @@ the panes show does not depend on this machine or on when the test runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from textual.notifications import Notify
 from tideborn.errors import UserError
 from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import PidRecord, this_host
+from tideborn.rundir.kinds import parse_event
 from tideborn.tui.app import create_app, main
 from tideborn.tui.gpu import NvmlProbe
 from tideborn.tui.history import load_history
@@ -184,7 +186,7 @@ async def test_new_events_arrive_torn_lines_wait_and_new_anomalies_notify(fixtur
         await until(pilot, lambda: any("non-finite loss at step 410" in n for n in notices(seen)),
                     "a notification for the new NaN")
         assert pilot.app.focused is focused  # attention drawn, focus not stolen
-        await until(pilot, lambda: screen.status and screen.status["step"] == 410, "the header's new step")
+        await until(pilot, lambda: screen.status and screen.status.step == 410, "the header's new step")
 
 
 async def test_a_truncated_log_is_read_again(fixture_run):
@@ -321,13 +323,14 @@ async def test_status_refreshes_redraw_the_footer_only_when_what_it_offers_chang
         screen = await attached(pilot)
         calls = []
         screen.refresh_bindings = lambda: calls.append(1)
-        status = {**screen.status, "state": "running", "terminal": None}
+        status = dataclasses.replace(screen.status, state="running", terminal=None)
         for number in range(5):
-            screen.post_message(RunRefreshed({**status, "last_step": 400 + number}))
+            screen.post_message(RunRefreshed(dataclasses.replace(status, loss_step=400 + number)))
             await pilot.pause()
         assert calls == []
         # a stop sent from elsewhere (stop_requested): Stop leaves the footer, once
-        stopping = {**status, "stop_requested": {"signal": "SIGTERM", "time": FIXTURE_NOW}}
+        stopping = dataclasses.replace(status, stop_requested=parse_event(
+            {"kind": "stop_requested", "signal": "SIGTERM", "time": FIXTURE_NOW}))
         for _ in range(3):
             screen.post_message(RunRefreshed(stopping))
             await pilot.pause()
@@ -629,8 +632,8 @@ async def test_picker_lists_a_folder_of_runs_and_opens_one(tmp_path):
         picker = pilot.app.screen
         assert isinstance(picker, RunPickerScreen)
         await until(pilot, picker.ready.is_set, "the runs")
-        assert [run["name"] for run in picker.runs] == ["alpha", "beta"]
-        assert [run["step"] for run in picker.runs] == [400, 300]
+        assert [run.name for run in picker.runs] == ["alpha", "beta"]
+        assert [run.status.step for run in picker.runs] == [400, 300]
         await pilot.press("down", "enter")
         screen = await attached(pilot)
         assert screen.run_dir == folder / "beta"

@@ -72,7 +72,7 @@ async def picker_ready(pilot) -> RunPickerScreen:
 
 
 def shown(picker: RunPickerScreen) -> list[str]:
-    return [run["name"] for run in picker.shown]
+    return [run.name for run in picker.shown]
 
 
 # -- the picker: mark, sort, filter ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ run directories."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 from pathlib import Path
@@ -14,6 +15,7 @@ from test_tui_app import app_for, attached, until
 
 from tideborn.rundir.anomaly import Anomaly
 from tideborn.rundir.events import encode_event
+from tideborn.rundir.kinds import parse_event
 from tideborn.tui.messages import RunRefreshed
 from tideborn.tui.screens.dashboard import DashboardScreen
 from tideborn.tui.testing import FIXTURE_NOW, write_fixture_run
@@ -43,14 +45,14 @@ async def test_the_header_badge_shows_anomalies_that_hold_not_a_plain_state(fixt
         screen = await attached(pilot)
         nan = Anomaly("nonfinite_loss", "non-finite loss at step 410: loss nan", {"step": 410, "loss": "nan"},
                       FIXTURE_NOW)
-        running = dict(screen.status, state="running", terminal=None, pid=1, anomalies=[nan.to_dict()])
+        running = dataclasses.replace(screen.status, state="running", terminal=None, pid=1, anomalies=(nan,))
         screen.header.show_status(running)
         await pilot.pause()
         first = header_lines(screen)[0]
         assert first.startswith(" RUNNING  1 anomaly ")
         badge = [span for span in screen.header.text().spans if span.end <= len(" RUNNING ")]
         assert badge and all("red" in str(span.style) and "green" not in str(span.style) for span in badge)
-        screen.header.show_status(dict(running, anomalies=[]))  # it holds no longer: the plain state again
+        screen.header.show_status(dataclasses.replace(running, anomalies=()))  # it holds no longer: the plain state
         await pilot.pause()
         assert "anomal" not in header_lines(screen)[0]
         assert any("green" in str(span.style) for span in screen.header.text().spans)
@@ -61,7 +63,7 @@ async def test_the_pane_keeps_its_alert_colour_while_anomalies_hold(fixture_run,
     async with app_for(fixture_run).run_test(size=(120, 40)) as pilot:
         screen = await attached(pilot)
         pane = screen.query_one("#anomalies", AnomalyList)
-        assert screen.status["anomalies"]  # the fixture's OOM and traceback hold (status lists them)
+        assert screen.status.anomalies  # the fixture's OOM and traceback hold (status lists them)
         await pilot.pause(0.3)
         assert pane.has_class("-alert")
         pane.hold(False)  # none holds any more: the flash ends
@@ -184,8 +186,8 @@ async def test_an_80_column_header_keeps_both_lines_and_the_failure(fixture_run)
         screen = await attached(pilot)
         error = "RuntimeError: CUDA error: an illegal memory access was encountered\nTraceback (most recent ..."
         screen.header.note = "a long note that would push the header onto a third line if it wrapped at all"
-        screen.header.show_status(dict(screen.status, state="failed", anomalies=[],
-                                       terminal={"kind": "run_failed", "step": 12, "error": error}))
+        screen.header.show_status(dataclasses.replace(screen.status, state="failed", anomalies=(), terminal=parse_event(
+            {"kind": "run_failed", "step": 12, "error": error})))
         await pilot.pause()
         first, second = header_lines(screen)
         assert first.startswith(" FAILED ") and "step 400" in first
@@ -267,7 +269,7 @@ async def test_a_stall_held_across_refreshes_is_listed_once(fixture_run):
         count = len(pane.anomalies)
         for quiet in (300, 301, 302):
             stall = Anomaly("stalled", f"no new output in events.jsonl or train.log for {quiet} s", {}, FIXTURE_NOW)
-            screen.post_message(RunRefreshed(dict(screen.status, state="stalled", anomalies=[stall.to_dict()])))
+            screen.post_message(RunRefreshed(dataclasses.replace(screen.status, state="stalled", anomalies=(stall,))))
             await pilot.pause()
         assert [a.rule for a in pane.anomalies[count:]] == ["stalled"]
         assert screen.header.render_line(0).text.startswith(" STALLED  1 anomaly ")

@@ -1,5 +1,6 @@
 """A run's status report in words: what `train_run status` and `watch` print, and the figures the monitor's
-eval table shows (`eval_figures`). Reads the report of `state.RunTracker.status()` and events; no torch."""
+eval table shows (`eval_figures`). Renders `status.RunStatus` (what `state.RunTracker.status()` returns) and
+events; no torch."""
 
 from __future__ import annotations
 
@@ -10,84 +11,86 @@ from tideborn.humanize import clock, duration, number
 from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.anomaly import EVENTS_GONE
 from tideborn.rundir.events import as_float
+from tideborn.rundir.kinds import Eval
+from tideborn.rundir.status import RunStatus
 
 
-def status_text(report: dict) -> str:
-    r = report
-    lines = [f"run dir     {r['run_dir']}"]
-    who = f" (pid {r['pid']} on {r['host']})" if r["pid"] is not None else ""
-    lines.append(f"state       {r['state']}{who}")
-    if r.get("stop_requested"):
-        asked = r["stop_requested"]
-        when = as_float(asked.get("requested_at")) or as_float(asked.get("time"))
-        lines.append(f"stopping    {asked.get('signal') or 'a stop signal'} at {clock(when) if when else '?'}: "
+def status_text(status: RunStatus) -> str:
+    s = status
+    lines = [f"run dir     {s.run_dir}"]
+    who = f" (pid {s.pid} on {s.host})" if s.pid is not None else ""
+    lines.append(f"state       {s.state}{who}")
+    if s.stop_requested is not None:
+        asked = s.stop_requested
+        when = asked.since()
+        lines.append(f"stopping    {asked.signal or 'a stop signal'} at {clock(when) if when else '?'}: "
                      "finishing its step, then a checkpoint and run_stopped (stop again waits for it)")
-    progress = f" ({r['progress'] * 100:.1f}%)" if r["progress"] is not None else ""
-    max_steps = f"{r['max_steps']:,}" if isinstance(r["max_steps"], int) else "?"
-    timing = f"  elapsed {duration(r['elapsed_seconds'])}"
-    if r["eta_seconds"] is not None:
-        timing += f"  ETA {duration(r['eta_seconds'])}"
-    unreadable = any(a["rule"] == "run_file" and a["evidence"].get("file") == EVENTS_FILE for a in r["anomalies"])
-    moved = any(a["rule"] == EVENTS_GONE for a in r["anomalies"])
-    if (unreadable or moved) and not r["events_read"]:
+    progress = f" ({s.progress * 100:.1f}%)" if s.progress is not None else ""
+    max_steps = f"{s.max_steps:,}" if s.max_steps is not None else "?"
+    timing = f"  elapsed {duration(s.elapsed_seconds)}"
+    if s.eta_seconds is not None:
+        timing += f"  ETA {duration(s.eta_seconds)}"
+    unreadable = any(a.rule == "run_file" and a.evidence.get("file") == EVENTS_FILE for a in s.anomalies)
+    moved = any(a.rule == EVENTS_GONE for a in s.anomalies)
+    if (unreadable or moved) and not s.events_read:
         why = "was moved away under the run" if moved else "cannot be read"
         lines.append(f"step        unknown: {EVENTS_FILE} {why} (see anomalies)")
-    elif r["pid"] is not None and not r["launch_started"] and r["state"] in ("running", "stalled", "vanished"):
-        lines.append(f"step        no run_started from pid {r['pid']}" + (" yet" if r["state"] != "vanished" else "")
-                     + (f" (the run before reached step {r['step']:,})" if r["step"] else ""))
+    elif s.pid is not None and not s.launch_started and s.state in ("running", "stalled", "vanished"):
+        lines.append(f"step        no run_started from pid {s.pid}" + (" yet" if s.state != "vanished" else "")
+                     + (f" (the run before reached step {s.step:,})" if s.step else ""))
     else:
-        lines.append(f"step        {r['step']:,} / {max_steps}{progress}{timing}")
-    if r["loss"]:
-        loss = r["loss"]
+        lines.append(f"step        {s.step:,} / {max_steps}{progress}{timing}")
+    if s.loss:
+        loss = s.loss
         lines.append(f"loss        {number(loss.get('loss'))} (policy {number(loss.get('policy_loss'))}, "
-                     f"value {number(loss.get('value_loss'))}) at step {r['loss_step']}; lr {number(r['lr'], '.2e')}; "
-                     f"{number(r['positions_per_second'], ',.0f')} pos/s")
-    ck = r["last_checkpoint"]
-    lines.append(f"checkpoint  {Path(ck['path']).name} (step {ck['step']}), {duration(ck['age_seconds'])} ago"
+                     f"value {number(loss.get('value_loss'))}) at step {s.loss_step}; lr {number(s.lr, '.2e')}; "
+                     f"{number(s.positions_per_second, ',.0f')} pos/s")
+    ck = s.last_checkpoint
+    lines.append(f"checkpoint  {Path(ck.path).name} (step {ck.step}), {duration(ck.age_seconds)} ago"
                  if ck else "checkpoint  none yet")
-    if ck and ck.get("changed_since_saved"):
-        lines[-1] += (f"; CHANGED since it was saved ({ck['bytes']:,} bytes, saved as {ck['saved_bytes']:,}): "
+    if ck and ck.changed_since_saved:
+        lines[-1] += (f"; CHANGED since it was saved ({ck.bytes:,} bytes, saved as {ck.saved_bytes:,}): "
                       "the next train skips it if it does not load")
-    if r.get("resume_from"):
-        lines.append(f"resume      {r['resume_from']} (the newest healthy checkpoint; train resumes from it)")
-    if r["last_eval"]:
-        lines.append("eval        " + " ".join(f"{k} {v}" for k, v in eval_figures(r["last_eval"])))
+    if s.resume_from:
+        lines.append(f"resume      {s.resume_from} (the newest healthy checkpoint; train resumes from it)")
+    if s.last_eval is not None:
+        lines.append("eval        " + " ".join(f"{k} {v}" for k, v in eval_figures(s.last_eval)))
     else:
         lines.append("eval        none")
-    if r.get("elo_curve"):
-        lines.append("match       " + match_text(r["elo_curve"][-1]))
-        if len(r["elo_curve"]) > 1:
-            lines.append("elo curve   " + " ".join(f"{point[0]}:{elo_number(point[1])}"
-                                                   for point in r["elo_curve"][-ELO_CURVE_SHOWN:]))
-    if r.get("elo_rebaselines"):
-        lines.append("elo origin  " + rebaseline_text(r["elo_rebaselines"][-1]) + "; Elo before and after it are "
-                     "not comparable")
-    if r["warnings"]["count"]:
-        lines.append(f"warnings    {r['warnings']['count']} (last: {r['warnings']['last']})")
-    if r["terminal"]:
-        t = r["terminal"]
-        detail = t.get("reason") or t.get("error") or t.get("checkpoint") or ""
-        lines.append(f"ended       {t['kind']} at step {t.get('step')}" + (f": {detail}" if detail else ""))
-    if r["tail_only"]:
+    if s.elo_curve:
+        lines.append("match       " + match_text(s.elo_curve[-1].as_list()))
+        if len(s.elo_curve) > 1:
+            lines.append("elo curve   " + " ".join(f"{point.step}:{elo_number(point.elo)}"
+                                                   for point in s.elo_curve[-ELO_CURVE_SHOWN:]))
+    if s.elo_rebaselines:
+        lines.append("elo origin  " + rebaseline_text(s.elo_rebaselines[-1].as_list()) + "; Elo before and after it "
+                     "are not comparable")
+    if s.warnings.count:
+        lines.append(f"warnings    {s.warnings.count} (last: {s.warnings.last})")
+    if s.terminal is not None:
+        t = s.terminal
+        detail = t.reason or t.error or t.checkpoint or ""
+        lines.append(f"ended       {t.kind} at step {t.step}" + (f": {detail}" if detail else ""))
+    if s.tail_only:
         lines.append("note        events.jsonl is long: losses and anomalies are from its tail")
-    if r.get("events_rotated"):
+    if s.events_rotated:
         lines.append("note        events.jsonl does not begin with run_started: it was truncated or rotated under "
                      "the run" + ("; the session's run_started (settings, max_steps) went with the old part"
-                                  if r.get("run_started_missing") else ""))
-    anomalies = r["anomalies"]
+                                  if s.run_started_missing else ""))
+    anomalies = s.anomalies
     lines.append(f"anomalies   {len(anomalies) or 'none'}")
-    lines += [f"  ! {a['rule']}: {a['message']}" for a in anomalies]
-    for rule, count in r["log_error_counts"].items():
-        shown = sum(1 for a in anomalies if a["rule"] == rule)
+    lines += [f"  ! {a.rule}: {a.message}" for a in anomalies]
+    for rule, count in s.log_error_counts.items():
+        shown = sum(1 for a in anomalies if a.rule == rule)
         if count > shown:
             lines.append(f"  ({count - shown} earlier {rule} lines in train.log not shown)")
     return "\n".join(lines)
 
 
-def eval_figures(last_eval: dict) -> list[tuple[str, str]]:
-    """The figures of a status report's `last_eval` as status prints them, (name, text) in the event's order;
-    the TUI's eval table shows the same."""
-    return [(k, number(v, '.4g')) for k, v in last_eval.items() if k not in ("time", "kind")]
+def eval_figures(last_eval: Eval) -> list[tuple[str, str]]:
+    """The figures of an `eval` event as status prints them, (name, text) in the event's order; the TUI's eval
+    table shows the same."""
+    return [(k, number(v, '.4g')) for k, v in last_eval.figures().items()]
 
 
 ELO_CURVE_SHOWN = 10

@@ -12,7 +12,6 @@ import collections
 import math
 import os
 import time
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from tideborn.rundir.anomaly import (
     stalled,
     vanished,
 )
-from tideborn.rundir.events import TERMINAL_KINDS, EventReader, as_float, jsonable
+from tideborn.rundir.events import EventReader
 from tideborn.rundir.files import (
     LAUNCH_MARK,
     LogReader,
@@ -50,6 +49,19 @@ from tideborn.rundir.files import (
     read_pid_record,
     this_host,
 )
+from tideborn.rundir.kinds import (
+    CheckpointSaved,
+    Eval,
+    Match,
+    RunEnded,
+    RunStarted,
+    RunWarning,
+    Step,
+    StopRequested,
+    Watchdog,
+    parse_event,
+)
+from tideborn.rundir.status import CheckpointOnDisk, EloPoint, Rebaseline, RunStatus, WarningsSeen
 
 EVENTS_TAIL_BYTES = 2 * 1024 * 1024
 ELO_CURVE_POINTS = 10_000
@@ -60,11 +72,6 @@ LOG_TAIL_BYTES = 1024 * 1024
 KEEP_PER_LOG_RULE = 20
 STATES = ("running", "stalled", "finished", "stopped", "failed", "vanished", "unknown", "not started")
 ENDED_STATES = {"run_finished": "finished", "run_stopped": "stopped", "run_failed": "failed"}
-
-
-def started_by(run_started: dict, pid: int) -> bool:
-    """Was this `run_started` written by the process `pid`, or by a trainer that torchrun (`pid`) launched?"""
-    return pid in (run_started.get("pid"), run_started.get("launcher_pid"))
 
 
 @dataclass(frozen=True)
@@ -92,24 +99,6 @@ class Update:
     state: str = "not started"
 
 
-def _strict(value: object) -> float | str | None:
-    """A number from an event as strict JSON: finite as a float, +-inf as "inf"/"-inf", else None."""
-    number = as_float(value)
-    if number is None or math.isnan(number):
-        return None
-    return number if math.isfinite(number) else ("inf" if number > 0 else "-inf")
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _public(event: typing.Mapping | None) -> dict | None:
-    if event is None:
-        return None
-    return {k: v for k, v in event.items() if not k.startswith("_") and k != "v"}
-
-
 class RunTracker:
     """Follows one run directory. `start`: "beginning" (every event), "tail" (the last
     EVENTS_TAIL_BYTES, plus the session's run_started), or "end" (only what is written from now on;
@@ -133,26 +122,27 @@ class RunTracker:
         self.record = self._read_record()
         self.loss = LossWatch(self.thresholds)
         self.scanner = LogScanner()
-        self.run_started: dict | None = None
-        self.terminal: dict | None = None
+        self.run_started: RunStarted | None = None
+        self.terminal: RunEnded | None = None
         self.last_event: dict | None = None
-        self.last_step: dict | None = None
-        self.last_eval: dict | None = None
+        """The newest event of any kind (a newer writer's too)."""
+        self.last_step: Step | None = None
+        self.last_eval: Eval | None = None
         self.gradient: Anomaly | None = None
         """The session's gradient watchdog trip (a `watchdog` event), if any."""
-        self.elo_curve: collections.deque = collections.deque(maxlen=ELO_CURVE_POINTS)
-        """(step, elo, elo_low, elo_high, reference_step) of each `match` event (runtime.match_every)."""
-        self.elo_rebaselines: collections.deque = collections.deque(maxlen=ELO_CURVE_POINTS)
-        """(step, old reference step, new reference step) of each `warning` with `match_rebaseline`: the run's
-        match reference was lost and the Elo curve's origin moved there."""
-        self.last_checkpoint_event: dict | None = None
-        self.stop_requested: dict | None = None
+        self.elo_curve: collections.deque[EloPoint] = collections.deque(maxlen=ELO_CURVE_POINTS)
+        """Each `match` event's result (runtime.match_every)."""
+        self.elo_rebaselines: collections.deque[Rebaseline] = collections.deque(maxlen=ELO_CURVE_POINTS)
+        """Each `warning` with `match_rebaseline`: the run's match reference was lost and the Elo curve's origin
+        moved there."""
+        self.last_checkpoint_event: CheckpointSaved | None = None
+        self.stop_requested: StopRequested | None = None
         """The session's `stop_requested`: the trainer got its first stop signal and is stopping."""
         self.saved_bytes: dict[str, int] = {}
         """Checkpoint file name -> its size in its latest `checkpoint_saved` event (status cannot load a
         checkpoint, but it can tell one whose size has changed since it was written)."""
         self.warnings = 0
-        self.last_warning: dict | None = None
+        self.last_warning: RunWarning | None = None
         self.events_read = 0
         self.recent_steps: collections.deque[tuple[float, int]] = collections.deque(maxlen=50)
         self.log_anomalies: dict[str, collections.deque[Anomaly]] = {r: collections.deque(maxlen=KEEP_PER_LOG_RULE)
@@ -201,7 +191,8 @@ class RunTracker:
                 stat = self.events_path.stat()
                 same_file = record.events_inode == stat.st_ino and record.events_offset <= stat.st_size
                 found = find_first_run_started(self.events_path, record.events_offset if same_file else 0)
-                if found is not None and started_by(found[1], record.pid):
+                if found is not None and (started := parse_event(found[1])) is not None and (
+                        isinstance(started, RunStarted) and started.written_by(record.pid)):
                     return found[1] if found[0] < tail_start else None
             return find_last_run_started(self.events_path, tail_start)
         except OSError:
@@ -221,51 +212,46 @@ class RunTracker:
 
     # -- feeding --------------------------------------------------------------------------------
     def _feed_event(self, event: dict) -> list[Anomaly]:
-        kind = event.get("kind")
+        record = parse_event(event)
         self.events_read += 1
         self.last_event = event
         found: list[Anomaly] = []
         if self._first_event_pending:
             self._first_event_pending = False
-            self.events_rotated = kind != "run_started"
-        if kind == "run_started":
-            self.run_started, self.terminal, self.stop_requested = event, None, None
+            self.events_rotated = not isinstance(record, RunStarted)
+        if isinstance(record, RunStarted):
+            self.run_started, self.terminal, self.stop_requested = record, None, None
             self.gradient = None
             self.events_rotated = False
             self.recent_steps.clear()
             self.loss.new_session()
-        elif kind == "step":
+        elif isinstance(record, Step):
             found += self.loss.observe(event)
-            self.last_step = event
-            step, when = event.get("step"), as_float(event.get("time"))
-            if isinstance(step, int) and when is not None:
-                self.recent_steps.append((when, step))
-        elif kind == "eval":
-            self.last_eval = event
-        elif kind == "watchdog":
+            self.last_step = record
+            if record.step is not None and record.time is not None:
+                self.recent_steps.append((record.time, record.step))
+        elif isinstance(record, Eval):
+            self.last_eval = record
+        elif isinstance(record, Watchdog):
             self.gradient = gradient(event)
             if self.gradient is not None:
                 found.append(self.gradient)
-        elif kind == "match" and isinstance(event.get("step"), int):
-            reference = event.get("reference_step")
-            self.elo_curve.append((event["step"], *(_strict(event.get(key)) for key in ("elo", "elo_low", "elo_high")),
-                                   reference if isinstance(reference, int) else None))
-        elif kind == "stop_requested":
-            self.stop_requested = event
-        elif kind == "checkpoint_saved":
-            self.last_checkpoint_event = event
-            path, size = event.get("path"), event.get("bytes")
-            if isinstance(path, str) and isinstance(size, int) and not isinstance(size, bool):
-                self.saved_bytes[Path(path).name] = size
-        elif kind == "warning":
+        elif isinstance(record, Match) and record.step is not None:
+            self.elo_curve.append(EloPoint(record.step, record.elo, record.elo_low, record.elo_high,
+                                           record.reference_step))
+        elif isinstance(record, StopRequested):
+            self.stop_requested = record
+        elif isinstance(record, CheckpointSaved):
+            self.last_checkpoint_event = record
+            if record.path is not None and record.bytes is not None:
+                self.saved_bytes[Path(record.path).name] = record.bytes
+        elif isinstance(record, RunWarning):
             self.warnings += 1
-            self.last_warning = event
-            if event.get("match_rebaseline") is True and isinstance(event.get("step"), int):
-                self.elo_rebaselines.append((event["step"], *(value if isinstance(value, int) else None for value
-                                                             in (event.get("old_reference_step"),
-                                                                 event.get("reference_step")))))
-        elif kind in TERMINAL_KINDS:
-            self.terminal = event
+            self.last_warning = record
+            if record.match_rebaseline and record.step is not None:
+                self.elo_rebaselines.append(Rebaseline(record.step, record.old_reference_step, record.reference_step))
+        elif isinstance(record, RunEnded):
+            self.terminal = record
             failed = run_failed(event)
             if failed is not None:
                 found.append(failed)
@@ -349,16 +335,13 @@ class RunTracker:
     def _launch(self) -> Launch | None:
         """The directory's latest run: train.pid's, unless a run_started names a newer one."""
         started, record = self.run_started, self.record
-        if record is not None and (started is None or started_by(started, record.pid)
-                                   or float(started.get("time") or 0) <= record.started_at + 1):
+        if record is not None and (started is None or started.written_by(record.pid)
+                                   or (started.time or 0.0) <= record.started_at + 1):
             return Launch(record.pid, record.host, record.start_time, None, record.started_at, record.start_ticks,
                           record.boot_id)
-        if started is not None and isinstance(started.get("pid"), int):
-            when = float(started.get("time") or 0)
-            ticks, boot = started.get("start_ticks"), started.get("boot_id")
-            return Launch(started["pid"], str(started.get("host") or ""), None, when, when,
-                          ticks if isinstance(ticks, int) and not isinstance(ticks, bool) else None,
-                          boot if isinstance(boot, str) else None)
+        if started is not None and started.pid is not None:
+            when = started.time or 0.0
+            return Launch(started.pid, started.host or "", None, when, when, started.start_ticks, started.boot_id)
         return None
 
     def session_is_launch(self) -> bool:
@@ -369,8 +352,8 @@ class RunTracker:
         launch, started = self._launch(), self.run_started
         if launch is None:
             return False
-        if started is not None and started_by(started, launch.pid) and (
-                float(started.get("time") or 0) >= launch.launched_at - 1):
+        if started is not None and started.written_by(launch.pid) and (
+                (started.time or 0.0) >= launch.launched_at - 1):
             return True
         return self.run_started_rotated_away()
 
@@ -380,7 +363,7 @@ class RunTracker:
         if not self.events_rotated or launch is None or last is None:
             return False
         started = self.run_started
-        if started is not None and started_by(started, launch.pid):
+        if started is not None and started.written_by(launch.pid):
             return False  # its run_started was read (before the rotation): the usual case
         return float(last.get("time") or 0) >= launch.launched_at - 1
 
@@ -390,7 +373,7 @@ class RunTracker:
             return False
         return self._launch() is None or self.session_is_launch()
 
-    def stopping(self) -> dict | None:
+    def stopping(self) -> StopRequested | None:
         """The `stop_requested` of the latest launch while it is still going: a stop is in progress, and
         another signal would add nothing (the trainer ignores a repeated SIGTERM)."""
         if self.stop_requested is None or self.ended() or not self.session_is_launch():
@@ -408,11 +391,11 @@ class RunTracker:
         launch = self._launch()
         if launch is None:
             if self.terminal is not None:
-                return ENDED_STATES[self.terminal["kind"]], []
+                return ENDED_STATES[self.terminal.kind], []
             return ("unknown" if self.events_read else "not started"), []
         if self.ended():
             assert self.terminal is not None
-            return ENDED_STATES[self.terminal["kind"]], []
+            return ENDED_STATES[self.terminal.kind], []
         if self.facts is None:
             return "unknown", []  # launched on another host: only the files can be read from here
         last = self.last_event if self.session_is_launch() else None
@@ -445,9 +428,9 @@ class RunTracker:
             here = None
         known = {self.events.identity} - {None}
         pids = [launch.pid]
-        started = self.run_started or {}
-        if isinstance(started.get("pid"), int) and started["pid"] != launch.pid and self.session_is_launch():
-            pids.append(started["pid"])  # under torchrun, rank 0 (not torchrun, the launched pid) writes them
+        started = self.run_started
+        if started is not None and started.pid is not None and started.pid != launch.pid and self.session_is_launch():
+            pids.append(started.pid)  # under torchrun, rank 0 (not torchrun, the launched pid) writes them
         answered = False
         for pid in pids:
             files = files_written(pid, EVENTS_FILE, known)
@@ -469,7 +452,7 @@ class RunTracker:
         if self.gradient is not None:
             found.append(self.gradient)
         if self.state == "failed" and self.terminal is not None:
-            failed = run_failed(self.terminal)
+            failed = run_failed(self.terminal.event)
             if failed is not None:
                 found.append(failed)
         if self.state in ("vanished", "stalled"):
@@ -479,27 +462,27 @@ class RunTracker:
         return found
 
     # -- reporting ------------------------------------------------------------------------------
-    def status(self, now: float | None = None) -> dict:
-        """The status report (`status --json` prints it)."""
+    def status(self, now: float | None = None) -> RunStatus:
+        """The status report (`status --json` prints its `to_json()`)."""
         now = time.time() if now is None else now
-        launch, started, step_event = self._launch(), self.run_started or {}, self.last_step or {}
+        launch, started, step_event = self._launch(), self.run_started, self.last_step
         lost_start = self.run_started_rotated_away()
         if lost_start:
-            started = {}  # the session's went with the rotation; one read before is an earlier run's
-        step = max(x for x in (step_event.get("step"), started.get("step"), 0) if isinstance(x, int))
+            started = None  # the session's went with the rotation; one read before is an earlier run's
+        step = max(x for x in (step_event and step_event.step, started and started.step, 0) if isinstance(x, int))
         terminal = self.terminal if self.ended() else None
-        if terminal is not None and isinstance(terminal.get("step"), int):
-            step = max(step, terminal["step"])
-        max_steps = started.get("max_steps")
+        if terminal is not None and terminal.step is not None:
+            step = max(step, terminal.step)
+        max_steps = started.max_steps if started is not None else None
         rate = self._steps_per_second()
-        eta = ((max_steps - step) / rate if self.state in ("running", "stalled") and rate and isinstance(max_steps, int)
+        eta = ((max_steps - step) / rate if self.state in ("running", "stalled") and rate and max_steps is not None
                else None)
-        began = as_float(started.get("time"))
+        began = started.time if started is not None else None
         if lost_start and launch is not None:
             began = launch.launched_at  # the session's run_started went with the rotation: its launch is close
-        ended_at = as_float(terminal.get("time")) if terminal is not None else None
-        if terminal is not None and isinstance(as_float(terminal.get("elapsed_seconds")), float):
-            elapsed = as_float(terminal.get("elapsed_seconds"))
+        ended_at = terminal.time if terminal is not None else None
+        if terminal is not None and terminal.elapsed_seconds is not None:
+            elapsed: float | None = terminal.elapsed_seconds
         elif ended_at is not None and began is not None:
             elapsed = ended_at - began
         else:
@@ -514,47 +497,42 @@ class RunTracker:
             ck_step, ck_path = checkpoints[-1]
             stat = ck_path.stat()
             saved = self.saved_bytes.get(ck_path.name)
-            # Unusable and abandoned files are moved to archive/ by the next trainer; until then a file cut
-            # short (or replaced) after it was saved shows here as changed. None: no event seen for it.
-            checkpoint = {"step": ck_step, "path": str(ck_path), "bytes": stat.st_size,
-                          "age_seconds": now - stat.st_mtime, "saved_bytes": saved,
-                          "changed_since_saved": None if saved is None else saved != stat.st_size}
-        log_counts = {rule: n for rule, n in self.log_counts.items() if n}
-        return jsonable({
-            "run_dir": str(self.run_dir), "state": self.state,
-            "pid": launch.pid if launch else None, "host": launch.host if launch else None,
-            "pid_file": self.record is not None,
-            "launch_started": self.session_is_launch(),
-            "step": step, "max_steps": max_steps,
-            "progress": step / max_steps if isinstance(max_steps, int) and max_steps else None,
-            "loss": {name: step_event.get(name) for name in ("loss", "policy_loss", "value_loss")
-                     if name in step_event} or None,
-            "loss_step": step_event.get("step"), "lr": step_event.get("lr"), "grad_norm": step_event.get("grad_norm"),
-            "positions_per_second": step_event.get("positions_per_second"),
-            "steps_per_second": rate, "eta_seconds": eta, "elapsed_seconds": elapsed,
-            "session_started": began, "resumed_from": started.get("resumed_from"),
-            "last_checkpoint": checkpoint, "last_eval": _public(self.last_eval),
-            # A run halted by divergence names its newest healthy checkpoint, what the next train resumes from.
-            "resume_from": _text((terminal or {}).get("resume_from")),
-            "elo_curve": [list(point) for point in self.elo_curve],
-            "elo_rebaselines": [list(point) for point in self.elo_rebaselines],
-            "terminal": _public(terminal),
-            "stop_requested": _public(self.stopping()) if self.state in ("running", "stalled") else None,
-            "warnings": {"count": self.warnings, "last": (self.last_warning or {}).get("message")},
-            "last_event_time": (self.last_event or {}).get("time"),
-            "events_read": self.events_read, "events_malformed": self.events.malformed,
-            "tail_only": self.tail_read, "log_error_counts": log_counts,
-            "events_rotated": self.events_rotated, "run_started_missing": lost_start,
-            "anomalies": [a.to_dict() for a in self.anomalies(now)],
-        })
+            checkpoint = CheckpointOnDisk(ck_step, str(ck_path), stat.st_size, now - stat.st_mtime, saved,
+                                          None if saved is None else saved != stat.st_size)
+        last_time = (self.last_event or {}).get("time")
+        return RunStatus(
+            run_dir=str(self.run_dir), state=self.state,
+            pid=launch.pid if launch else None, host=launch.host if launch else None,
+            pid_file=self.record is not None, launch_started=self.session_is_launch(),
+            step=step, max_steps=max_steps, progress=step / max_steps if max_steps else None,
+            loss=(step_event.losses() or None) if step_event is not None else None,
+            loss_step=step_event.step if step_event is not None else None,
+            lr=step_event.lr if step_event is not None else None,
+            grad_norm=step_event.grad_norm if step_event is not None else None,
+            positions_per_second=step_event.positions_per_second if step_event is not None else None,
+            steps_per_second=rate, eta_seconds=eta, elapsed_seconds=elapsed,
+            session_started=began, resumed_from=started.resumed_from if started is not None else None,
+            last_checkpoint=checkpoint, last_eval=self.last_eval,
+            resume_from=terminal.resume_from if terminal is not None else None,
+            elo_curve=tuple(self.elo_curve), elo_rebaselines=tuple(self.elo_rebaselines),
+            terminal=terminal,
+            stop_requested=self.stopping() if self.state in ("running", "stalled") else None,
+            warnings=WarningsSeen(self.warnings, self.last_warning.message if self.last_warning else None),
+            # well_formed lets only a finite number through; as written, so that JSON prints it as the event did
+            last_event_time=last_time if isinstance(last_time, (int, float)) else None,
+            events_read=self.events_read, events_malformed=self.events.malformed,
+            tail_only=self.tail_read, log_error_counts={rule: n for rule, n in self.log_counts.items() if n},
+            events_rotated=self.events_rotated, run_started_missing=lost_start,
+            anomalies=tuple(self.anomalies(now)),
+        )
 
     def _steps_per_second(self) -> float | None:
         if len(self.recent_steps) >= 2:
             (t0, s0), (t1, s1) = self.recent_steps[0], self.recent_steps[-1]
             if t1 > t0 and s1 > s0:
                 return (s1 - s0) / (t1 - t0)
-        step_event, started = self.last_step or {}, self.run_started or {}
-        pps, batch = as_float(step_event.get("positions_per_second")), started.get("batch_size")
-        if pps and isinstance(batch, int) and batch > 0 and math.isfinite(pps):
+        pps = self.last_step.positions_per_second if self.last_step is not None else None
+        batch = self.run_started.batch_size if self.run_started is not None else None
+        if pps and batch is not None and batch > 0 and math.isfinite(pps):
             return pps / batch
         return None

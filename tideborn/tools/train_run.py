@@ -21,7 +21,7 @@ from tideborn.errors import UserError, report_error, report_user_error
 from tideborn.humanize import clock, duration
 from tideborn.rundir import EVENTS_FILE, PID_FILE, check_readable_dir, temp_checkpoints
 from tideborn.rundir.anomaly import Anomaly, AnomalyThresholds
-from tideborn.rundir.events import as_float, encode_event
+from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import PidRecord, process_facts
 from tideborn.rundir.report import event_text, status_text
 from tideborn.rundir.state import RunTracker
@@ -194,8 +194,8 @@ def command_status(args: argparse.Namespace) -> int:
     tracker.refresh(keep_events=False)
     tracker.finish_log()
     report = tracker.status()
-    print(json.dumps(report) if args.json else status_text(report))
-    return ANOMALY if report["anomalies"] else OK
+    print(json.dumps(report.to_json()) if args.json else status_text(report))
+    return ANOMALY if report.anomalies else OK
 
 
 def command_stop(args: argparse.Namespace) -> int:
@@ -205,8 +205,8 @@ def command_stop(args: argparse.Namespace) -> int:
     tracker = RunTracker(run_dir, start="end")
     tracker.refresh()
     if tracker.ended():
-        return fail(args, f"{run_dir}: the run is not running: it already ended ({tracker.terminal['kind']} "
-                          f"at step {tracker.terminal.get('step')}); nothing was signalled", NO_RUN)
+        return fail(args, f"{run_dir}: the run is not running: it already ended ({tracker.terminal.kind} "
+                          f"at step {tracker.terminal.step}); nothing was signalled", NO_RUN)
     stopping = tracker.stopping()
     try:
         # A stop in progress is waited for, never signalled again: the trainer would ignore a repeated
@@ -216,10 +216,10 @@ def command_stop(args: argparse.Namespace) -> int:
             send_signal(run_dir, record, 0)
     except NotRunning as exc:
         return fail(args, f"{exc}; state: {tracker.state}", NO_RUN)
-    step = (tracker.last_step or {}).get("step")
+    step = tracker.last_step.step if tracker.last_step is not None else None
     if stopping is not None:
-        asked = as_float(stopping.get("requested_at")) or as_float(stopping.get("time")) or time.time()
-        print(f"a stop is already in progress: pid {record.pid} got {stopping.get('signal') or 'a stop signal'} at "
+        asked = stopping.since() or time.time()
+        print(f"a stop is already in progress: pid {record.pid} got {stopping.signal or 'a stop signal'} at "
               f"{clock(asked)} ({duration(max(0.0, time.time() - asked))} ago); not signalling it again; waiting up "
               f"to {args.timeout:g} s for it to save a checkpoint and exit", flush=True)
     else:
@@ -244,13 +244,13 @@ def command_stop(args: argparse.Namespace) -> int:
             return ANOMALY
     update = tracker.refresh()
     _print_stop_progress(update.events)
-    ck = tracker.status().get("last_checkpoint")
-    where = f"; last checkpoint {ck['path']} (step {ck['step']})" if ck else "; no checkpoint"
+    ck = tracker.status().last_checkpoint
+    where = f"; last checkpoint {ck.path} (step {ck.step})" if ck else "; no checkpoint"
     if tracker.ended() and tracker.terminal is not None:
         t = tracker.terminal
-        how = t.get("reason") or t.get("error") or ""
-        print(f"the run ended: {t['kind']} at step {t.get('step')}" + (f" ({how})" if how else "") + where)
-        return OK if t["kind"] in ("run_stopped", "run_finished") else ANOMALY
+        how = t.reason or t.error or ""
+        print(f"the run ended: {t.kind} at step {t.step}" + (f" ({how})" if how else "") + where)
+        return OK if t.kind in ("run_stopped", "run_finished") else ANOMALY
     print(f"pid {record.pid} exited without writing a terminal event (see {run_dir / 'train.log'}){where}")
     return ANOMALY
 
@@ -305,8 +305,8 @@ def _saves_in_progress(tracker: RunTracker, record: PidRecord) -> list[Path]:
     its pids count (the recorded one, and under torchrun rank 0's from `run_started`): a stale one that
     a killed run left is not a save in progress."""
     pids = {record.pid}
-    if tracker.session_is_launch() and isinstance((tracker.run_started or {}).get("pid"), int):
-        pids.add(tracker.run_started["pid"])
+    if tracker.session_is_launch() and tracker.run_started is not None and tracker.run_started.pid is not None:
+        pids.add(tracker.run_started.pid)
     return [path for path in temp_checkpoints(tracker.run_dir) if int(path.name.rsplit("-", 1)[1]) in pids]
 
 

@@ -6,7 +6,6 @@ the directory cannot be watched (or does not exist yet). Nothing here touches a 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import threading
 import time
@@ -17,6 +16,7 @@ from tideborn.rundir import EVENTS_FILE, LOG_FILE
 from tideborn.rundir.anomaly import AnomalyThresholds, LogScanner, match_log_line
 from tideborn.rundir.files import LogReader, file_size, line_start_at_or_after, this_host
 from tideborn.rundir.state import RunTracker
+from tideborn.rundir.status import RunStatus
 from tideborn.tui.gpu import HardwareSample, NvmlProbe, ProcessProbe, devices_from_event
 from tideborn.tui.messages import (
     AnomaliesFound,
@@ -63,6 +63,8 @@ class RunFollower:
         self._last_gpu_event: dict | None = None
         self._next_hardware = 0.0
         self._last_status: dict | None = None
+        self._last_pid: tuple[int | None, str | None] = (None, None)
+        """The pid and host of the newest status (what the hardware sample looks at)."""
         self._last_hardware: HardwareSample | None = None
         self.polls = 0
         self.watch_problem = ""
@@ -84,10 +86,8 @@ class RunFollower:
             messages.append(AnomaliesFound(update.anomalies, initial=self.polls == 0))
         messages += self._read_log()
         status = self.tracker.status(now)
-        status["checked_at"] = now
-        status["watch_problem"] = self.watch_problem
         if self._changed(status):
-            messages.append(RunRefreshed(status))
+            messages.append(RunRefreshed(status, now, self.watch_problem))
         if now >= self._next_hardware:
             self._next_hardware = now + HARDWARE_SECONDS
             sample = self.hardware(now)
@@ -98,15 +98,18 @@ class RunFollower:
         self.polls += 1
         return messages
 
-    def _changed(self, status: dict) -> bool:
-        key = copy.deepcopy(status)
-        for name in (*_VOLATILE, "checked_at"):
+    def _changed(self, status: RunStatus) -> bool:
+        # Compared as JSON, where a NaN loss is "nan" and equal to itself; the ages and times that tick with
+        # the clock alone (the header ages them itself) do not count, nor does a watch_problem's absence.
+        key = status.to_json()
+        for name in _VOLATILE:
             key.pop(name, None)
         if isinstance(key.get("last_checkpoint"), dict):
             key["last_checkpoint"].pop("age_seconds", None)
+        key["watch_problem"] = self.watch_problem
         if key == self._last_status:
             return False
-        self._last_status = key
+        self._last_status, self._last_pid = key, (status.pid, status.host)
         return True
 
     def _read_log(self) -> list:
@@ -128,16 +131,15 @@ class RunFollower:
         return [LogLinesArrived(lines, reset=reset)] if lines or reset else []
 
     def hardware(self, now: float) -> HardwareSample:
-        started = self.tracker.run_started or {}
-        device = str(started.get("device") or "")
-        settings = started.get("settings")  # a hand-edited or foreign event may hold anything here
-        runtime = settings.get("runtime") if isinstance(settings, dict) else None
+        started = self.tracker.run_started
+        device = (started.device if started is not None else None) or ""
+        settings = started.settings if started is not None else None
+        runtime = settings.get("runtime") if settings is not None else None  # a hand-edited event may hold anything
         runtime = runtime if isinstance(runtime, dict) else {}
         cpu_run: bool | None = None
         if device or runtime.get("device"):
             cpu_run = (device or str(runtime.get("device"))).startswith("cpu")
-        status = self._last_status or {}
-        pid, host = status.get("pid"), status.get("host")
+        pid, host = self._last_pid
         local = host == this_host()
         record = self.tracker.record
         identity = record.identity() if record is not None and record.pid == pid else None

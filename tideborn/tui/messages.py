@@ -7,14 +7,24 @@ the queue (`can_replace`), so a burst of writes costs one redraw, not one per wr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from textual.message import Message
 
 from tideborn.rundir.anomaly import Anomaly
+from tideborn.rundir.status import RunStatus
 from tideborn.tui.gpu import HardwareSample
 from tideborn.tui.history import RunHistory
 from tideborn.tui.plan import LaunchPlan
+
+
+@dataclass(frozen=True)
+class ListedRun:
+    """One run of the picker's folder: its directory's name and its status."""
+
+    name: str
+    status: RunStatus
 
 
 class _Latest(Message):
@@ -25,11 +35,14 @@ class _Latest(Message):
 
 
 class RunRefreshed(_Latest):
-    """The run's status report (as `train_run status --json` gives it), after a refresh."""
+    """The run's status report (what `train_run status` prints), after a refresh at `checked_at`;
+    `watch_problem`: why the directory is polled instead of watched, if it is."""
 
-    def __init__(self, status: dict) -> None:
+    def __init__(self, status: RunStatus, checked_at: float | None = None, watch_problem: str = "") -> None:
         super().__init__()
         self.status = status
+        self.checked_at = checked_at
+        self.watch_problem = watch_problem
 
 
 class RunAttached(Message):
@@ -126,6 +139,6 @@ class StopFailed(Message):
 class RunsListed(_Latest):
     """The runs of a folder, one status report each (the run picker)."""
 
-    def __init__(self, runs: list[dict]) -> None:
+    def __init__(self, runs: list[ListedRun]) -> None:
         super().__init__()
         self.runs = runs

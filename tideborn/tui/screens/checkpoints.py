@@ -24,6 +24,7 @@ from tideborn.humanize import duration, shortened
 from tideborn.outputs import check_output_before_work, remove_stale_temps
 from tideborn.rundir import list_checkpoints
 from tideborn.rundir.report import eval_figures
+from tideborn.rundir.status import RunStatus
 from tideborn.tui.options import TuiOptions
 
 LIVE_STATES = ("running", "stalled")
@@ -202,7 +203,7 @@ class CheckpointScreen(Screen):
         Binding("escape", "back", "Back"),
     ]
 
-    def __init__(self, run_dir: Path, options: TuiOptions, status: typing.Callable[[], dict | None],
+    def __init__(self, run_dir: Path, options: TuiOptions, status: typing.Callable[[], RunStatus | None],
                  can_start: typing.Callable[[], bool] = lambda: True) -> None:
         super().__init__()
         self.run_dir = run_dir
@@ -211,7 +212,7 @@ class CheckpointScreen(Screen):
         self.can_start = can_start
         """Is there a plan to start with (--config, the editor's, launch.json)? Resuming needs one."""
         self.checkpoints: list[CheckpointFile] = []
-        self._shown_status: dict | None = None
+        self._shown_status: RunStatus | None = None
         self._shown_files: list[CheckpointFile] | None = None
 
     def compose(self) -> ComposeResult:
@@ -233,44 +234,45 @@ class CheckpointScreen(Screen):
 
     @property
     def state(self) -> str:
-        return str((self.status_of() or {}).get("state", "not started"))
+        status = self.status_of()
+        return status.state if status is not None else "not started"
 
     def _refresh(self) -> None:
         status = self.status_of()
         if status is not self._shown_status:
             self._shown_status = status
-            self._show_evals(status or {})
+            self._show_evals(status)
             self.refresh_bindings()  # r is offered by the run's state
         files = checkpoint_files(self.run_dir)
         if files != self._shown_files or files:  # ages move on: redraw the list while it has rows
             self._shown_files = files
-            self._show_checkpoints(files, status or {})
+            self._show_checkpoints(files, status)
         title = Text(no_wrap=True, overflow="ellipsis")
         title.append(" checkpoints and eval ", style="bold")
         title.append(f"{self.run_dir.name} ({self.state})")
         self.query_one("#ck-title", Static).update(title)
 
-    def _show_evals(self, status: dict) -> None:
+    def _show_evals(self, status: RunStatus | None) -> None:
         table = self.query_one("#evals", DataTable)
         table.clear()
-        last_eval = status.get("last_eval")
-        if not last_eval:
+        last_eval = status.last_eval if status is not None else None
+        if last_eval is None:
             table.border_title = "last eval: none"
             return
-        when = last_eval.get("time")
-        age = f", {duration(self.options.clock() - when)} ago" if isinstance(when, (int, float)) else ""
+        when = last_eval.time
+        age = f", {duration(self.options.clock() - when)} ago" if when is not None else ""
         table.border_title = f"last eval (as status shows it{age})"
         for name, value in eval_figures(last_eval):
             table.add_row(name, Text(value, justify="right"), key=name)
 
-    def _show_checkpoints(self, files: list[CheckpointFile], status: dict) -> None:
+    def _show_checkpoints(self, files: list[CheckpointFile], status: RunStatus | None) -> None:
         table = self.query_one("#checkpoints", DataTable)
         highlighted = self.highlighted()
         table.clear()
         self.checkpoints = files
         now = self.options.clock()
-        newest = status.get("last_checkpoint") or {}
-        changed = {Path(str(newest.get("path"))).name} if newest.get("changed_since_saved") else set()
+        newest = status.last_checkpoint if status is not None else None
+        changed = {Path(newest.path).name} if newest is not None and newest.changed_since_saved else set()
         for index, ck in enumerate(files):
             note = ""
             if index == 0:

@@ -18,9 +18,10 @@ from textual.widgets import Footer, OptionList
 from tideborn.errors import UserError
 from tideborn.humanize import duration
 from tideborn.rundir import LAUNCH_FILE, list_checkpoints
-from tideborn.rundir.anomaly import STALLED, VANISHED, Anomaly
+from tideborn.rundir.anomaly import STALLED, VANISHED
 from tideborn.rundir.events import TERMINAL_KINDS
 from tideborn.rundir.files import file_size, first_event
+from tideborn.rundir.status import RunStatus
 from tideborn.tools.control import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
 from tideborn.tui.follow import RunFollower, follow
 from tideborn.tui.history import RunHistory, SeenEvents, load_history, rotated_away, starts_a_new_run
@@ -107,7 +108,7 @@ class DashboardScreen(Screen):
         self.from_picker = from_picker
         self.history = RunHistory(options.smoothing)
         self.state = "not started"
-        self.status: dict | None = None
+        self.status: RunStatus | None = None
         self.ready = threading.Event()
         """Set once the first poll and, for a long run, the full history have arrived (tests wait on it)."""
         self._stop = threading.Event()
@@ -254,12 +255,12 @@ class DashboardScreen(Screen):
 
     def on_run_refreshed(self, message: RunRefreshed) -> None:
         self.status = message.status
-        self.state = str(message.status.get("state"))
+        self.state = message.status.state
         if self.state == "not started" and not self.header.note:
             self.header.note = ("s starts a run here, e edits its settings first" if self.can_start() else
                                 "nothing to start here without --config FILE")
-        self.header.show_status(message.status)
-        holding = [Anomaly(**a) for a in message.status.get("anomalies") or []]
+        self.header.show_status(message.status, message.checked_at, message.watch_problem)
+        holding = list(message.status.anomalies)
         pane = self.query_one("#anomalies", AnomalyList)
         # Whatever status lists is listed here too, but once a rule for a process state (its message
         # counts the seconds of a stall, so it changes at each refresh).
@@ -433,7 +434,7 @@ class DashboardScreen(Screen):
         stopping = self._stopping()
         if stopping is None:
             return None
-        pid = (self.status or {}).get("pid")
+        pid = self.status.pid if self.status is not None else None
         return (f"the run is stopping already ({stopping[0]} {duration(self.options.clock() - stopping[1])} ago): it "
                 "finishes its step, saves a checkpoint and writes run_stopped; another stop would add nothing. To end "
                 f"it at once, losing the steps since its last checkpoint: kill -KILL {pid}")
@@ -455,7 +456,7 @@ class DashboardScreen(Screen):
         if self.state not in LIVE_STATES:
             self.action_stop_not_running()
             return
-        pid = (self.status or {}).get("pid")
+        pid = self.status.pid if self.status is not None else None
         question = (f"Stop the run in {self.run_dir}?\n\nSIGTERM to pid {pid}: it finishes its step, saves a "
                     "checkpoint and exits (run_stopped).")
         self.app.push_screen(ConfirmScreen(question), self._stop_confirmed)

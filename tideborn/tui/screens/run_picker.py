@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from tideborn.humanize import duration, number
 from tideborn.rundir.state import STATES, RunTracker
-from tideborn.tui.messages import RunsListed
+from tideborn.tui.messages import ListedRun, RunsListed
 from tideborn.tui.options import TuiOptions, runs_in
 from tideborn.tui.widgets.header import STATE_STYLES
 
@@ -27,7 +27,7 @@ SORTS = ("name", "last update", "state", "step")
 steps first."""
 
 
-def runs_report(folder: Path, trackers: dict[Path, RunTracker], options: TuiOptions) -> list[dict]:
+def runs_report(folder: Path, trackers: dict[Path, RunTracker], options: TuiOptions) -> list[ListedRun]:
     """One status report per run directory in `folder` (trackers are kept and reused between calls)."""
     reports = []
     now = options.clock()
@@ -36,9 +36,7 @@ def runs_report(folder: Path, trackers: dict[Path, RunTracker], options: TuiOpti
         if tracker is None:
             tracker = trackers[run_dir] = RunTracker(run_dir, options.thresholds, start="tail", strict_pid_file=False)
         tracker.refresh(now=now, keep_events=False)
-        report = tracker.status(now)
-        report["name"] = run_dir.name
-        reports.append(report)
+        reports.append(ListedRun(run_dir.name, tracker.status(now)))
     return reports
 
 
@@ -65,9 +63,9 @@ class RunPickerScreen(Screen):
         super().__init__()
         self.folder = folder
         self.options = options
-        self.runs: list[dict] = []
+        self.runs: list[ListedRun] = []
         """Every run of the folder, by name (as the worker lists them)."""
-        self.shown: list[dict] = []
+        self.shown: list[ListedRun] = []
         """The runs in the table: filtered and sorted."""
         self.marked: set[str] = set()
         """Run directories marked for comparison (they stay marked while filtered out)."""
@@ -109,23 +107,23 @@ class RunPickerScreen(Screen):
 
     def on_runs_listed(self, message: RunsListed) -> None:
         self.runs = message.runs
-        present = {run["run_dir"] for run in self.runs}
+        present = {run.status.run_dir for run in self.runs}
         self.marked &= present  # a run that went away is no longer compared
         self._fill()
         self.ready.set()
 
-    def _visible(self) -> list[dict]:
+    def _visible(self) -> list[ListedRun]:
         runs = [run for run in self.runs
-                if (self.state_filter is None or str(run["state"]) == self.state_filter)
-                and self.name_filter.casefold() in str(run["name"]).casefold()]
+                if (self.state_filter is None or run.status.state == self.state_filter)
+                and self.name_filter.casefold() in run.name.casefold()]
         if self.sort == "last update":
-            runs.sort(key=lambda run: -float(run["last_event_time"]) if isinstance(run.get("last_event_time"),
-                                                                                    (int, float)) else float("inf"))
+            runs.sort(key=lambda run: -float(run.status.last_event_time) if run.status.last_event_time is not None
+                      else float("inf"))
         elif self.sort == "state":
             order = {state: index for index, state in enumerate(STATES)}
-            runs.sort(key=lambda run: order.get(str(run["state"]), len(order)))
+            runs.sort(key=lambda run: order.get(run.status.state, len(order)))
         elif self.sort == "step":
-            runs.sort(key=lambda run: -run["step"] if isinstance(run.get("step"), int) else 0)
+            runs.sort(key=lambda run: -run.status.step)
         return runs  # by name otherwise, and within equal keys (sorts are stable; runs_in lists by name)
 
     def _fill(self) -> None:
@@ -136,23 +134,23 @@ class RunPickerScreen(Screen):
         now = self.options.clock()
         colour = self.options.colour
         for run in self.shown:
-            state = str(run["state"])
-            max_steps = f"/{run['max_steps']:,}" if isinstance(run.get("max_steps"), int) else ""
-            loss = (run.get("loss") or {}).get("loss")
-            anomalies = len(run.get("anomalies") or [])
-            last = run.get("last_event_time")
-            marked = run["run_dir"] in self.marked
+            s = run.status
+            max_steps = f"/{s.max_steps:,}" if s.max_steps is not None else ""
+            loss = (s.loss or {}).get("loss")
+            anomalies = len(s.anomalies)
+            last = s.last_event_time
+            marked = s.run_dir in self.marked
             table.add_row(
                 Text("[x]" if marked else "[ ]", style="bold" if marked else "dim" if colour else ""),
-                run["name"],
-                Text(state, style=STATE_STYLES.get(state, "") if colour else ""),
-                f"{run['step']:,}{max_steps}",
+                run.name,
+                Text(s.state, style=STATE_STYLES.get(s.state, "") if colour else ""),
+                f"{s.step:,}{max_steps}",
                 number(loss) if loss is not None else "-",
                 Text(str(anomalies), style="bold red" if anomalies and colour else "") if anomalies else "0",
-                f"{duration(now - last)} ago" if isinstance(last, (int, float)) else "-",
-                key=run["run_dir"],
+                f"{duration(now - last)} ago" if last is not None else "-",
+                key=s.run_dir,
             )
-        keys = [run["run_dir"] for run in self.shown]
+        keys = [run.status.run_dir for run in self.shown]
         if keys:
             table.move_cursor(row=keys.index(highlighted) if highlighted in keys else 0)
         hidden = len(self.runs) - len(self.shown)
@@ -221,10 +219,10 @@ class RunPickerScreen(Screen):
         from tideborn.tui.screens.compare import ComparedRun, CompareScreen
 
         # In the table's order; marked runs the filters hide are compared too (the title says how many).
-        order = {run["run_dir"]: index for index, run in enumerate(self.shown)}
-        chosen = sorted((run for run in self.runs if run["run_dir"] in self.marked),
-                        key=lambda run: (order.get(run["run_dir"], len(order)), run["name"]))
-        self.app.push_screen(CompareScreen([ComparedRun(run["name"], Path(run["run_dir"]), str(run["state"]))
+        order = {run.status.run_dir: index for index, run in enumerate(self.shown)}
+        chosen = sorted((run for run in self.runs if run.status.run_dir in self.marked),
+                        key=lambda run: (order.get(run.status.run_dir, len(order)), run.name))
+        self.app.push_screen(CompareScreen([ComparedRun(run.name, Path(run.status.run_dir), run.status.state)
                                             for run in chosen], self.options))
 
     # -- sorting and filtering ------------------------------------------------------------------------
@@ -234,7 +232,7 @@ class RunPickerScreen(Screen):
         self.notify(f"sorted by {self.sort}", timeout=2)
 
     def action_state_filter(self) -> None:
-        states = [state for state in STATES if any(str(run["state"]) == state for run in self.runs)]
+        states = [state for state in STATES if any(run.status.state == state for run in self.runs)]
         choices: list[str | None] = [None, *states]
         current = choices.index(self.state_filter) if self.state_filter in choices else 0
         self.state_filter = choices[(current + 1) % len(choices)]

@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tideborn.humanize import duration, number
+from tideborn.rundir.status import RunStatus
 
 STATE_STYLES = {
     "running": "bold green", "stalled": "bold yellow", "finished": "bold blue", "stopped": "bold cyan",
@@ -26,7 +27,11 @@ class RunHeader(Widget):
         self.colour = colour
         self.ascii = ascii
         """Only ASCII characters (`--ascii`): the Elo sparkline too."""
-        self.status: dict | None = None
+        self.status: RunStatus | None = None
+        self.checked_at: float | None = None
+        """When the status was taken: the checkpoint's age goes on from there with the clock."""
+        self.watch_problem = ""
+        """Why the run directory is polled instead of watched, if it is."""
         self.stopping_since: float | None = None
         self.note = ""
         self.shown_text = ""
@@ -36,24 +41,25 @@ class RunHeader(Widget):
         self.show()
         self.set_interval(1.0, self.show)
 
-    def show_status(self, status: dict) -> None:
-        self.status = status
-        if status.get("terminal") or status.get("state") not in ("running", "stalled"):
+    def show_status(self, status: RunStatus, checked_at: float | None = None, watch_problem: str = "") -> None:
+        self.status, self.checked_at, self.watch_problem = status, checked_at, watch_problem
+        if status.terminal is not None or status.state not in ("running", "stalled"):
             self.stopping_since = None
         self.show()
 
     def stopping(self) -> tuple[str, float] | None:
         """(signal, since when) while a stop is in progress: sent from here, or seen in the run's events
         (`stop_requested`: a stop sent from anywhere else)."""
-        s = self.status or {}
-        if s.get("state") not in ("running", "stalled"):
+        s = self.status
+        if s is None or s.state not in ("running", "stalled"):
             return None
-        requested = s.get("stop_requested") or {}
-        when = requested.get("requested_at") or requested.get("time")
+        requested = s.stop_requested
+        signal = requested.signal if requested is not None else None
         if self.stopping_since is not None:
-            return str(requested.get("signal") or "SIGTERM"), self.stopping_since
-        if requested and isinstance(when, (int, float)):
-            return str(requested.get("signal") or "a stop signal"), float(when)
+            return signal or "SIGTERM", self.stopping_since
+        when = requested.since() if requested is not None else None
+        if when is not None:
+            return signal or "a stop signal", when
         return None
 
     def show(self) -> None:
@@ -74,57 +80,55 @@ class RunHeader(Widget):
         s = self.status
         if s is None:
             return Text.assemble((" reading ", self._style("bold")), str(self.run_dir), "\n")
-        state = str(s.get("state"))
+        state = s.state
         line = Text(no_wrap=True, overflow="ellipsis")
         label = state.upper()
         stopping = self.stopping()
         if stopping is not None:
             label += f" (stopping, {stopping[0]} {duration(now - stopping[1])} ago)"
-        holding = len(s.get("anomalies") or [])
+        holding = len(s.anomalies)
         style = "bold red" if holding else STATE_STYLES.get(state, "bold")  # never a green RUNNING over a NaN
         badge = self._style(style) + (" reverse" if self.colour else "")
         line.append(f" {label} ", style=badge)
         if holding:
             line.append(f" {holding} {'anomaly' if holding == 1 else 'anomalies'} ", style=badge)
-        step, max_steps = s.get("step") or 0, s.get("max_steps")
-        line.append(f" step {step:,}" + (f" / {max_steps:,}" if isinstance(max_steps, int) else ""))
-        if s.get("progress") is not None:
-            line.append(f" ({s['progress'] * 100:.1f}%)")
-        if s.get("eta_seconds") is not None:
-            line.append(f"  ETA {duration(s['eta_seconds'])}")
-        if s.get("positions_per_second") is not None:
-            line.append(f"  {number(s['positions_per_second'], ',.0f')} pos/s")
-        if s.get("lr") is not None:
-            line.append(f"  lr {number(s['lr'], '.2e')}")
+        line.append(f" step {s.step:,}" + (f" / {s.max_steps:,}" if s.max_steps is not None else ""))
+        if s.progress is not None:
+            line.append(f" ({s.progress * 100:.1f}%)")
+        if s.eta_seconds is not None:
+            line.append(f"  ETA {duration(s.eta_seconds)}")
+        if s.positions_per_second is not None:
+            line.append(f"  {number(s.positions_per_second, ',.0f')} pos/s")
+        if s.lr is not None:
+            line.append(f"  lr {number(s.lr, '.2e')}")
         second = Text(no_wrap=True, overflow="ellipsis")
-        terminal = s.get("terminal")
-        if terminal and terminal.get("kind") == "run_failed":  # first, so a narrow terminal still shows why
-            detail = " ".join(str(terminal.get("error") or "").split())
-            second.append(f" run_failed at step {terminal.get('step')}" + (f": {detail}" if detail else ""),
+        terminal = s.terminal
+        if terminal is not None and terminal.kind == "run_failed":  # first, so a narrow terminal still shows why
+            detail = " ".join(str(terminal.error or "").split())
+            second.append(f" run_failed at step {terminal.step}" + (f": {detail}" if detail else ""),
                           style=self._style("bold red"))
-        last_event = s.get("last_event_time")
-        if isinstance(last_event, (int, float)):
-            second.append(f"{'  ' if second else ' '}event {duration(now - last_event)} ago")
+        if s.last_event_time is not None:
+            second.append(f"{'  ' if second else ' '}event {duration(now - s.last_event_time)} ago")
         else:
             second.append(f"{'  ' if second else ' '}no events yet")
-        checkpoint = s.get("last_checkpoint")
-        if checkpoint:
-            checked = s.get("checked_at") or now
-            age = checkpoint["age_seconds"] + (now - checked)
-            second.append(f"  checkpoint step {checkpoint['step']:,} ({duration(age)} ago)")
+        checkpoint = s.last_checkpoint
+        if checkpoint is not None:
+            age = checkpoint.age_seconds + (now - (self.checked_at or now))
+            second.append(f"  checkpoint step {checkpoint.step:,} ({duration(age)} ago)")
         else:
             second.append("  no checkpoint")
-        elo = elo_curve_text(s.get("elo_curve"), self.ascii, s.get("elo_rebaselines"))
+        elo = elo_curve_text([point.as_list() for point in s.elo_curve], self.ascii,
+                             [point.as_list() for point in s.elo_rebaselines])
         if elo:
             second.append(f"  {elo}")
-        if terminal and terminal.get("kind") != "run_failed":
-            detail = terminal.get("reason") or terminal.get("error") or ""
-            second.append(f"  {terminal['kind']} at step {terminal.get('step')}" + (f": {detail}" if detail else ""),
+        if terminal is not None and terminal.kind != "run_failed":
+            detail = terminal.reason or terminal.error or ""
+            second.append(f"  {terminal.kind} at step {terminal.step}" + (f": {detail}" if detail else ""),
                           style=self._style("bold"))
-        elif not terminal and s.get("pid") is not None:
-            second.append(f"  pid {s['pid']}")
-        if s.get("watch_problem"):
-            second.append(f"  polling every 2 s ({s['watch_problem']})", style=self._style("yellow"))
+        elif terminal is None and s.pid is not None:
+            second.append(f"  pid {s.pid}")
+        if self.watch_problem:
+            second.append(f"  polling every 2 s ({self.watch_problem})", style=self._style("yellow"))
         if self.note:
             second.append(f"  {self.note}", style=self._style("italic"))
         # One line each, cut with an ellipsis: a wrapped first line would push the second out of the header.

@@ -41,8 +41,9 @@ from test_reliability_support import tool
 
 from tideborn.config import load_settings
 from tideborn.errors import UserError
-from tideborn.rundir import check_run_dir, list_checkpoints, open_run_file, write_atomically
+from tideborn.rundir import check_run_dir, list_checkpoints, open_run_file
 from tideborn.rundir.events import EventWriter
+from tideborn.safefile import write_atomically
 
 OTHER_UID = 4242
 """A uid no account on a test machine uses: "another user"."""

@@ -20,7 +20,8 @@ import torch
 
 from tests.conftest import assert_user_error, child_env, describe, settings_args
 from tideborn.network.checkpoint import CheckpointError, load_checkpoint
-from tideborn.rundir import MATCH_REFERENCE_FILE, write_atomically
+from tideborn.rundir import MATCH_REFERENCE_FILE
+from tideborn.safefile import write_atomically
 from tideborn.tools import train_run
 from tideborn.trainer import loop
 from tideborn.trainer.cli import main as trainer_main

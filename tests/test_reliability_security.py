@@ -41,8 +41,9 @@ from test_reliability_support import (
     write_hostile_checkpoint,
 )
 
-from tideborn.rundir import DIR_MODE, FILE_MODE, list_checkpoints
+from tideborn.rundir import list_checkpoints
 from tideborn.rundir.events import TERMINAL_KINDS
+from tideborn.safefile import DIR_MODE, FILE_MODE
 
 SMOKE_SETS = ("optim.batch_size=16", "runtime.log_every=1", "runtime.progress=plain")
 

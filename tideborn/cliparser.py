@@ -34,3 +34,14 @@ class OneLineParser(argparse.ArgumentParser):
                 if isinstance(sub, OneLineParser):
                     return sub._chosen(parsed)
         return self
+
+
+def positive_int(text: str) -> int:
+    """An argparse `type`: a whole number of at least 1 (games, threads, batches, copies)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
+    return value

@@ -18,28 +18,12 @@ import typing
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import (
-    create_new_file,
-    fsync_directory,
-    is_run_entry,
-    make_dirs,
-    os_error_text,
-    write_probe,
-)
+from tideborn.rundir import is_run_entry
+from tideborn.safefile import file_type, make_dirs, os_error_text, publish, temp_path, write_probe, write_temp
 
 
 class OutputError(UserError):
     """An output could not be written (a full disk, no permission): one line naming the file."""
-
-
-def file_type_name(mode: int) -> str:
-    """What a file that is not a regular one is, in words, for error messages."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def check_output_path(path: Path, flag: str) -> None:
@@ -58,7 +42,7 @@ def check_output_path(path: Path, flag: str) -> None:
     except OSError as exc:
         raise UserError(f"{flag} {path}: cannot use it: {exc.strerror or exc}") from None
     if not stat.S_ISREG(mode):
-        raise UserError(f"{flag} {path}: is {file_type_name(mode)}; name a regular file to write (it is "
+        raise UserError(f"{flag} {path}: is {file_type(mode)}; name a regular file to write (it is "
                         f"replaced whole)")
 
 
@@ -109,11 +93,6 @@ def describe_write_error(exc: OSError, path: Path) -> str:
     if exc.errno == errno.EDQUOT:
         return f"disk quota exceeded writing {path}; nothing was replaced"
     return f"cannot write {path}: {exc.strerror or exc}; nothing was replaced"
-
-
-def temp_path(path: Path) -> Path:
-    """The hidden temp file beside `path` that this process writes before the rename."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
 def _process_alive(pid: int) -> bool:
@@ -194,11 +173,7 @@ class StagedOutputs:
         temp = temp_path(path)
         self.staged.append((temp, path))
         try:
-            fd = create_new_file(temp, refuse_links=False)  # whatever is at our temp name is replaced, not followed
-            with os.fdopen(fd, "wb") as handle:
-                fill(handle)
-                handle.flush()
-                os.fsync(handle.fileno())
+            write_temp(temp, fill, refuse_links=False)  # whatever is at our temp name is replaced, not followed
         except OSError as exc:
             raise OutputError(describe_write_error(exc, path)) from None
         return temp
@@ -208,12 +183,9 @@ class StagedOutputs:
         their directories."""
         try:
             with _signals_held():
-                for temp, path in self.staged:
-                    os.replace(temp, path)
+                publish(self.staged)
         except OSError as exc:
-            raise OutputError(f"cannot publish {path}: {exc.strerror or exc}") from None
-        for directory in {path.parent for _, path in self.staged}:
-            fsync_directory(directory)
+            raise OutputError(f"cannot publish {exc.filename2 or exc.filename}: {exc.strerror or exc}") from None
         self.staged = []
 
     def discard(self) -> None:

@@ -47,7 +47,7 @@ import numpy as np
 from tideborn.bench.hcpe3_check import check_average, cross_check
 from tideborn.bench.hcpe3_dlshogi import DlshogiData, dlshogi_figures, dump_dlshogi_average, load_cppshogi
 from tideborn.bench.hcpe3_file import reference_moves, write_hcpe3_from_games
-from tideborn.cliparser import OneLineParser
+from tideborn.cliparser import OneLineParser, positive_int
 from tideborn.errors import UserError, report_user_error
 
 DEFAULT_GAMES = Path(__file__).resolve().parents[2] / "samples" / "games"
@@ -266,16 +266,6 @@ def command_make(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
-
-
 def _counts(text: str, least: int) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
@@ -295,13 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     pipeline.add_argument("--file", type=Path, help="hcpe3 file to read (default: --games written as hcpe3)")
     pipeline.add_argument("--games", type=Path, action="append", help="game records for the default file "
                           "(repeatable; default samples/games)")
-    pipeline.add_argument("--copies", type=_positive, default=1, help="write the games this many times (a larger file)")
+    pipeline.add_argument("--copies", type=positive_int, default=1,
+                          help="write the games this many times (a larger file)")
     pipeline.add_argument("--dlshogi-build", type=Path, help="dlshogi source tree with cppshogi built (see --help)")
     pipeline.add_argument("--dlshogi-threads", type=lambda t: _counts(t, 1), default=[1, 2],
                           help="OpenMP thread limits for dlshogi's decode, comma-separated (default 1,2)")
-    pipeline.add_argument("--batch-size", type=_positive, default=1024)
-    pipeline.add_argument("--batches", type=_positive, default=8, help="timed batches per run")
-    pipeline.add_argument("--repeats", type=_positive, default=3)
+    pipeline.add_argument("--batch-size", type=positive_int, default=1024)
+    pipeline.add_argument("--batches", type=positive_int, default=8, help="timed batches per run")
+    pipeline.add_argument("--repeats", type=positive_int, default=3)
     pipeline.add_argument("--workers", type=lambda t: _counts(t, 0), default=[0, 1, 2],
                           help="tideborn worker counts, comma-separated (default 0,1,2)")
 
@@ -314,15 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     make = sub.add_parser("make", help="write game records as hcpe3 with made-up search statistics")
     make.add_argument("output", type=Path)
     make.add_argument("--games", type=Path, action="append")
-    make.add_argument("--copies", type=_positive, default=1)
+    make.add_argument("--copies", type=positive_int, default=1)
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--book-plies", type=int, default=8, help="first moves of a game written without candidates")
 
     dlshogi = sub.add_parser("dlshogi", help="dlshogi's loader alone, in this process (one JSON line)")
     dlshogi.add_argument("file", type=Path)
     dlshogi.add_argument("--dlshogi-build", type=Path, required=True)
-    dlshogi.add_argument("--batch-size", type=_positive, default=1024)
-    dlshogi.add_argument("--batches", type=_positive, default=8)
+    dlshogi.add_argument("--batch-size", type=positive_int, default=1024)
+    dlshogi.add_argument("--batches", type=positive_int, default=8)
     dlshogi.add_argument("--seed", type=int, default=0)
     dlshogi.add_argument("--dump-average", type=Path, metavar="OUT.npz",
                          help="load with use_average and save every entry's targets instead (for `check`)")

@@ -30,6 +30,7 @@ import numpy as np
 
 from tideborn.data.records import pread_full
 from tideborn.errors import UserError
+from tideborn.safefile import NotARegularFile, link_target, open_regular_fd, trust_problem
 
 HEADER_BYTES = 4096
 COALESCE_BYTES = 4096
@@ -104,11 +105,12 @@ class CacheFile:
             # a forked worker keeps the inherited descriptor (`pread` does not share a file offset); a
             # spawned one, or a pickled copy, opens the file again and must find the same one
             try:
-                fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                fd, facts = open_regular_fd(self.path, follow_links=False)
+            except NotARegularFile:
+                raise self._changed("another file is in its place") from None
             except OSError as exc:
                 raise self._changed(f"cannot open it any more: {exc.strerror or exc}") from None
-            facts = os.fstat(fd)
-            if (facts.st_dev, facts.st_ino) != self.identity or not stat.S_ISREG(facts.st_mode):
+            if (facts.st_dev, facts.st_ino) != self.identity:
                 os.close(fd)
                 raise self._changed("another file is in its place")
             self._fd = fd
@@ -258,28 +260,15 @@ def close_arrays(arrays: typing.Iterable[typing.Any]) -> None:
             array.cache.close()
 
 
-def _private_group(gid: int, uid: int) -> bool:
-    from tideborn.rundir import _private_group as private
-
-    return private(gid, uid)
-
-
-def trust_problem(facts: os.stat_result, trusted_uids: typing.Collection[int]) -> str | None:
-    """Why a cache with these (fstat) facts is not to be used: not a regular file, someone else's, or
-    writable by others; None when it may be."""
-    from tideborn.outputs import file_type_name
-
-    if not stat.S_ISREG(facts.st_mode):
-        return f"is {file_type_name(facts.st_mode)}, not a regular file"
+def cache_trust_problem(facts: os.stat_result, trusted_uids: typing.Collection[int]) -> str | None:
+    """Why a cache with these (fstat) facts is not to be used (`safefile.trust_problem`: not a regular file,
+    someone else's, or writable by others), with what that would let them do; None when it may be."""
+    problem = trust_problem(facts, trusted_uids)
+    if problem is None or not stat.S_ISREG(facts.st_mode):
+        return problem
     if facts.st_uid not in trusted_uids:
-        from tideborn.rundir import user_text
-
-        return (f"belongs to {user_text(facts.st_uid)}, neither you nor the owner of the data it was built from, "
-                f"who could have crafted it")
-    writable_by_group = facts.st_mode & stat.S_IWGRP and not _private_group(facts.st_gid, facts.st_uid)
-    if facts.st_mode & stat.S_IWOTH or writable_by_group:
-        return f"is writable by others (mode {stat.S_IMODE(facts.st_mode):o}), who could swap its contents"
-    return None
+        return f"{problem}, neither you nor the owner of the data it was built from, who could have crafted it"
+    return f"{problem}, who could swap its contents"
 
 
 def open_cache(path: Path, fmt: str, version: int, source: str, trusted_uids: typing.Collection[int]
@@ -289,23 +278,20 @@ def open_cache(path: Path, fmt: str, version: int, source: str, trusted_uids: ty
     docstring); `DamagedCache` when an array does not match its checksum. The file is checked as it was
     opened (fstat), never followed through a link."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd, facts = open_regular_fd(path, follow_links=False)
     except FileNotFoundError:
         return None
+    except NotARegularFile as exc:
+        raise HostileCache(f"is {exc.what}") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            try:
-                target = f" (to {os.readlink(path)})"
-            except OSError:
-                target = ""
-            raise HostileCache(f"is a symbolic link{target}; a cache is never read or written through a link") \
-                from None
+            raise HostileCache(f"is a symbolic link{link_target(path)}; a cache is never read or written through "
+                               "a link") from None
         if exc.errno == errno.ENOTDIR:
             return None
         raise HostileCache(f"cannot be opened ({exc.strerror or exc})") from None
     try:
-        facts = os.fstat(fd)
-        problem = trust_problem(facts, trusted_uids)
+        problem = cache_trust_problem(facts, trusted_uids)
         if problem:
             raise HostileCache(problem)
         head = os.pread(fd, HEADER_BYTES, 0)

@@ -32,11 +32,11 @@ from tideborn.data.game_index import (
     read_index_header,
     split_mismatch,
 )
-from tideborn.data.progress import Progress
+from tideborn.data.progress import CountProgress
 from tideborn.data.records import (
     RECORD_DTYPES,
     ChangedWhileRead,
-    open_regular,
+    open_record_file,
     readable_size,
     size_problem,
     stream_records,
@@ -89,7 +89,7 @@ class FileSummary:
     problem: str | None = None
 
 
-def summarise(path: Path, kind: str, progress: Progress | None = None, done_before: int = 0
+def summarise(path: Path, kind: str, progress: CountProgress | None = None, done_before: int = 0
               ) -> tuple[FileSummary, np.ndarray, np.ndarray]:
     """The file's summary and its position and record hashes (for duplicates across files)."""
     size = readable_size(path, kind)
@@ -152,7 +152,7 @@ def inspect_files(paths: list[Path], kind: str, progress: bool = True) -> dict:
     """Summaries of `paths` and, for several files, the totals with duplicates counted across files."""
     sizes = [readable_size(p, kind) for p in paths]
     total_records = sum(s // RECORD_DTYPES[kind].itemsize for s in sizes)
-    bar = Progress("inspect", total_records, "records", enabled=progress)
+    bar = CountProgress("inspect", total_records, "records", enabled=progress)
     summaries, all_positions, all_records, done = [], [], [], 0
     for path in paths:
         summary, positions, records = summarise(path, kind, bar, done)
@@ -260,7 +260,7 @@ def verify_files(paths: list[Path], kind: str, progress: bool = True) -> tuple[i
     """(records checked, problems found). Missing, directory or unreadable files raise `UserError`."""
     sizes = [readable_size(p, kind) for p in paths]
     itemsize = RECORD_DTYPES[kind].itemsize
-    bar = Progress("verify", sum(s // itemsize for s in sizes), "records", enabled=progress)
+    bar = CountProgress("verify", sum(s // itemsize for s in sizes), "records", enabled=progress)
     decoder = Decoder(kind, eval_scale=1.0, value_lambda=0.0)
     problems: list[BadRecordReport] = []
     checked = 0
@@ -284,7 +284,7 @@ def summarise_hcpe3(path: Path, progress: bool = True) -> dict:
     """An hcpe3 file's games, positions and search data (decoding it, through its positions cache)."""
     from tideborn.data.hcpe3 import RESULT_FLAGS, RESULT_MASK, Hcpe3File
 
-    bar = Progress("inspect", readable_size(path, "hcpe3"), "bytes", enabled=progress)
+    bar = CountProgress("inspect", readable_size(path, "hcpe3"), "bytes", enabled=progress)
     positions = Hcpe3File(path).positions(progress=lambda done, total: bar.update(done))
     bar.finish()
     n = len(positions)
@@ -336,7 +336,7 @@ def _hcpe3_headers(path: Path, offsets: np.ndarray) -> np.ndarray:
     from tideborn.data.hcpe3 import HEADER_DTYPE, HEADER_SIZE
 
     out = np.zeros(len(offsets), HEADER_DTYPE)
-    fd, _ = open_regular(path, "hcpe3")
+    fd, _ = open_record_file(path, "hcpe3")
     try:
         for i, offset in enumerate(offsets.tolist()):
             data = os.pread(fd, HEADER_SIZE, offset)

@@ -21,10 +21,11 @@ import numpy as np
 
 from tideborn.data.game_index import GameEntry, IndexHeader, index_path, write_index
 from tideborn.data.games import RESULT_NAMES, Game, GameReadError, find_game_files, read_games
-from tideborn.data.progress import Progress
+from tideborn.data.progress import CountProgress
 from tideborn.data.records import RECORD_DTYPES, records_fingerprint
 from tideborn.errors import UserError
-from tideborn.outputs import StagedOutputs, file_type_name
+from tideborn.outputs import StagedOutputs
+from tideborn.safefile import file_type
 
 HCPE = RECORD_DTYPES["hcpe"]
 
@@ -109,7 +110,7 @@ def convert_games(inputs: list[Path], output: Path, filters: ConvertFilters = Co
             raise UserError(f"{item}: no such file or directory")
         mode = item.stat().st_mode
         if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):  # reading a FIFO would wait for a writer for ever
-            raise UserError(f"{item}: is {file_type_name(mode)}; name game record files or directories")
+            raise UserError(f"{item}: is {file_type(mode)}; name game record files or directories")
     files = find_game_files(inputs)
     if not files:
         raise UserError(f"no game records (.csa, .kif, .kifu, .ki2) under {', '.join(map(str, inputs))}")
@@ -118,7 +119,7 @@ def convert_games(inputs: list[Path], output: Path, filters: ConvertFilters = Co
         outputs.prepare(index_path(output), "--output")
         report = ConvertReport(files=len(files))
         entries: list[GameEntry] = []
-        bar = Progress("convert", len(files), "files", enabled=progress)
+        bar = CountProgress("convert", len(files), "files", enabled=progress)
         temp = outputs.write(output, lambda sink: _convert_into(sink, files, filters, report, entries, bar, warn))
         bar.finish()
         if report.positions == 0:
@@ -135,7 +136,7 @@ def convert_games(inputs: list[Path], output: Path, filters: ConvertFilters = Co
 
 
 def _convert_into(sink, files: list[Path], filters: ConvertFilters, report: ConvertReport,
-                  entries: list[GameEntry], bar: Progress, warn) -> None:
+                  entries: list[GameEntry], bar: CountProgress, warn) -> None:
     """Append the records of every game that passes `filters` to `sink`; count in `report` and `entries`."""
     seen: set[int] = set()
     board = cshogi.Board()

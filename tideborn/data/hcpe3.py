@@ -67,7 +67,7 @@ from tideborn.data.cachefile import (
     warn_about_cache,
 )
 from tideborn.data.features import POLICY_CLASSES, sane_kings
-from tideborn.data.records import ChangedWhileRead, open_regular, pread_full, readable_size, records_fingerprint
+from tideborn.data.records import ChangedWhileRead, open_record_file, pread_full, readable_size, records_fingerprint
 from tideborn.errors import UserError
 
 HEADER_DTYPE = np.dtype([("hcp", np.uint8, 32), ("moveNum", "<u2"), ("result", "u1"), ("opponent", "u1")])
@@ -127,7 +127,7 @@ class _SourceReader:
 
     def __init__(self, path: Path, size: int, kind: str = "hcpe3"):
         self.path, self.size = path, size
-        self.fd, _ = open_regular(path, kind)  # refused if replaced by a FIFO since it was checked
+        self.fd, _ = open_record_file(path, kind)  # refused if replaced by a FIFO since it was checked
         self.buffer, self.base = b"", 0
         self.digest = hashlib.blake2b(digest_size=16)
 

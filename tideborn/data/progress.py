@@ -1,5 +1,6 @@
 """Progress of the long data tools, on stderr: an updating line on a terminal, a line every few seconds
-otherwise (a log stays readable), and nothing for runs that finish quickly."""
+otherwise (a log stays readable), and nothing for runs that finish quickly: how much of a known total is done.
+(The trainer's per-step line is `trainer.progress`.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ TERMINAL_INTERVAL_SECONDS = 0.25
 QUIET_SECONDS = 1.0
 
 
-class Progress:
+class CountProgress:
     def __init__(self, label: str, total: int, unit: str, stream: typing.TextIO | None = None,
                  enabled: bool = True):
         self.label, self.total, self.unit = label, total, unit

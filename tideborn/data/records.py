@@ -19,18 +19,21 @@ import cshogi
 import numpy as np
 
 from tideborn.errors import UserError
-from tideborn.outputs import file_type_name
+from tideborn.safefile import NotARegularFile, file_type, open_regular_fd
 
 RECORD_DTYPES: dict[str, np.dtype] = {
     "hcpe": np.dtype(cshogi.HuffmanCodedPosAndEval),  # dlshogi: hcp[32], eval, bestMove16, gameResult, pad
     "psv": np.dtype(cshogi.PackedSfenValue),  # YaneuraOu: sfen[32], score, move, gamePly, game_result, pad
 }
-EXTENSION_KINDS = {".hcpe": "hcpe", ".bin": "psv", ".psv": "psv"}
+EXTENSION_KINDS = {".hcpe": "hcpe", ".bin": "psv", ".psv": "psv", ".hcpe3": "hcpe3"}
+"""Every teacher file kind by its extension: the fixed-size record kinds (RECORD_DTYPES) and hcpe3 (games of
+variable length, `tideborn.data.hcpe3`). The one table; `sources.file_kind` reads it too."""
 
 
 def kind_from_extension(path: str | os.PathLike) -> str | None:
-    """`hcpe` or `psv` from the file name's extension, or None when it does not tell."""
-    return EXTENSION_KINDS.get(Path(path).suffix.lower())
+    """`hcpe` or `psv` from the file name's extension, or None when it does not tell a record kind."""
+    kind = EXTENSION_KINDS.get(Path(path).suffix.lower())
+    return kind if kind in RECORD_DTYPES else None
 
 
 def resolve_kind(paths: typing.Sequence[str | os.PathLike], kind: str = "auto", what: str = "--kind") -> str:
@@ -95,18 +98,15 @@ COALESCE_BYTES = 1024
 for dense batches of small files; about the best of 0, 256, 1024 and 4096 measured)."""
 
 
-def open_regular(path: Path, kind: str) -> tuple[int, os.stat_result]:
-    """(descriptor, its stat) of `path` opened for reading, refused unless it is a regular file: opened
-    non-blocking, so that a FIFO put in its place is refused without waiting for a writer. The caller closes it."""
+def open_record_file(path: Path, kind: str) -> tuple[int, os.stat_result]:
+    """(descriptor, its stat) of the `kind` file `path` opened for reading (`safefile.open_regular_fd`: a FIFO
+    put in its place is refused without waiting for a writer), else a `UserError` naming it. The caller closes it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return open_regular_fd(path)
+    except NotARegularFile as exc:
+        raise UserError(f"{path}: is {file_type(exc.mode)}, not a {kind} file; name a regular file") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    facts = os.fstat(fd)
-    if not stat.S_ISREG(facts.st_mode):
-        os.close(fd)
-        raise UserError(f"{path}: is {file_type_name(facts.st_mode)}, not a {kind} file; name a regular file")
-    return fd, facts
 
 
 def pread_full(fd: int, length: int, offset: int) -> bytes:
@@ -134,9 +134,9 @@ def readable_size(path: Path, kind: str) -> int:
     if stat.S_ISDIR(mode):
         raise UserError(f"{path}: is a directory, not a {kind} file (name its files, e.g. {path / ('*.' + kind)})")
     if not stat.S_ISREG(mode):
-        raise UserError(f"{path}: is {file_type_name(mode)}, not a {kind} file; name a regular file")
+        raise UserError(f"{path}: is {file_type(mode)}, not a {kind} file; name a regular file")
     # the open checks the type again: should the path have become a FIFO since the stat, it does not wait
-    fd, facts = open_regular(path, kind)
+    fd, facts = open_record_file(path, kind)
     try:
         os.pread(fd, 1, 0)
         return facts.st_size
@@ -193,7 +193,7 @@ def stream_records(path: Path, kind: str, count: int, chunk: int) -> typing.Iter
     while it is read is a `UserError` naming it; one opened as something else than a regular file (a FIFO
     put in its place) is refused without waiting for a writer."""
     itemsize = RECORD_DTYPES[kind].itemsize
-    fd, _ = open_regular(path, kind)
+    fd, _ = open_record_file(path, kind)
     try:
         for start in range(0, count, chunk):
             want = (min(count, start + chunk) - start) * itemsize
@@ -241,16 +241,18 @@ class RecordSet:
         fd = self._fds[file_index]
         if fd is None:
             path = self.paths[file_index]
+            replaced = UserError(f"{path}: was replaced by another file since the run started; training reads "
+                                 f"the records it counted then, so put the original back or restart the run")
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                fd, facts = open_regular_fd(path)
+            except NotARegularFile:
+                raise replaced from None
             except OSError as exc:
                 raise UserError(f"{path}: cannot read any more ({exc.strerror or exc}); was it removed "
                                 f"while training read it?") from None
-            facts = os.fstat(fd)
-            if not stat.S_ISREG(facts.st_mode) or _identity(facts) != self.identities[file_index]:
+            if _identity(facts) != self.identities[file_index]:
                 os.close(fd)
-                raise UserError(f"{path}: was replaced by another file since the run started; training reads "
-                                f"the records it counted then, so put the original back or restart the run")
+                raise replaced
             self._fds[file_index] = fd
         return fd
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from tideborn.data.features import BadRecord, DecodedBatch, Decoder, kept_positions
-from tideborn.data.records import RecordSet, expand_paths
+from tideborn.data.records import EXTENSION_KINDS, RecordSet, expand_paths
 from tideborn.errors import UserError
 
 if typing.TYPE_CHECKING:
@@ -31,7 +31,6 @@ if typing.TYPE_CHECKING:
     from tideborn.data.hcpe3 import Hcpe3Positions
 
 FILE_KINDS = ("hcpe", "psv", "hcpe3")
-EXTENSION_KINDS = {".hcpe": "hcpe", ".bin": "psv", ".psv": "psv", ".hcpe3": "hcpe3"}
 
 
 def file_kind(path: str | os.PathLike, kind: str = "auto", what: str = "data.kind") -> str:

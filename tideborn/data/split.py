@@ -25,7 +25,7 @@ import cshogi
 import numpy as np
 
 from tideborn.data.game_index import GameEntry, IndexHeader, index_mismatch, index_path, read_index, write_index
-from tideborn.data.progress import Progress
+from tideborn.data.progress import CountProgress
 from tideborn.data.records import check_record_file, records_fingerprint, stream_records
 from tideborn.errors import UserError
 from tideborn.outputs import StagedOutputs, same_output
@@ -38,7 +38,7 @@ WRITE_CHUNK = 1 << 20
 """Records per write call: a plain `write` reports a full disk as ENOSPC (numpy's `tofile` does not)."""
 
 
-def position_hashes(records: np.ndarray, kind: str = "hcpe", progress: Progress | None = None,
+def position_hashes(records: np.ndarray, kind: str = "hcpe", progress: CountProgress | None = None,
                     done_before: int = 0) -> np.ndarray:
     """cshogi's Zobrist hash of each record's position (uint64)."""
     board = cshogi.Board()
@@ -110,7 +110,7 @@ def split_games(source: Path, train_path: Path, test_path: Path, test_fraction: 
         is_test = np.zeros(len(games), dtype=bool)
         is_test[order[:test_count]] = True
 
-        bar = Progress("split: hashing positions", 2 * count, "positions", enabled=progress)
+        bar = CountProgress("split: hashing positions", 2 * count, "positions", enabled=progress)
         hashes = np.empty(count, dtype=np.uint64)
         for start, chunk in stream_records(source, "hcpe", count, READ_CHUNK):
             hashes[start:start + len(chunk)] = position_hashes(chunk)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from tideborn.export.interface import (
 from tideborn.export.parity import ParityError, check_parity
 from tideborn.network.model import FEATURES1_NUM, FEATURES2_NUM, build_model
 from tideborn.outputs import StagedOutputs, check_output_path, remove_stale_temps
+from tideborn.safefile import publish
 
 OPSET = 18
 """The dynamo exporter's own opset. Asking for an older one goes through a version converter that (in
@@ -169,7 +169,7 @@ def export_onnx(payload: dict, out_path: Path, weights: str = "auto", value: str
             parity = check_parity(temp, reference)
         except ParityError as exc:
             failed = out_path.with_name(out_path.name + FAILED_SUFFIX)
-            os.replace(temp, failed)
+            publish([(temp, failed)])
             raise ParityError(f"{exc}; the model was left at {failed}, not at {out_path}") from None
         staged.publish()
     return ExportReport(out_path, int(payload["step"]), kind, value, OPSET, out_path.stat().st_size,

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from tideborn.cliparser import OneLineParser
+from tideborn.cliparser import OneLineParser, positive_int
 from tideborn.errors import UserError, report_interrupted, report_user_error
 from tideborn.match.run import DEFAULT_GAMES, DEFAULT_MAX_MOVES, DEFAULT_PARALLEL, run_match
 
@@ -20,18 +20,8 @@ MAX_GAMES = 1_000_000
 """Every game is kept in memory until the report (its moves); a million is hours even on a GPU."""
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
-    return value
-
-
 def _games(text: str) -> int:
-    value = _positive(text)
+    value = positive_int(text)
     if value > MAX_GAMES:
         raise argparse.ArgumentTypeError(f"at most {MAX_GAMES:,}; got {value:,}")
     return value
@@ -76,12 +66,12 @@ def build_parser(prog: str = "tideborn match") -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=("policy", "value"), default="policy",
                         help="policy: move by the policy head (default); value: a 1-ply search, every legal move "
                              "tried and the one leaving the opponent the lowest value taken (slower)")
-    parser.add_argument("--max-moves", type=_positive, default=DEFAULT_MAX_MOVES,
+    parser.add_argument("--max-moves", type=positive_int, default=DEFAULT_MAX_MOVES,
                         help=f"plies from the opening after which a game is a draw (default {DEFAULT_MAX_MOVES})")
-    parser.add_argument("--parallel", type=_positive, default=DEFAULT_PARALLEL,
+    parser.add_argument("--parallel", type=positive_int, default=DEFAULT_PARALLEL,
                         help=f"games played at once, batched through each network (default {DEFAULT_PARALLEL})")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
-    parser.add_argument("--threads", type=_positive, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--weights", choices=("auto", "ema", "raw"), default="auto",
                         help="ema or raw weights of both checkpoints (default auto: ema where a checkpoint "
                              "has them)")

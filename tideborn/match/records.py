@@ -9,7 +9,7 @@ import cshogi
 from cshogi import CSA
 
 from tideborn.match.play import DRAW, WHITE_WINS, Game
-from tideborn.rundir import write_atomically
+from tideborn.safefile import write_atomically
 
 _ENDINGS = {"mate": "%TORYO", "repetition": "%SENNICHITE", "entering king": "%KACHI", "max moves": "%JISHOGI"}
 """The CSA (V2.2) end-of-game line for each way a game ends. A mated side resigns (%TORYO), as in CSA

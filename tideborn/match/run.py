@@ -47,7 +47,7 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
     from tideborn.match.play import new_games, play
     from tideborn.match.records import write_csa
     from tideborn.network.checkpoint import CheckpointError, load_checkpoint
-    from tideborn.rundir import make_dirs
+    from tideborn.safefile import make_dirs
 
     if save_games is not None:
         _check_save_dir(save_games)

@@ -24,8 +24,8 @@ from tideborn.rundir import (
     list_checkpoints,
     open_run_file_for_reading,
     parse_step,
-    write_atomically,
 )
+from tideborn.safefile import write_atomically
 
 FORMAT = "tideborn-checkpoint"
 FORMAT_VERSION = 1

@@ -5,17 +5,15 @@ and listed; `events` (events.jsonl: writing, bounded reading, following), `files
 process identity), `state` (what a run is doing, from its files), `lock` (one trainer per run directory) and
 `anomaly` (the rules `status`, `watch` and the monitor report); starting and signalling a run is
 `tideborn.tools.control`. Only files named exactly `step-XXXXXXXXX.pt` count as checkpoints; a save in
-progress is a hidden temp file that never matches.
+progress is a hidden temp file that never matches. How files are opened, written and moved is
+`tideborn.safefile`; here only what the run directory asks on top (its wording, whose it may be).
 """
 
 from __future__ import annotations
 
 import errno
-import grp
 import os
-import pwd
 import re
-import shutil
 import stat
 import time
 import typing
@@ -23,6 +21,17 @@ from pathlib import Path
 
 from tideborn.errors import UserError
 from tideborn.humanize import clipped
+from tideborn.safefile import (
+    NotARegularFile,
+    make_dirs,
+    move_files,
+    open_nofollow,
+    open_regular_fd,
+    os_error_text,
+    user_text,
+    writable_by_others,
+    write_probe,
+)
 
 if typing.TYPE_CHECKING:
     from tideborn.config import Settings
@@ -44,71 +53,19 @@ gradient watchdog (their weights already took those updates), moved there when i
 TRAINER_LOCK_FILE = ".trainer.lock"
 """The flock a trainer holds on its run directory for its lifetime."""
 
-FILE_MODE = 0o644
-"""Files in a run directory: readable by others (status, the TUI, a colleague), written only by their owner.
-A stricter umask still applies; a looser one (000) cannot make them group- or world-writable."""
-DIR_MODE = 0o755
-"""Directories the trainer and `train_run start` create, on the same terms."""
-
 CHECKPOINT_RE = re.compile(r"^step-(\d{9})\.pt$")
 TEMP_CHECKPOINT_RE = re.compile(r"^\.step-\d{9}\.pt\.tmp-\d+$")
-
-
-def make_dirs(path: Path) -> None:
-    """Create `path` and any missing parents with DIR_MODE (so a umask of 000 leaves none world-writable)."""
-    missing = []
-    while not path.is_dir():
-        missing.append(path)
-        if path.parent == path:
-            break
-        path = path.parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, DIR_MODE)
-        except FileExistsError:
-            if not directory.is_dir():
-                raise
 
 
 def open_run_file(path: Path, flags: int) -> int:
     """`os.open` of a run-directory file, created with FILE_MODE: the file descriptor. Never through a
     symbolic link (O_NOFOLLOW): a link planted in a run directory would have us write to its target."""
     try:
-        return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+        return open_nofollow(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UserError(_link_refused(path)) from None
         raise
-
-
-def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def create_new_file(path: Path, refuse_links: bool = True) -> int:
-    """A new file at `path` for writing (FILE_MODE), the descriptor: O_EXCL and O_NOFOLLOW make it an inode no
-    other name shares. A symbolic link at the name is refused (`UserError`) and left alone (`refuse_links`; else
-    removed); a file there (our own leftover, or a hard link planted to have us write into its other name) is
-    unlinked, never opened."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        return os.open(path, flags, FILE_MODE)
-    except FileExistsError:
-        if refuse_links and path.is_symlink():
-            raise UserError(_link_refused(path)) from None
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    try:
-        return os.open(path, flags, FILE_MODE)
-    except FileExistsError:  # planted again at once: someone is racing us for the name
-        raise UserError(f"{path}: appeared again as it was being replaced; tideborn never writes through an "
-                        "entry it did not create: remove it") from None
 
 
 def open_run_file_for_reading(path: Path) -> int:
@@ -117,61 +74,15 @@ def open_run_file_for_reading(path: Path) -> int:
     descriptor, opened non-blocking so that a FIFO cannot hang the reader). `UserError` for a link or another
     file type; `OSError` as the OS says otherwise (FileNotFoundError for a missing file)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd, _ = open_regular_fd(path, follow_links=False)
+    except NotARegularFile as exc:
+        raise UserError(f"{path}: not a regular file (mode {stat.filemode(exc.mode)}); tideborn reads only regular "
+                        "files in a run directory: move it away") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UserError(_link_refused(path, "reads")) from None
         raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise UserError(f"{path}: not a regular file (mode {stat.filemode(mode)}); tideborn reads only regular "
-                        "files in a run directory: move it away")
     return fd
-
-
-def link_atomically(source: Path, path: Path) -> None:
-    """Make `path` a second name of `source` (a hard link; a copy where the filesystem has none), published by a
-    rename over whatever `path` was: a link or a file planted there is replaced, never written through."""
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        os.unlink(temp)
-    except FileNotFoundError:
-        pass
-    try:
-        os.link(source, temp, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-            raise
-        fd = open_run_file_for_reading(source)
-        with os.fdopen(fd, "rb") as original:
-            write_atomically(path, lambda handle: shutil.copyfileobj(original, handle, 1024 * 1024))
-        return
-    try:
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    fsync_directory(path.parent)
-
-
-def write_atomically(path: Path, write: typing.Callable[[typing.BinaryIO], object]) -> None:
-    """Write `path` whole or not at all: `write` fills a hidden temp file beside it (`.NAME.tmp-PID`, created
-    with FILE_MODE), which is fsynced and renamed over `path`; then the directory is fsynced. If anything
-    fails, the temp file is removed and the old `path`, if any, is untouched. Neither name is ever followed:
-    the temp file is a new inode (`create_new_file`), and the rename replaces a link at `path`, not its target."""
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = create_new_file(temp)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    fsync_directory(path.parent)
 
 
 def run_dir_of(settings: Settings) -> Path:
@@ -223,10 +134,7 @@ def move_to_archive(run_dir: Path, paths: typing.Sequence[Path], kind: str) -> P
     """Move `paths` (files in `run_dir`) into a new `archive/KIND-STAMP/` folder; returns the folder. Renames
     within the run directory's file system: a file is in one place or the other, never copied half."""
     folder = new_archive_folder(run_dir, kind)
-    for path in paths:
-        os.replace(path, folder / path.name)
-    fsync_directory(folder)
-    fsync_directory(run_dir)
+    move_files(paths, folder)
     return folder
 
 
@@ -249,14 +157,6 @@ MATCH_REFERENCE_FILE = "match-reference.pt"
 RUN_FILES = (EVENTS_FILE, LOG_FILE, PID_FILE, LAUNCH_FILE, TRAINER_LOCK_FILE, MATCH_REFERENCE_FILE)
 """The files tideborn writes, appends to, replaces or locks in a run directory (checkpoints aside)."""
 _ATOMIC_TEMP_RE = re.compile(r"^\.(train\.pid|launch\.json)\.tmp-\d+$")
-PROBE_PREFIX = ".tideborn-write-probe-"
-
-
-def user_text(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
 
 
 def whose(path: Path) -> str:
@@ -285,16 +185,6 @@ def check_readable_dir(run_dir: Path) -> None:
                         "run this as its owner, or ask them to let you read it (chmod go+rx)") from None
     except OSError:
         return  # absent, not a directory, ...: the caller's own checks name those
-
-
-def _private_group(gid: int, uid: int) -> bool:
-    """The owner's own group (a "user private group": same name, their primary group, no other members),
-    whose write bit a umask of 002 sets and nobody else can use."""
-    try:
-        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
-    except KeyError:
-        return False
-    return group.gr_name == user.pw_name and user.pw_gid == gid and set(group.gr_mem) <= {user.pw_name}
 
 
 def _link_refused(path: Path, what: str = "writes, moves or deletes") -> str:
@@ -326,8 +216,7 @@ def _check_owned(path: Path, info: os.stat_result, what: str, check_mode: bool =
         raise UserError(f"runtime.out_dir: {what} {path} belongs to {user_text(info.st_uid)}, and you are "
                         f"{user_text(euid)}; tideborn writes only in a run directory that is yours alone: "
                         "choose another runtime.out_dir (or run as its owner)")
-    writable_by_group = info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid, info.st_uid)
-    if check_mode and (info.st_mode & stat.S_IWOTH or writable_by_group):
+    if check_mode and writable_by_others(info):
         mode = stat.S_IMODE(info.st_mode)
         raise UserError(f"runtime.out_dir: {what} {path} is writable by others (mode {mode:o}), who could swap "
                         f"its checkpoints or plant links in it: chmod go-w {path}, or choose another runtime.out_dir")
@@ -381,21 +270,6 @@ def check_run_dir(run_dir: Path) -> None:
     check_writable(run_dir)
 
 
-def os_error_text(exc: OSError) -> str:
-    """An `OSError` as the end of a one-line message, with what to do about the common ones."""
-    hints = {
-        errno.EROFS: "the filesystem is mounted read-only",
-        errno.EACCES: "permission denied",
-        errno.EPERM: "operation not permitted",
-        errno.ENOSPC: "no space left on the device",
-        errno.EDQUOT: "disk quota exceeded",
-        errno.ENAMETOOLONG: "a name in the path is too long for the filesystem",
-        errno.ENOTDIR: "a part of the path is a file, not a directory",
-        errno.ELOOP: "too many symbolic links (or a link where none is allowed)",
-    }
-    return f"{hints.get(exc.errno, exc.strerror or str(exc))} [{errno.errorcode.get(exc.errno or 0, exc.errno)}]"
-
-
 def is_directory(path: Path) -> bool:
     """`path.is_dir()`, and False for a path no directory can have (a name too long): readers never crash on it."""
     try:
@@ -423,22 +297,6 @@ def _existing_ancestor(run_dir: Path) -> Path:
             if path.parent == path:
                 return path
             path = path.parent
-
-
-def write_probe(directory: Path) -> None:
-    """Show that files can be written in `directory`: a hidden probe file created there (O_EXCL, O_NOFOLLOW),
-    written a block (on a full disk an empty file can still be created), fsynced and removed; nothing stays.
-    `OSError` as the OS says why not."""
-    probe = directory / f"{PROBE_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
-    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            os.write(fd, b"\0" * 4096)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    finally:
-        os.unlink(probe)
 
 
 def check_writable(run_dir: Path) -> None:

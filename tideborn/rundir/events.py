@@ -12,13 +12,13 @@ import json
 import math
 import os
 import re
-import stat
 import time
 import typing
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import no_such_file, open_run_file, user_text, whose
+from tideborn.rundir import no_such_file, open_run_file, whose
+from tideborn.safefile import NotARegularFile, open_regular, trust_problem
 
 SCHEMA_VERSION = 1
 TERMINAL_KINDS = ("run_finished", "run_stopped", "run_failed")
@@ -48,19 +48,6 @@ def held_path(fd: int) -> str | None:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return None
-
-
-def _not_ours(info: os.stat_result) -> str | None:
-    """Why a file found at a run file's name must not be written (what `check_run_dir` refuses at start)."""
-    if not stat.S_ISREG(info.st_mode):
-        return file_type(info.st_mode)
-    if info.st_uid != os.geteuid():
-        return f"a file of {user_text(info.st_uid)}"
-    if info.st_nlink > 1:
-        return "a file with other hard links"
-    if info.st_mode & stat.S_IWOTH:
-        return "writable by others"
-    return None
 
 
 def _say(text: str) -> None:
@@ -150,10 +137,11 @@ class EventWriter:
         except (OSError, UserError) as exc:
             self._refuse(str(exc) if isinstance(exc, UserError) else f"{exc.strerror or exc}", moved_to)
             return
-        problem = _not_ours(os.fstat(fd))
+        # what `check_run_dir` refuses at start, and a second name that would carry our writes elsewhere
+        problem = trust_problem(os.fstat(fd), single_link=True)
         if problem is not None:
             os.close(fd)
-            self._refuse(f"{self.path} is {problem}", moved_to)
+            self._refuse(f"{self.path} {problem}", moved_to)
             return
         old, self._fd, self._refused = self._fd, fd, None
         os.close(old)
@@ -191,42 +179,6 @@ MAX_JSON_DEPTH = 100
 """Deepest nesting a reader parses. The trainer writes at most 4 levels; 100,000 `[` would make json's
 recursion raise RecursionError, and anything near the recursion limit would break whatever walks the value
 later (status's report, watch's output, the TUI's copies)."""
-
-
-class NotARegularFile(OSError):
-    """A run file that is a directory, FIFO, socket or device: never read (a FIFO would block the reader)."""
-
-    def __init__(self, path: Path, mode: int):
-        self.what = f"{file_type(mode)}, not a regular file"
-        super().__init__(f"{path}: {self.what}")
-
-
-def file_type(mode: int) -> str:
-    """What `mode` (st_mode) is, for people: "a directory", "a FIFO (named pipe)", ..."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISREG, "a regular file")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def open_regular(path: Path) -> typing.BinaryIO:
-    """`path` opened for reading if it is a regular file (a symlink to one counts); else NotARegularFile.
-    The type is checked before opening (a FIFO is never opened, so its writer is never disturbed) and
-    again on the descriptor, opened non-blocking, in case the name was swapped in between."""
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        raise NotARegularFile(path, mode)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: no effect on a regular file
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotARegularFile(path, mode)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 _NOT_OPENERS = bytes(b for b in range(256) if b not in b"[{\n")

@@ -32,13 +32,9 @@ from tideborn.rundir import (
     PID_FILE,
     TRAINER_LOCK_FILE,
     check_run_dir,
-    make_dirs,
     open_run_file,
     open_run_file_for_reading,
-    os_error_text,
     run_dir_of,
-    user_text,
-    write_atomically,
 )
 from tideborn.rundir.anomaly import ProcessFacts, identity_mismatch, same_process
 from tideborn.rundir.files import (
@@ -51,6 +47,7 @@ from tideborn.rundir.files import (
     this_host,
 )
 from tideborn.rundir.lock import LAUNCH_ENV, held, read_holder
+from tideborn.safefile import make_dirs, os_error_text, user_text, write_atomically
 from tideborn.trainer.options import build_parser
 from tideborn.trainer.preflight import check_start_step, preflight
 

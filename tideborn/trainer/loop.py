@@ -33,11 +33,8 @@ from tideborn.rundir import (
     WATCHDOG_ARCHIVE,
     check_run_dir,
     checkpoint_name,
-    link_atomically,
     list_checkpoints,
-    make_dirs,
     move_to_archive,
-    os_error_text,
     parse_step,
     refuse_link,
     temp_checkpoints,
@@ -45,6 +42,7 @@ from tideborn.rundir import (
 from tideborn.rundir.events import EventWriter
 from tideborn.rundir.files import boot_relative_start
 from tideborn.rundir.lock import RunDirLock
+from tideborn.safefile import link_atomically, make_dirs, os_error_text
 from tideborn.trainer.device import DeviceSetup, resolve_device
 from tideborn.trainer.distributed import (
     StopVote,
@@ -59,7 +57,7 @@ from tideborn.trainer.distributed import (
 from tideborn.trainer.gpu_stats import gpu_snapshot
 from tideborn.trainer.lineage import set_aside_other_lineages
 from tideborn.trainer.preflight import nothing_to_train, preflight, stop_at_step_too_early
-from tideborn.trainer.progress import Progress
+from tideborn.trainer.progress import StepProgress
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint, choose_start
 from tideborn.trainer.signals import StopRequest
@@ -118,7 +116,7 @@ class Trainer:
         self.settings = prepared.settings
         self.setup = prepared.setup
         self.env = prepared.env
-        self.progress = Progress(self.settings.runtime.progress if self.env.is_main else "off")
+        self.progress = StepProgress(self.settings.runtime.progress if self.env.is_main else "off")
         # The CLI installs the handler before torch loads, so a stop during start-up is not lost.
         self.stop = stop or StopRequest().install()
         self.started = time.perf_counter()
@@ -187,15 +185,7 @@ class Trainer:
         # Never through a link: `archive -> /elsewhere` would carry the run's checkpoints out of it.
         for path in [run_dir / ARCHIVE_DIR, *doomed]:
             refuse_link(path)
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        archive = run_dir / ARCHIVE_DIR / f"fresh-{stamp}"
-        suffix = 1
-        while archive.exists():  # two --fresh starts within a second must not mix their archives
-            suffix += 1
-            archive = run_dir / ARCHIVE_DIR / f"fresh-{stamp}-{suffix}"
-        make_dirs(archive)
-        for path in doomed:
-            os.replace(path, archive / path.name)
+        archive = move_to_archive(run_dir, doomed, "fresh")
         self.progress.message(f"--fresh: moved {len(doomed)} file(s) (old checkpoints, events, match reference) "
                               f"to {archive}")
         return archive

@@ -1,4 +1,5 @@
-"""Human progress on the terminal: one updating line on a TTY, else one line per logged step."""
+"""The trainer's progress on stdout: one updating line per logged step on a TTY, else one line per logged step,
+and its messages between them. (The data tools' counter of records or files done is `data.progress`.)"""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import typing
 from tideborn.humanize import duration
 
 
-class Progress:
+class StepProgress:
     def __init__(self, style: str, stream: typing.TextIO | None = None):
         self.stream = stream or sys.stdout
         if style == "auto":

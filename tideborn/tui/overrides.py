@@ -18,7 +18,7 @@ from tideborn.config.load import DEFAULTS_SOURCE, Resolved, override_layer
 from tideborn.config.reference import field_docstrings
 from tideborn.config.schema import SECTIONS
 from tideborn.errors import UserError
-from tideborn.rundir import create_new_file
+from tideborn.safefile import write_atomically
 from tideborn.tui.plan import LaunchPlan
 
 
@@ -148,23 +148,18 @@ class OverrideModel:
         return tomlkit.dumps(document)
 
     def save(self, path: Path) -> Path:
-        """Write `toml()` to `path` (relative to the plan's directory), checked first: the file must load."""
+        """Write `toml()` to `path` (relative to the plan's directory), whole or not at all, checked first: the
+        file must load. A symbolic link at `path` is refused: the user named a file to write, and replacing a link
+        (or writing through it) would change something they did not name."""
         path = path if path.is_absolute() else self.plan.cwd / path
-        text = self.toml()
-        if path.exists() and path.is_dir():
+        data = self.toml().encode("utf-8")
+        if path.is_dir() and not path.is_symlink():
             raise UserError(f"{path}: is a directory")
-        temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            # A new file at the temp name: whatever was there (a link planted at it) is replaced, not written into.
-            with os.fdopen(create_new_file(temp, refuse_links=False), "w", encoding="utf-8") as handle:
-                handle.write(text)
-            load_settings(temp, (), {}, environ=self.environ, cwd=self.plan.cwd)
-            os.replace(temp, path)
+            write_atomically(path, lambda handle: handle.write(data), refuse_link=True,
+                             check=lambda temp: load_settings(temp, (), {}, environ=self.environ, cwd=self.plan.cwd))
         except OSError as exc:
             raise UserError(f"{path}: cannot write: {exc.strerror or exc}") from None
-        finally:
-            if temp.exists():
-                temp.unlink()
         return path
 
 

@@ -1,0 +1,312 @@
+"""File safety for the whole package: how tideborn opens, creates, replaces and moves files.
+
+Files are read only when regular (a FIFO would hang the reader) and, where a link could have been planted, never
+through a symbolic link (O_NOFOLLOW); a file is trusted only when it is ours alone (`trust_problem`); a file is
+written whole or not at all (a new temp file, fsync, rename, directory fsync; `write_atomically`); a directory
+is shown writable by a probe. Nothing else in tideborn creates a file with O_CREAT or renames one
+(tests/test_house_files.py holds it so), so each of these rules is written once. No torch, no numpy: the run
+tools and the monitor use it.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import os
+import pwd
+import shutil
+import stat
+import typing
+from pathlib import Path
+
+from tideborn.errors import UserError
+
+FILE_MODE = 0o644
+"""Files tideborn creates: readable by others (status, the TUI, a colleague), written only by their owner.
+A stricter umask still applies; a looser one (000) cannot make them group- or world-writable."""
+DIR_MODE = 0o755
+"""Directories tideborn creates, on the same terms."""
+
+
+# -- what a file is, and whose ----------------------------------------------------------------------------
+
+def file_type(mode: int) -> str:
+    """What `mode` (st_mode) is, for people: "a directory", "a FIFO (named pipe)", ..."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def user_text(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def private_group(gid: int, uid: int) -> bool:
+    """The owner's own group (a "user private group": same name, their primary group, no other members),
+    whose write bit a umask of 002 sets and nobody else can use."""
+    try:
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return group.gr_name == user.pw_name and user.pw_gid == gid and set(group.gr_mem) <= {user.pw_name}
+
+
+def writable_by_others(info: os.stat_result) -> bool:
+    """Whether someone but the owner may write it: world-writable, or group-writable by a group that is not
+    the owner's private one."""
+    return bool(info.st_mode & stat.S_IWOTH
+                or (info.st_mode & stat.S_IWGRP and not private_group(info.st_gid, info.st_uid)))
+
+
+def trust_problem(info: os.stat_result, owners: typing.Collection[int] | None = None,
+                  single_link: bool = False) -> str | None:
+    """Why a file with these facts (an fstat of what was opened) must not be used or written: not a regular
+    file, owned by someone not in `owners` (by default only us), writable by others, or (`single_link`)
+    reachable under another name too; None when it is ours alone. Said as the end of "PATH ..."."""
+    if not stat.S_ISREG(info.st_mode):
+        return f"is {file_type(info.st_mode)}, not a regular file"
+    if info.st_uid not in ({os.geteuid()} if owners is None else owners):
+        return f"belongs to {user_text(info.st_uid)}"
+    if single_link and info.st_nlink > 1:
+        return "has other hard links"
+    if writable_by_others(info):
+        return f"is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def link_target(path: Path) -> str:
+    """` (to TARGET)` for a symbolic link at `path`, for messages; empty when it cannot be read."""
+    try:
+        return f" (to {os.readlink(path)})"
+    except OSError:
+        return ""
+
+
+class LinkRefused(UserError):
+    """A symbolic link where tideborn was to write a file: it never writes through one."""
+
+    def __init__(self, path: Path):
+        super().__init__(f"{path} is a symbolic link{link_target(path)}; tideborn never writes through a link: "
+                         "remove it")
+
+
+class NotARegularFile(OSError):
+    """A file that is a directory, FIFO, socket or device: never read (a FIFO would block the reader)."""
+
+    def __init__(self, path: Path, mode: int):
+        self.mode = mode
+        self.what = f"{file_type(mode)}, not a regular file"
+        super().__init__(f"{path}: {self.what}")
+
+
+def os_error_text(exc: OSError) -> str:
+    """An `OSError` as the end of a one-line message, with what to do about the common ones."""
+    hints = {
+        errno.EROFS: "the filesystem is mounted read-only",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted",
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.ENAMETOOLONG: "a name in the path is too long for the filesystem",
+        errno.ENOTDIR: "a part of the path is a file, not a directory",
+        errno.ELOOP: "too many symbolic links (or a link where none is allowed)",
+    }
+    return f"{hints.get(exc.errno, exc.strerror or str(exc))} [{errno.errorcode.get(exc.errno or 0, exc.errno)}]"
+
+
+# -- reading ------------------------------------------------------------------------------------------------
+
+def open_regular_fd(path: Path, follow_links: bool = True) -> tuple[int, os.stat_result]:
+    """(descriptor, its fstat) of `path` opened for reading if it is a regular file; the caller closes it.
+    `NotARegularFile` otherwise: the type is checked before opening (a FIFO is never opened, so its writer is
+    never disturbed) and again on the descriptor, opened non-blocking, in case the name was swapped in between.
+    Without `follow_links`, a symbolic link is an `OSError` with errno ELOOP (O_NOFOLLOW), never its target."""
+    mode = os.stat(path, follow_symlinks=follow_links).st_mode
+    if stat.S_ISLNK(mode):
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
+    if not stat.S_ISREG(mode):
+        raise NotARegularFile(path, mode)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags)  # O_NONBLOCK: no effect on a regular file
+    try:
+        facts = os.fstat(fd)
+        if not stat.S_ISREG(facts.st_mode):
+            raise NotARegularFile(path, facts.st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, facts
+
+
+def open_regular(path: Path, follow_links: bool = True) -> typing.BinaryIO:
+    """`path` opened for reading if it is a regular file (`open_regular_fd`), as a binary file object."""
+    fd, _ = open_regular_fd(path, follow_links)
+    return os.fdopen(fd, "rb")
+
+
+# -- writing ------------------------------------------------------------------------------------------------
+
+def make_dirs(path: Path) -> None:
+    """Create `path` and any missing parents with DIR_MODE (so a umask of 000 leaves none world-writable)."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, DIR_MODE)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+
+
+def fsync_directory(path: Path) -> None:
+    """Make the names in `path` durable (a rename or a new file survives a power cut)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_nofollow(path: Path, flags: int) -> int:
+    """`os.open` of `path` with `flags`, created with FILE_MODE if missing: the descriptor. Never through a
+    symbolic link (O_NOFOLLOW: an `OSError` with errno ELOOP), which would have us write to its target."""
+    return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+
+
+def create_new_file(path: Path, refuse_links: bool = True) -> int:
+    """A new file at `path` for writing (FILE_MODE), the descriptor: O_EXCL and O_NOFOLLOW make it an inode no
+    other name shares. A symbolic link at the name is refused (`LinkRefused`) and left alone (`refuse_links`;
+    else removed); a file there (our own leftover, or a hard link planted to have us write into its other name)
+    is unlinked, never opened."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, FILE_MODE)
+    except FileExistsError:
+        if refuse_links and path.is_symlink():
+            raise LinkRefused(path) from None
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    try:
+        return os.open(path, flags, FILE_MODE)
+    except FileExistsError:  # planted again at once: someone is racing us for the name
+        raise UserError(f"{path}: appeared again as it was being replaced; tideborn never writes through an "
+                        "entry it did not create: remove it") from None
+
+
+def temp_path(path: Path) -> Path:
+    """The hidden temp file beside `path` that this process writes before the rename (`.NAME.tmp-PID`)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def write_temp(temp: Path, write: typing.Callable[[typing.BinaryIO], object], refuse_links: bool = True) -> None:
+    """Fill a new file at `temp` (`create_new_file`) with `write`, and fsync it: the first half of an atomic
+    write, for a caller that checks the content before it publishes it (`publish`). If `write` fails, the temp
+    file is removed; a link refused at its name is left alone."""
+    fd = create_new_file(temp, refuse_links)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def publish(pairs: typing.Sequence[tuple[Path, Path]]) -> None:
+    """Rename each (temp, path) over its `path`, in order, then fsync their directories. A rename replaces a
+    link at `path`, never writes through it. An `OSError` names the pair it failed on (filename, filename2)."""
+    for temp, path in pairs:
+        os.replace(temp, path)
+    for directory in dict.fromkeys(path.parent for _, path in pairs):
+        fsync_directory(directory)
+
+
+def refuse_link_at(path: Path) -> None:
+    """`LinkRefused` if `path` is a symbolic link (a file to be replaced by one the user did not choose)."""
+    if path.is_symlink():
+        raise LinkRefused(path)
+
+
+def write_atomically(path: Path, write: typing.Callable[[typing.BinaryIO], object],
+                     check: typing.Callable[[Path], object] | None = None, refuse_link: bool = False) -> None:
+    """Write `path` whole or not at all: `write` fills a hidden temp file beside it (`.NAME.tmp-PID`, created
+    with FILE_MODE), which is fsynced, shown to `check` (which raises to refuse it), and renamed over `path`;
+    then the directory is fsynced. If anything fails, the temp file is removed and the old `path`, if any, is
+    untouched. Neither name is ever followed: the temp file is a new inode (`create_new_file`), and the rename
+    replaces a link at `path`, not its target; with `refuse_link`, a link at `path` is refused instead."""
+    if refuse_link:
+        refuse_link_at(path)
+    temp = temp_path(path)
+    write_temp(temp, write)
+    try:
+        if check is not None:
+            check(temp)
+        if refuse_link:
+            refuse_link_at(path)  # planted while we wrote: still never replaced
+        publish([(temp, path)])
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def link_atomically(source: Path, path: Path) -> None:
+    """Make `path` a second name of `source` (a hard link; a copy where the filesystem has none), published by a
+    rename over whatever `path` was: a link or a file planted there is replaced, never written through."""
+    temp = temp_path(path)
+    try:
+        os.unlink(temp)
+    except FileNotFoundError:
+        pass
+    try:
+        os.link(source, temp, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        with open_regular(source, follow_links=False) as original:
+            write_atomically(path, lambda handle: shutil.copyfileobj(original, handle, 1024 * 1024))
+        return
+    try:
+        publish([(temp, path)])
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def move_files(paths: typing.Sequence[Path], folder: Path) -> None:
+    """Move `paths` into `folder` by renames (one file system: a file is in one place or the other, never
+    copied half), then fsync the folder and the directories they left."""
+    publish([(path, folder / path.name) for path in paths])
+    for directory in dict.fromkeys(path.parent for path in paths):
+        fsync_directory(directory)
+
+
+PROBE_PREFIX = ".tideborn-write-probe-"
+
+
+def write_probe(directory: Path) -> None:
+    """Show that files can be written in `directory`: a hidden probe file created there (O_EXCL, O_NOFOLLOW),
+    written a block (on a full disk an empty file can still be created), fsynced and removed; nothing stays.
+    `OSError` as the OS says why not."""
+    probe = directory / f"{PROBE_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            os.write(fd, b"\0" * 4096)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        os.unlink(probe)

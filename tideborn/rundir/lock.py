@@ -111,6 +111,23 @@ def held(run_dir: Path) -> bool:
     return False
 
 
+def busy(lock: Path) -> UserError:
+    """The refusal of a trainer whose run directory another process holds, naming the holder."""
+    holder = read_holder(lock)
+    who = holder.describe(lock) if holder is not None else f"another process holds {lock.name}"
+    return UserError(f"{lock.parent}: another trainer is using this run directory: {who}; "
+                     "stop it first or choose another runtime.out_dir")
+
+
+def refuse_if_held(run_dir: Path) -> None:
+    """Refuse as `RunDirLock` would, where some process holds the run directory now: the trainer asks before
+    torch loads, so a second trainer is turned away in a moment rather than after seconds of imports. The
+    lock itself stays the authority: a trainer that takes the directory between this and `RunDirLock` still
+    wins, and the later one is refused there."""
+    if held(run_dir):
+        raise busy(run_dir / TRAINER_LOCK_FILE)
+
+
 class RunDirLock:
     def __init__(self, run_dir: Path, launched_pid: int | None = None,
                  environ: typing.Mapping[str, str] | None = None):
@@ -131,10 +148,7 @@ class RunDirLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            holder = read_holder(self.path)
-            who = holder.describe(self.path) if holder is not None else f"another process holds {self.path.name}"
-            raise UserError(f"{self.path.parent}: another trainer is using this run directory: {who}; "
-                            "stop it first or choose another runtime.out_dir") from None
+            raise busy(self.path) from None
         _held_fds.add(fd)
         self._fd = fd
         me = psutil.Process()

@@ -63,6 +63,7 @@ def require_chosen_settings(args: argparse.Namespace) -> None:
 
 
 def command_train(args: argparse.Namespace) -> int:
+    from tideborn.rundir.lock import refuse_if_held
     from tideborn.trainer.preflight import preflight
     from tideborn.trainer.rank import dist_env
     from tideborn.trainer.signals import StopRequest
@@ -74,7 +75,9 @@ def command_train(args: argparse.Namespace) -> int:
         env = dist_env()
         # under torchrun hcpe3 files are only checked here: local rank 0 decodes them once the process group
         # is up, while the other ranks wait (`loop._build_data_caches_once`)
-        preflight(resolved.settings, args.resume, args.fresh, args.stop_at_step, decode=not env.distributed)
+        run_dir = preflight(resolved.settings, args.resume, args.fresh, args.stop_at_step, decode=not env.distributed)
+        if env.is_main:  # the rank that takes the run directory's lock; the others follow it
+            refuse_if_held(run_dir)
         from tideborn.trainer.loop import run_training
 
         return run_training(resolved, resume=args.resume, fresh=args.fresh, stop_at_step=args.stop_at_step,

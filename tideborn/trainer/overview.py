@@ -10,6 +10,7 @@ from tideborn.errors import UserError
 from tideborn.network.model import build_model
 from tideborn.rundir import latest_checkpoint, run_dir_of
 from tideborn.trainer.device import resolve_device
+from tideborn.trainer.preflight import check_start_step, check_teacher_data
 from tideborn.trainer.summary import format_model_summary, parameter_bytes, summarize_model
 
 
@@ -59,17 +60,26 @@ def summary_text(resolved: Resolved) -> str:
         device = resolve_device(s.runtime).describe()
     except UserError as exc:  # summary still describes the run; train would stop here
         device = f"{s.runtime.device}, {s.runtime.precision}: train would refuse on this machine ({exc})"
+    data = _data_line(s.data)
+    try:
+        check_teacher_data(s, decode=False)
+    except UserError as exc:  # described all the same, with what train would say
+        data = f"{data}; train would refuse: {exc}"
     run_dir = run_dir_of(s)
     newest = latest_checkpoint(run_dir)
     start = f"would resume from {newest}" if newest else "would start at step 0 (no checkpoint yet)"
     if s.run.mode == "finetune" and not newest:
         start = f"would start at step 0 from the weights of {s.run.init_checkpoint}"
+    try:
+        check_start_step(s, run_dir)
+    except UserError as exc:  # train's own words: "nothing to train: ... (raise it with ...)"
+        start = f"{start}; {exc}"
     runtime = s.runtime
     rows = [
         ("Run", f"type {s.run.type}, network {s.run.network or '(model as given)'}, mode {s.run.mode}"),
         ("Network", f"{s.model.blocks} blocks x {s.model.channels} channels, {s.model.activation}; "
                     f"{network.total_parameters:,} parameters ({parameter_bytes(model) / 2**20:.1f} MiB fp32)"),
-        ("Data", _data_line(s.data)),
+        ("Data", data),
         ("Batch", f"{s.optim.batch_size} positions per step per rank = {s.optim.accumulation_steps} "
                   f"micro-batch(es) of {s.optim.micro_batch_size}"),
         ("Optimizer", _optimizer_line(s.optim)),

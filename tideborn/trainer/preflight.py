@@ -25,19 +25,7 @@ def preflight(settings: Settings, resume: Path | None = None, fresh: bool = Fals
     """Raise `UserError` for what is wrong with the request; return the run directory (relative to `cwd`,
     the trainer's working directory, when `runtime.out_dir` and `paths.runs_root` are relative)."""
     environ = os.environ if environ is None else environ
-    if settings.data.resolved_kind != "synthetic":
-        # Every teacher file is opened and size-checked now, so a bad one is named before anything starts;
-        # so is a game index written for another version of its file, and a train/test pair from two splits.
-        from tideborn.data.game_index import check_pairs
-        from tideborn.data.sources import held_out_source, training_source
-
-        # hcpe3 files are decoded into their caches here (a malformed game is named before anything starts);
-        # `decode=False` (train_run start) only checks them: decoding a large one takes minutes.
-        train, test = training_source(settings, decode=decode), held_out_source(settings, decode=decode)
-        for records in (train, test):
-            if records is not None:
-                records.close()
-        check_pairs(train.paths, test.paths if test is not None else [])
+    check_teacher_data(settings, decode)
     if fresh and resume is not None:
         raise UserError("--fresh and --resume exclude each other")
     if resume is not None and not resume.is_file():
@@ -52,6 +40,24 @@ def preflight(settings: Settings, resume: Path | None = None, fresh: bool = Fals
     # This also refuses an `archive` that is not a directory (where `--fresh` moves the old run).
     check_run_dir(where)
     return run_dir
+
+
+def check_teacher_data(settings: Settings, decode: bool = True) -> None:
+    """Raise `UserError` for teacher data the trainer would refuse: a pattern that matches no file, a file
+    that cannot be read or is not whole records, a game index written for another version of its file, a
+    train/test pair from two splits. `summary` asks too, so that it says what `train` would."""
+    if settings.data.resolved_kind == "synthetic":
+        return
+    from tideborn.data.game_index import check_pairs
+    from tideborn.data.sources import held_out_source, training_source
+
+    # hcpe3 files are decoded into their caches here (a malformed game is named before anything starts);
+    # `decode=False` (train_run start, summary) only checks them: decoding a large one takes minutes.
+    train, test = training_source(settings, decode=decode), held_out_source(settings, decode=decode)
+    for records in (train, test):
+        if records is not None:
+            records.close()
+    check_pairs(train.paths, test.paths if test is not None else [])
 
 
 def nothing_to_train(checkpoint: Path, step: int, max_steps: int) -> str:

@@ -51,11 +51,12 @@ from tideborn.trainer.distributed import (
     close_process_group,
     failure_elsewhere,
     init_process_group,
-    mean_over_ranks,
     report_failure,
 )
+from tideborn.trainer.duties import Duties
 from tideborn.trainer.gpu_stats import gpu_snapshot
 from tideborn.trainer.lineage import set_aside_other_lineages
+from tideborn.trainer.metrics import MetricsWindow
 from tideborn.trainer.preflight import nothing_to_train, preflight, stop_at_step_too_early
 from tideborn.trainer.progress import StepProgress
 from tideborn.trainer.rank import DistEnv
@@ -110,6 +111,15 @@ class _NoEvents:
         return None
 
 
+class _Halted(Exception):
+    """The run ends here without saving, its `run_failed` written (a watchdog trip, a non-finite loss); `code` is
+    the exit status. Raised by the loop's checks and caught once, in `Trainer._loop`."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
 class Trainer:
     def __init__(self, prepared: Prepared, stop: StopRequest | None = None):
         self.p = prepared
@@ -124,6 +134,13 @@ class Trainer:
         self.events: EventWriter | _NoEvents = _NoEvents()
         self.state: TrainingState | None = None
         self.watchdog: GradientWatchdog | None = None
+        # The loop's own parts, made when it starts (they need the training state): when each duty is due,
+        # and the steps since the last step event.
+        self.duties: Duties | None = None
+        self.window: MetricsWindow | None = None
+        self.last_saved: Path | None = prepared.start.checkpoint
+        """The checkpoint of the newest save (None on ranks other than 0), or the one the attempt resumed from."""
+        self.saved_step = prepared.start.step
         start = prepared.start.payload
         self.healthy_step: int | None = healthy_step_of(start) if start is not None else None
         """The step of the newest checkpoint saved with no gradient spike streak open: pruning keeps it, and
@@ -256,113 +273,106 @@ class Trainer:
             return 1
 
     def _loop(self) -> int:
-        s, runtime, state = self.settings, self.settings.runtime, self.state
+        """Train to the attempt's end. Each periodic duty says when it is due (trainer/duties.py); a check that
+        ends the run unsaved raises `_Halted`, which ends it here, the stop votes in flight drained first."""
+        s, state, env = self.settings, self.state, self.env
         assert state is not None
-        device, env = self.setup.device, self.env
-        last_saved: Path | None = self.p.start.checkpoint
-        saved_step = self.p.start.step
-        window = torch.zeros(4, device=device)  # sums of loss, policy, value, grad norm
-        window_norms: list[torch.Tensor] = []  # each step's grad norm, read back with the window
-        window_steps, window_wait, window_start, lr = 0, 0.0, time.perf_counter(), 0.0
-        watchdog = GradientWatchdog(s.watchdog, nonfinite_is_skipped=state.scaler is not None)
-        watchdog.load_state_dict(self.p.start.payload.get("watchdog") if self.p.start.payload is not None else None)
-        self.watchdog = watchdog
-        next_gpu_event = time.perf_counter()
-        compile_reported = False
+        self.watchdog = GradientWatchdog(s.watchdog, nonfinite_is_skipped=state.scaler is not None)
+        self.watchdog.load_state_dict(self.p.start.payload.get("watchdog") if self.p.start.payload is not None
+                                      else None)
+        decays = state.value_lambda_decays
+        self.window = MetricsWindow(self.setup.device, env, s.optim.batch_size,
+                                    (lambda step: value_lambda_at(step - 1, s.loss)) if decays else None,
+                                    state.allreduce_counter)
+        self.duties = Duties.of(s.runtime, self.p.stop_at_step, evaluating=state.evaluator is not None,
+                                main=env.is_main, cuda=self.setup.is_cuda)
+        stop_vote = StopVote(env, self.setup.device)
+        try:
+            while True:
+                signalled = stop_vote(self.stop.reason is not None)
+                if signalled or self.duties.horizon.reached(self.step):
+                    break
+                self._train_step()
+                self._periodic_duties(final=self.duties.horizon.is_final(self.step))
+            stop_vote.drain()
+            return self._end(signalled)
+        except _Halted as halted:
+            stop_vote.drain()
+            return halted.code
 
-        def log_window() -> list[float]:
-            nonlocal window_steps, window_wait, window_start
-            means = mean_over_ranks(window / window_steps, env).tolist()
-            norms = torch.stack(window_norms).tolist()  # the same on every rank: taken after the all-reduce
-            elapsed = time.perf_counter() - window_start
-            record = {
-                "step": self.step, "loss": means[0], "policy_loss": means[1], "value_loss": means[2],
-                "grad_norm": means[3], "grad_norm_max": max(norms, key=_nan_first),
-                "grad_norms": [float(f"{norm:.4g}") for norm in norms], "lr": lr,
-                "positions_per_second": window_steps * s.optim.batch_size * env.world_size / elapsed,
-                "data_wait_seconds": window_wait, "compute_seconds": max(0.0, elapsed - window_wait),
-                "steps": window_steps,
-            }
-            if state.value_lambda_decays:
-                record["value_lambda"] = value_lambda_at(self.step - 1, s.loss)
-            if state.allreduce_counter is not None:  # runtime.ddp_diagnostics: checked after every step
-                record["allreduce_calls"] = state.allreduce_counter.calls
-                record["ranks_in_sync"] = True
-            self.events.emit("step", **record)
-            self._report_skipped_records()
-            self.progress.step(self.step, runtime.max_steps, record,
-                               (runtime.max_steps - self.step) * elapsed / window_steps)
-            window.zero_()
-            window_norms.clear()
-            window_steps, window_wait, window_start = 0, 0.0, time.perf_counter()
-            return means
+    def _train_step(self) -> None:
+        """One optimizer step, added to the metrics window and the watchdog; a `gpu` event before it when one is
+        due, the `compile` event after the first."""
+        assert self.state is not None and self.watchdog is not None
+        if self.duties.gpu.should_run():
+            self.events.emit("gpu", step=self.step, **gpu_snapshot(self.setup.device))
+        started = time.perf_counter()
+        result = self.state.train_step(self.step)
+        if self.duties.compile_report.should_run():
+            # torch.compile compiles lazily, inside the first step: time that step (synchronised).
+            if self.setup.is_cuda:
+                torch.cuda.synchronize(self.setup.device)
+            seconds = time.perf_counter() - started
+            self.events.emit("compile", step=self.step + 1, first_step_seconds=seconds)
+            self.progress.message(f"torch.compile: the first step took {seconds:.1f} s (compilation included)")
+        self.step += 1
+        self.window.add(result)
+        self.watchdog.add(self.step, result.grad_norm)
 
-        stop_vote = StopVote(env, device)
-        while True:
-            signalled = stop_vote(self.stop.reason is not None)
-            if signalled or self.step >= runtime.max_steps or self.step == self.p.stop_at_step:
-                break
-            if self.setup.is_cuda and env.is_main and time.perf_counter() >= next_gpu_event:
-                next_gpu_event = time.perf_counter() + runtime.gpu_event_seconds
-                self.events.emit("gpu", step=self.step, **gpu_snapshot(self.setup.device))
-            first_step_started = time.perf_counter()
-            result = state.train_step(self.step)
-            if runtime.compile and not compile_reported:
-                # torch.compile compiles lazily, inside the first step: time that step (synchronised).
-                if self.setup.is_cuda:
-                    torch.cuda.synchronize(device)
-                seconds = time.perf_counter() - first_step_started
-                self.events.emit("compile", step=self.step + 1, first_step_seconds=seconds)
-                self.progress.message(f"torch.compile: the first step took {seconds:.1f} s (compilation included)")
-                compile_reported = True
-            self.step += 1
-            window += torch.cat([result.losses, result.grad_norm.reshape(1).float()])
-            window_norms.append(result.grad_norm.reshape(()).float())
-            watchdog.add(self.step, result.grad_norm)
-            window_steps += 1
-            window_wait += result.data_wait_seconds
-            lr = result.lr
-            final = self.step in (runtime.max_steps, self.p.stop_at_step)
-            if self.step % runtime.log_every == 0 or final:
-                means = log_window()
-                if self._watchdog_tripped(watchdog):
-                    stop_vote.drain()
-                    return 1
-                if runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):
-                    stop_vote.drain()
-                    return self._fail_nonfinite(means)
-            if state.evaluator is not None and (self.step % runtime.eval_every == 0 or final):
-                self._evaluate()
-            if self.step % runtime.checkpoint_every == 0 or final:
-                # Never save the weights of the steps since a trip; their step event is written first, so that
-                # every step's norm is in the events.
-                if self._watchdog_tripped(watchdog, log_window if window_steps else None):
-                    stop_vote.drain()
-                    return 1
-                if not self._finite_window(window, window_steps):
-                    stop_vote.drain()
-                    return self._fail_nonfinite(mean_over_ranks(window / window_steps, env).tolist())
-                with self.stop.saving():  # a repeated Ctrl-C never cuts a save short (trainer/signals.py)
-                    last_saved, saved_step = self._save(), self.step
-                if runtime.match_every and last_saved is not None and not runtime.match_reference:
-                    self._keep_reference(last_saved)
-                if (runtime.match_every and last_saved is not None and self.step % runtime.match_every == 0
-                        and self.stop.reason is None):
-                    self._match(last_saved)
-        stop_vote.drain()
-        if window_steps:
-            means = log_window()
-            if self._watchdog_tripped(watchdog):
-                return 1
-            if runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):
-                return self._fail_nonfinite(means)
-        if self._watchdog_tripped(watchdog):
-            return 1
-        if saved_step != self.step:
+    def _periodic_duties(self, final: bool) -> None:
+        """What is due after a step, in this order: the `step` event, evaluation, a checkpoint and its match.
+        `final`: the attempt's last step, where the first three are all due."""
+        if self.duties.log.should_run(self.step, final):
+            self._judge(self._log())
+        if self.duties.evaluate.should_run(self.step, final):
+            self._evaluate()
+        if self.duties.checkpoint.should_run(self.step, final):
+            self._checkpoint(final)
+
+    def _log(self) -> list[float]:
+        """Close the metrics window: its `step` event, newly skipped records, the progress line. Returns its
+        means (loss, policy, value, grad norm)."""
+        runtime = self.settings.runtime
+        read = self.window.read(self.step)
+        self.events.emit("step", **read.record)
+        self._report_skipped_records()
+        self.progress.step(self.step, runtime.max_steps, read.record,
+                           (runtime.max_steps - self.step) * read.seconds / self.window.steps)
+        self.window.reset()
+        return read.means
+
+    def _judge(self, means: list[float]) -> None:
+        """After a `step` event: halt on a watchdog trip, or on a non-finite loss (runtime.stop_on_nonfinite)."""
+        self._halt_if_tripped()
+        if self.settings.runtime.stop_on_nonfinite and not all(math.isfinite(v) for v in means[:3]):
+            raise _Halted(self._fail_nonfinite(means))
+
+    def _checkpoint(self, final: bool) -> None:
+        # Never save the weights of the steps since a trip; their step event is written first, so that every
+        # step's norm is in the events. Nor weights that took a non-finite loss, whatever stop_on_nonfinite says.
+        self._halt_if_tripped(flush=self._log if self.window.steps else None)
+        if not self.window.finite_on_every_rank():
+            raise _Halted(self._fail_nonfinite(self.window.means()))
+        with self.stop.saving():  # a repeated Ctrl-C never cuts a save short (trainer/signals.py)
+            self.last_saved, self.saved_step = self._save(), self.step
+        if self.last_saved is None:  # ranks other than 0 save nothing, so keep no reference and play no match
+            return
+        if self.duties.keep_reference:
+            self._keep_reference(self.last_saved)
+        if self.duties.match.should_run(self.step, final) and self.stop.reason is None:
+            self._match(self.last_saved)
+
+    def _end(self, signalled: bool) -> int:
+        """The loop is over (the final step, or a stop agreed by the ranks): log and judge the steps not yet
+        logged, save the last step if it is not saved, and write the terminal event."""
+        if self.window.steps:
+            self._judge(self._log())
+        if self.saved_step != self.step:
             with self.stop.saving():
-                last_saved = self._save()
-        if self.step >= runtime.max_steps:
-            if runtime.export_onnx and self.env.is_main:
+                self.last_saved, self.saved_step = self._save(), self.step
+        last_saved = self.last_saved
+        if self.duties.horizon.finished(self.step):
+            if self.duties.export.should_run(self.step, final=True):
                 self._export(last_saved)
             self._terminal("run_finished", checkpoint=str(last_saved))
             elapsed = duration(time.perf_counter() - self.started)
@@ -374,15 +384,16 @@ class Trainer:
         self.progress.message(f"stopped ({reason}) at step {self.step}; checkpoint {last_saved}")
         return 0
 
-    def _watchdog_tripped(self, watchdog: GradientWatchdog, flush: typing.Callable[[], object] | None = None) -> bool:
+    def _halt_if_tripped(self, flush: typing.Callable[[], object] | None = None) -> None:
         """Judge the gradient norms since the last check (every rank: the decision is agreed); on a trip, call
-        `flush` (the pending step event), write the `watchdog` event and `run_failed`, and say so. The caller
-        then returns 1 without saving."""
-        if not watchdog.enabled:
-            return False
-        trip = watchdog.check()
+        `flush` (the pending step event), write the `watchdog` event and `run_failed`, say so, and halt the run
+        without saving."""
+        assert self.watchdog is not None
+        if not self.watchdog.enabled:
+            return
+        trip = self.watchdog.check()
         if not any_rank(trip is not None, self.env, self.setup.device):
-            return False
+            return
         if flush is not None:
             flush()
         text = trip.text() if trip is not None else "gradient watchdog tripped on another rank"
@@ -393,7 +404,7 @@ class Trainer:
         text += f"; stopped without saving, {_resume_point(resume)}; settings: [watchdog]"
         self._terminal("run_failed", error=text, traceback=None, resume_from=_text_or_none(resume))
         self.progress.message(f"run failed: {text}")
-        return True
+        raise _Halted(1)
 
     def _healthy_checkpoint(self) -> Path | None:
         """The newest checkpoint saved with no spike streak open, if it is still in the run directory (pruning
@@ -443,11 +454,6 @@ class Trainer:
         if self.state.evaluator is not None:
             found += [fit_warning(fit, "data.test") for fit in self.state.evaluator.scale_fits if fit.problem]
         return found
-
-    def _finite_window(self, window: torch.Tensor, steps: int) -> bool:
-        """Whether the losses since the last log are finite on every rank (checked before saving weights)."""
-        broken_here = steps > 0 and not bool(torch.isfinite(window[:3]).all())
-        return not any_rank(broken_here, self.env, self.setup.device)
 
     def _evaluate(self) -> None:
         state = self.state
@@ -645,11 +651,6 @@ def _resume_point(checkpoint: Path | None) -> str:
     if checkpoint is None:
         return "and there is no healthy checkpoint to resume from yet"
     return f"the newest healthy checkpoint ({checkpoint}) is the one to resume from (train does so by default)"
-
-
-def _nan_first(value: float) -> float:
-    """Sort key for the window's largest grad norm: a NaN counts as the largest (plain max would skip it)."""
-    return math.inf if math.isnan(value) else value
 
 
 def _unbounded(report: dict, key: str) -> float:

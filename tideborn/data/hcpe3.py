@@ -460,10 +460,16 @@ def _quiet(done: int, size: int) -> None:
 
 def build_caches(paths: typing.Sequence[Path], processes: int | None = None) -> list[Path]:
     """Decode the hcpe3 files among `paths` that have no current positions cache, up to `processes` at once
-    (default: the usable CPU cores), each in a child process that writes the file's cache; the files decoded.
-    Nothing is decoded this way for fewer than two files or PARALLEL_BYTES in all: opening the files after
-    this (`Hcpe3File.positions`) decodes in the process whatever is still missing, and says every error
-    and warning, in file order."""
+    (default: the usable CPU cores), each in a child process that writes the file's cache; the files whose
+    cache a child wrote. Nothing is decoded this way for fewer than two files or PARALLEL_BYTES in all:
+    opening the files after this (`Hcpe3File.positions`) decodes in the process whatever is still missing,
+    and says every error and warning, in file order.
+
+    The children are plain `python -m tideborn.data.hcpe3 --write-cache FILE` processes, not
+    multiprocessing's: those import the caller's main module again, which a script without a
+    `__main__` guard does not survive, and a fork would copy a trainer's CUDA state and threads."""
+    import subprocess
+
     processes = processes if processes is not None else len(os.sched_getaffinity(0))
     todo = []
     for path in dict.fromkeys(Path(p) for p in paths):
@@ -474,17 +480,28 @@ def build_caches(paths: typing.Sequence[Path], processes: int | None = None) -> 
             continue  # a file that cannot be read is named when it is opened
     if processes < 2 or len(todo) < 2 or sum(p.stat().st_size for p in todo) < PARALLEL_BYTES:
         return []
-    import concurrent.futures
-    import multiprocessing
-
+    at_once = min(processes, len(todo))
     for path in todo:
         print(f"hcpe3: decoding {path} ({path.stat().st_size:,} bytes) into {cache_path(path)} (once; "
-              f"{min(processes, len(todo))} files at a time)", flush=True)
-    # spawned, not forked: the trainer that calls this may hold CUDA and threads a fork would copy half of
-    with concurrent.futures.ProcessPoolExecutor(min(processes, len(todo)),
-                                                mp_context=multiprocessing.get_context("spawn")) as pool:
-        done = list(pool.map(_build_cache_in_child, [str(p) for p in todo]))
-    return [p for p, ok in zip(todo, done) if ok]
+              f"{at_once} files at a time)", flush=True)
+    waiting, running, written = list(todo), {}, []
+    try:
+        while waiting or running:
+            while waiting and len(running) < at_once:
+                path = waiting.pop(0)
+                running[path] = subprocess.Popen([sys.executable, "-m", "tideborn.data.hcpe3", "--write-cache",
+                                                  str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            time.sleep(0.05)  # polled, never os.wait(): that would reap the caller's other children too
+            for path, child in list(running.items()):
+                if child.poll() is not None:
+                    del running[path]
+                    if child.returncode == 0:
+                        written.append(path)
+    finally:
+        for child in running.values():  # interrupted: no child is left writing behind the caller's back
+            child.kill()
+            child.wait()
+    return [p for p in todo if p in written]
 
 
 class Hcpe3Positions:
@@ -658,6 +675,8 @@ class Hcpe3File:
 
 
 def _main(argv: list[str]) -> int:
+    if argv[:1] == ["--write-cache"]:  # a child of `build_caches`
+        return 0 if all([_build_cache_in_child(name) for name in argv[1:]]) else 1
     if not argv:
         print("usage: python -m tideborn.data.hcpe3 FILE.hcpe3 ...  (decode without the cache; positions/s)")
         return 2

@@ -311,3 +311,4 @@ def test_a_parallel_build_interrupted_leaves_no_cache_a_later_open_trusts(games,
             assert hcpe3.read_arrays(left, hcpe3.CACHE_FORMAT) is not None
         got = Hcpe3File(path).positions()
         assert got.cached and all(np.array_equal(np.asarray(got.arrays[name]), want[name]) for name in want)
+    assert not [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name], "a dead child's temp file was kept"

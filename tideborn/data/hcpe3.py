@@ -676,6 +676,11 @@ class Hcpe3File:
 
 def _main(argv: list[str]) -> int:
     if argv[:1] == ["--write-cache"]:  # a child of `build_caches`
+        import signal
+
+        # Ctrl-C reaches the whole process group: the child just ends (its temp file is never the cache),
+        # and the parent, not a traceback from each child, says what happened
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         return 0 if all([_build_cache_in_child(name) for name in argv[1:]]) else 1
     if not argv:
         print("usage: python -m tideborn.data.hcpe3 FILE.hcpe3 ...  (decode without the cache; positions/s)")

@@ -1,6 +1,7 @@
 """hcpe3 throughput: tideborn's loader against dlshogi's C++ one on the same file (figures, never pass/fail).
 
     python -m tideborn.bench.hcpe3 pipeline [--file X.hcpe3 | --games DIR --copies N] [--dlshogi-build DIR]
+    python -m tideborn.bench.hcpe3 open [--file X.hcpe3 | --games DIR --copies N] [--dlshogi-build DIR]
     python -m tideborn.bench.hcpe3 check X.hcpe3 [--dlshogi-build DIR [--average]]
     python -m tideborn.bench.hcpe3 make OUT.hcpe3 [--games DIR ...] [--copies N] [--book-plies N]
 
@@ -12,6 +13,10 @@ loader, into ready CPU tensors with each worker count; and, given `--dlshogi-bui
 process per OpenMP thread limit (`OMP_THREAD_LIMIT`: its decode asks for 2 threads whatever
 OMP_NUM_THREADS says). Without `--file` it writes the games under `--games` (default `samples/games`) as
 hcpe3 with made-up search statistics (`bench_hcpe3_file`).
+
+`open` times the first open alone, alternating: tideborn's replay of a fresh copy into its positions cache
+(one process), and dlshogi's `load_hcpe3` in a child process limited to one OpenMP thread; per repetition
+the ratio of their positions/s (steadier than either on a busy machine), and the cache's bytes per position.
 
 `check` compares, position by position, tideborn's reading of a file with a plain cshogi replay under
 dlshogi's rules and, given the build, with dlshogi's loader; `--average` also compares duplicate averaging
@@ -207,6 +212,43 @@ def command_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_open(args: argparse.Namespace) -> int:
+    if args.dlshogi_build is not None:
+        load_cppshogi(args.dlshogi_build)  # refuse a bad build before any timing
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
+        path = benchmark_file(args, scratch)
+        print(f"{path.name}: {path.stat().st_size:,} bytes; {args.repeats} repetitions alternating; cpus "
+              f"{os.cpu_count()}, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        ours, theirs, warm, ratios = [], [], [], []
+        positions = dl_positions = cache_bytes = 0
+        for repeat in range(args.repeats):
+            cold_seconds, warm_seconds, positions = tideborn_open_seconds(path, scratch)
+            ours.append(positions / cold_seconds)
+            warm.append(warm_seconds)
+            if args.dlshogi_build is not None:
+                figures = dlshogi_in_child(args.dlshogi_build, path, 1, 64, 1, repeat)
+                dl_positions = figures["positions"]
+                theirs.append(dl_positions / figures["load_seconds"])
+                ratios.append(ours[-1] / theirs[-1])
+        copy = scratch / "sized" / path.name
+        copy.parent.mkdir()
+        shutil.copyfile(path, copy)
+        _open_positions(copy)
+        from tideborn.data.hcpe3 import cache_path
+
+        cache_bytes = cache_path(copy).stat().st_size
+        print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"{'tideborn, first open (replay, cache)':40s} {_spread(ours)}  ({positions:,} positions)")
+    print(f"{'tideborn, later open (cache checked)':40s} {_spread(warm, 's', 3)}")
+    print(f"{'tideborn, cache bytes per position':40s} {cache_bytes / max(positions, 1):11.1f}")
+    if theirs:
+        print(f"{'dlshogi load_hcpe3, 1 thread':40s} {_spread(theirs)}  ({dl_positions:,} positions)")
+        print(f"tideborn / dlshogi per repetition: {statistics.median(ratios):.2f} "
+              f"({min(ratios):.2f}..{max(ratios):.2f})")
+    return 0
+
+
 def _open_positions(path: Path):
     from tideborn.data.hcpe3 import Hcpe3File
 
@@ -296,6 +338,14 @@ def main(argv: list[str] | None = None) -> int:
     pipeline.add_argument("--workers", type=lambda t: _counts(t, 0), default=[0, 1, 2],
                           help="tideborn worker counts, comma-separated (default 0,1,2)")
 
+    first_open = sub.add_parser("open", help="first open of an hcpe3 file: tideborn's replay against dlshogi's load")
+    first_open.add_argument("--file", type=Path, help="hcpe3 file to read (default: --games written as hcpe3)")
+    first_open.add_argument("--games", type=Path, action="append", help="game records for the default file "
+                            "(repeatable; default samples/games)")
+    first_open.add_argument("--copies", type=positive_int, default=1, help="write the games this many times")
+    first_open.add_argument("--dlshogi-build", type=Path, help="dlshogi source tree with cppshogi built (see --help)")
+    first_open.add_argument("--repeats", type=positive_int, default=4)
+
     check = sub.add_parser("check", help="compare tideborn's reading of a file with dlshogi's and a plain replay")
     check.add_argument("file", type=Path)
     check.add_argument("--dlshogi-build", type=Path)
@@ -319,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                          help="load with use_average and save every entry's targets instead (for `check`)")
 
     args = parser.parse_args(argv)
-    commands = {"pipeline": command_pipeline, "check": command_check, "make": command_make, "dlshogi": command_dlshogi}
+    commands = {"pipeline": command_pipeline, "open": command_open, "check": command_check, "make": command_make,
+                "dlshogi": command_dlshogi}
     try:
         return commands[args.command](args)
     except UserError as exc:

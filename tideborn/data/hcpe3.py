@@ -36,8 +36,10 @@ Public API: `Hcpe3File(path)` -> `.games()` (the raw games, exactly as stored), 
 (`Hcpe3Positions`, built or loaded), `.game_count`, `.position_count`; `build_positions(path)` decodes
 without touching any cache; `policy_targets(...)` turns visit counts into the training distribution.
 
-Timing the decoder: `python -m tideborn.data.hcpe3 FILE.hcpe3` decodes FILE without the cache and prints
-games, positions and positions/s (the replay is pure Python over cshogi; see docs/data.md for figures).
+The replay (`hcpe3_replay`) keeps to cshogi's board what only a board can answer (legality, `to_hcp`,
+repetitions) and does the rest in bulk with numpy; `build_caches` decodes several files at once, each in a
+child process. Timing the decoder: `python -m tideborn.data.hcpe3 FILE.hcpe3` decodes FILE without the cache
+and prints games, positions and positions/s (docs/benchmarks.md has figures).
 """
 
 from __future__ import annotations
@@ -45,17 +47,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
+import stat
 import sys
 import time
 import typing
-from array import array as typed_array
 from dataclasses import dataclass
 from pathlib import Path
 
 import cshogi
 import numpy as np
-from cshogi.dlshogi import make_move_label
 
 from tideborn.data.cachefile import (
     CacheArray,
@@ -66,7 +66,8 @@ from tideborn.data.cachefile import (
     open_cache,
     warn_about_cache,
 )
-from tideborn.data.features import POLICY_CLASSES, sane_kings
+from tideborn.data.features import POLICY_CLASSES
+from tideborn.data.hcpe3_replay import WINDOW_BYTES, ReplayedPositions, truncated
 from tideborn.data.records import ChangedWhileRead, open_record_file, pread_full, readable_size, records_fingerprint
 from tideborn.errors import UserError
 
@@ -160,14 +161,8 @@ def check_hcpe3_file(path: Path) -> int:
         raise UserError(f"{path}: is empty (0 bytes); an hcpe3 file holds games of a {HEADER_SIZE}-byte header "
                         f"and the moves")
     if size < HEADER_SIZE:
-        raise _truncated(Path(path), 0, 0, "game header", HEADER_SIZE, size)
+        raise truncated(Path(path), 0, 0, "game header", HEADER_SIZE, size)
     return size
-
-
-def _truncated(path: Path, game: int, offset: int, what: str, need: int, size: int, at: int | None = None
-               ) -> UserError:
-    return UserError(f"{path}: game {game} (byte {offset}): truncated {what}: needs {need} bytes at byte "
-                     f"{offset if at is None else at}, the file ends at {size}; the file is cut short or is not hcpe3")
 
 
 def iter_games(path: Path) -> typing.Iterator[Hcpe3Game]:
@@ -179,7 +174,7 @@ def iter_games(path: Path) -> typing.Iterator[Hcpe3Game]:
         offset, game = 0, 0
         while offset < size:
             if size - offset < HEADER_SIZE:
-                raise _truncated(path, game, offset, "game header", HEADER_SIZE, size)
+                raise truncated(path, game, offset, "game header", HEADER_SIZE, size)
             buffer, at = reader.get(offset, HEADER_SIZE)
             header = np.frombuffer(buffer, HEADER_DTYPE, 1, at)[0].copy()
             move_num = int(header["moveNum"])
@@ -188,7 +183,7 @@ def iter_games(path: Path) -> typing.Iterator[Hcpe3Game]:
             candidates = []
             for i in range(move_num):
                 if p + MOVE_INFO_SIZE > size:
-                    raise _truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size, p)
+                    raise truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size, p)
                 buffer, at = reader.get(p, MOVE_INFO_SIZE)
                 infos[i] = np.frombuffer(buffer, MOVE_INFO_DTYPE, 1, at)[0]
                 p += MOVE_INFO_SIZE
@@ -226,128 +221,26 @@ def _build(path: Path, progress: typing.Callable[[int, int], None] | None = None
     path = Path(path)
     size = check_hcpe3_file(path)
     reader = _SourceReader(path, size)
-    get = reader.get
-    unpack_info = struct.Struct("<HhH").unpack_from
-    board = cshogi.Board()
-    # Compact typed buffers (2 bytes a candidate field), not lists of Python ints: a large file has
-    # hundreds of millions of candidates.
-    game_offsets, hcps = typed_array("q"), bytearray()
-    evals, moves16, results, labels = typed_array("h"), typed_array("H"), typed_array("B"), typed_array("H")
-    games_of, plies, cand_counts = typed_array("i"), typed_array("H"), typed_array("q")
-    cand_moves, cand_visits, cand_labels = typed_array("H"), typed_array("H"), typed_array("H")
-    repetitions = 0
-    hcp_buffer = np.empty(32, np.uint8)
-    push, to_hcp, from_move16, is_legal = board.push, board.to_hcp, board.move_from_move16, board.is_legal
+    replayed = ReplayedPositions(path)
+    window = WINDOW_BYTES
     try:
-        offset, game = 0, 0
+        offset = 0
         while offset < size:
-            where = f"{path}: game {game} (byte {offset})"
-            if size - offset < HEADER_SIZE:
-                raise _truncated(path, game, offset, "game header", HEADER_SIZE, size)
-            buffer, at = get(offset, HEADER_SIZE)
-            start = np.frombuffer(buffer, np.uint8, 32, at).copy()
-            move_num, result, _ = struct.unpack_from("<HBB", buffer, at + 32)
-            if result & RESULT_MASK not in (cshogi.DRAW, cshogi.BLACK_WIN, cshogi.WHITE_WIN):
-                raise UserError(f"{where}: result byte {result:#04x} out of range (bits 0-1 must be 0 draw, "
-                                f"1 black win or 2 white win); the file is not hcpe3 or is misaligned")
-            if result & RESULT_UNKNOWN_BITS:
-                raise UserError(f"{where}: result byte {result:#04x} has unknown bits set ({result & 0xE0:#04x}; "
-                                f"only bits 0-4 are defined: result, sennichite, nyugyoku, max moves); the file "
-                                f"is not hcpe3 or is misaligned")
-            if not sane_kings(start.reshape(1, 32))[0]:
-                raise UserError(f"{where}: undecodable start position (king squares off the board); the file "
-                                f"is not hcpe3 or is misaligned")
-            try:
-                board.set_hcp(start)
-            except RuntimeError as exc:
-                raise UserError(f"{where}: undecodable start position ({exc})") from None
-            game_offsets.append(offset)
-            p = offset + HEADER_SIZE
-            for i in range(move_num):
-                if p + MOVE_INFO_SIZE > size:
-                    raise _truncated(path, game, offset, f"move {i} of {move_num}", MOVE_INFO_SIZE, size, p)
-                buffer, at = get(p, MOVE_INFO_SIZE)
-                selected, evaluation, count = unpack_info(buffer, at)
-                p += MOVE_INFO_SIZE
-                if count > MAX_LEGAL_MOVES:
-                    raise UserError(f"{where}: move {i}: candidateNum {count} is more than a position "
-                                    f"can have legal moves ({MAX_LEGAL_MOVES}); the file is corrupt or misaligned")
-                if p + count * MOVE_VISITS_SIZE > size:
-                    raise UserError(f"{where}: move {i}: candidateNum {count} reaches past the end of the file "
-                                    f"(byte {p + count * MOVE_VISITS_SIZE} of {size}); the file is cut short or "
-                                    f"is not hcpe3")
-                if count:
-                    buffer, at = get(p, count * MOVE_VISITS_SIZE)
-                    pairs = struct.unpack_from(f"<{2 * count}H", buffer, at)
-                else:
-                    pairs = ()
-                p += count * MOVE_VISITS_SIZE
-                move = from_move16(selected) if selected else 0
-                if not move or not is_legal(move):
-                    what = "empty" if not selected else f"{selected:#06x}, illegal"
-                    raise UserError(f"{where}: move {i} of {move_num}: selected move {what} in the replayed "
-                                    f"position ({board.sfen()}); the file is corrupt or misaligned")
-                turn = board.turn
-                candidates = pairs[0::2]
-                if count:
-                    legal = {m & 0xFFFF for m in board.legal_moves}
-                    for candidate in candidates:
-                        if candidate not in legal:
-                            raise UserError(f"{where}: move {i} of {move_num}: candidate {candidate:#06x} is not "
-                                            f"a legal move in the replayed position ({board.sfen()})")
-                    if len(set(candidates)) != count:
-                        again = next(m for k, m in enumerate(candidates) if m in candidates[:k])
-                        raise UserError(f"{where}: move {i} of {move_num}: candidate {again:#06x} appears more "
-                                        f"than once among its {count}; the file is corrupt")
-                to_hcp(hcp_buffer)
-                push(move)
-                # After the move, not `move_is_draw(move, 16)` before it: cshogi's `move_is_draw` misses the
-                # superior and inferior repetitions (a returned position with more or fewer pieces in hand),
-                # which dlshogi's `moveIsDraw` finds and skips; `is_draw` after the move finds all three.
-                if board.is_draw(REPETITION_PLIES) in REPETITIONS_SKIPPED:
-                    repetitions += 1
-                else:
-                    hcps += hcp_buffer.tobytes()
-                    evals.append(evaluation)
-                    moves16.append(selected)
-                    results.append(result)
-                    labels.append(make_move_label(selected, turn))
-                    games_of.append(game)
-                    plies.append(i)
-                    cand_counts.append(count)
-                    if count:
-                        cand_moves.extend(candidates)
-                        cand_visits.extend(pairs[1::2])
-                        cand_labels.extend([make_move_label(m, turn) for m in candidates])
-            offset, game = p, game + 1
-            if progress is not None and game % 256 == 0:
+            buffer, at = reader.get(offset, min(window, size - offset))
+            used = replayed.replay(buffer, at, offset, size, offset + len(buffer) - at >= size)
+            if used == 0:  # a game longer than the window: a larger one
+                window *= 2
+                continue
+            offset += used
+            if progress is not None:
                 progress(offset, size)
     finally:
         reader.close()
     if progress is not None:
         progress(size, size)
-    n = len(evals)
-
-    def as_numpy(values: typed_array, dtype: type) -> np.ndarray:
-        return np.frombuffer(values, dtype=values.typecode).astype(dtype, copy=False) if len(values) \
-            else np.empty(0, dtype)
-
-    arrays = {
-        "game_offsets": as_numpy(game_offsets, np.int64),
-        "hcp": np.frombuffer(hcps, dtype=np.uint8).reshape(n, 32),
-        "eval": as_numpy(evals, np.int16),
-        "move16": as_numpy(moves16, np.uint16),
-        "result": as_numpy(results, np.uint8),
-        "label": as_numpy(labels, np.uint16),
-        "game": as_numpy(games_of, np.int32),
-        "ply": as_numpy(plies, np.uint16),
-        "cand_offsets": np.concatenate([[0], np.cumsum(as_numpy(cand_counts, np.int64))]).astype(np.int64),
-        "cand_move16": as_numpy(cand_moves, np.uint16),
-        "cand_label": as_numpy(cand_labels, np.uint16),
-        "cand_visits": as_numpy(cand_visits, np.uint16),
-    }
-    meta = {"games": len(game_offsets), "positions": n, "repetitions": repetitions,
-            "candidates": len(cand_moves)}
+    arrays = replayed.arrays()
+    meta = {"games": len(arrays["game_offsets"]), "positions": len(arrays["eval"]),
+            "repetitions": replayed.repetitions, "candidates": len(arrays["cand_move16"])}
     return {"meta": meta, "arrays": arrays}, reader.digest.hexdigest()
 
 
@@ -517,6 +410,98 @@ def load_or_build(path: Path, warn: typing.Callable[[str], None] | None = None,
     if found is None or found[0].get("content") != content:  # replaced meanwhile: use what was built
         return in_memory
     return found
+
+
+PARALLEL_BYTES = 16 << 20
+"""Below this many bytes of files to decode, child processes would cost more to start than they save."""
+
+
+def _cache_is_current(path: Path) -> bool:
+    """Whether `path` has a positions cache written for it as it is now (by its header alone: opening it
+    checks the rest). Never through a link nor waiting on a FIFO: whatever is not a regular file is left
+    for the opening, which says what it is."""
+    try:
+        if not stat.S_ISREG(os.lstat(cache_path(path)).st_mode):
+            return True  # a link, a FIFO...: the parent decodes in memory and warns; no child's business
+        fd = os.open(cache_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # the parent says what is wrong with it
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return True
+        header = json.loads(os.pread(fd, CACHE_HEADER_BYTES, 0).split(b"\n", 1)[0])
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    finally:
+        os.close(fd)
+    return isinstance(header, dict) and header.get("format") == CACHE_FORMAT and \
+        header.get("version") == CACHE_VERSION and header.get("source") == source_fingerprint(path)
+
+
+def _build_cache_in_child(path: str) -> bool:
+    """In a child process: decode `path` and write its positions cache; False where that failed. What went
+    wrong (a malformed game, a cache that cannot be written) is not said here: the parent opens the file
+    next and says it, once, in file order."""
+    try:
+        return Hcpe3File(path, warn=_said_by_the_parent).positions(progress=_quiet).cached
+    except UserError:
+        return False
+
+
+def _said_by_the_parent(line: str) -> None:
+    """A child's cache warning: the parent, decoding the same file, says it."""
+
+
+def _quiet(done: int, size: int) -> None:
+    """No progress lines from a child (the parent announced the decoding)."""
+
+
+def build_caches(paths: typing.Sequence[Path], processes: int | None = None) -> list[Path]:
+    """Decode the hcpe3 files among `paths` that have no current positions cache, up to `processes` at once
+    (default: the usable CPU cores), each in a child process that writes the file's cache; the files whose
+    cache a child wrote. Nothing is decoded this way for fewer than two files or PARALLEL_BYTES in all:
+    opening the files after this (`Hcpe3File.positions`) decodes in the process whatever is still missing,
+    and says every error and warning, in file order.
+
+    The children are plain `python -m tideborn.data.hcpe3 --write-cache FILE` processes, not
+    multiprocessing's: those import the caller's main module again, which a script without a
+    `__main__` guard does not survive, and a fork would copy a trainer's CUDA state and threads."""
+    import subprocess
+
+    processes = processes if processes is not None else len(os.sched_getaffinity(0))
+    todo = []
+    for path in dict.fromkeys(Path(p) for p in paths):
+        try:
+            if not _cache_is_current(path):
+                todo.append(path)
+        except OSError:
+            continue  # a file that cannot be read is named when it is opened
+    if processes < 2 or len(todo) < 2 or sum(p.stat().st_size for p in todo) < PARALLEL_BYTES:
+        return []
+    at_once = min(processes, len(todo))
+    for path in todo:
+        print(f"hcpe3: decoding {path} ({path.stat().st_size:,} bytes) into {cache_path(path)} (once; "
+              f"{at_once} files at a time)", flush=True)
+    waiting, running, written = list(todo), {}, []
+    try:
+        while waiting or running:
+            while waiting and len(running) < at_once:
+                path = waiting.pop(0)
+                running[path] = subprocess.Popen([sys.executable, "-m", "tideborn.data.hcpe3", "--write-cache",
+                                                  str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            time.sleep(0.05)  # polled, never os.wait(): that would reap the caller's other children too
+            for path, child in list(running.items()):
+                if child.poll() is not None:
+                    del running[path]
+                    if child.returncode == 0:
+                        written.append(path)
+    finally:
+        for child in running.values():  # interrupted: no child is left writing behind the caller's back
+            child.kill()
+            child.wait()
+    return [p for p in todo if p in written]
 
 
 class Hcpe3Positions:
@@ -690,6 +675,13 @@ class Hcpe3File:
 
 
 def _main(argv: list[str]) -> int:
+    if argv[:1] == ["--write-cache"]:  # a child of `build_caches`
+        import signal
+
+        # Ctrl-C reaches the whole process group: the child just ends (its temp file is never the cache),
+        # and the parent, not a traceback from each child, says what happened
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        return 0 if all([_build_cache_in_child(name) for name in argv[1:]]) else 1
     if not argv:
         print("usage: python -m tideborn.data.hcpe3 FILE.hcpe3 ...  (decode without the cache; positions/s)")
         return 2

@@ -258,14 +258,17 @@ class TeacherSource:
 
 
 def open_source(paths: typing.Sequence[Path], kind: str = "auto", warn: typing.Callable[[str], None] | None = None,
-                what: str = "data.kind", decode: bool = True) -> TeacherSource:
+                what: str = "data.kind", decode: bool = True, processes: int | None = None) -> TeacherSource:
     """The files `paths` (each checked; hcpe3 ones decoded into their caches) as one `TeacherSource`.
 
     `decode=False` (the launcher's preflight) only checks that hcpe3 files can be read and are not empty:
-    decoding a large one takes minutes, and the trainer does it (once; then the cache is read)."""
-    from tideborn.data.hcpe3 import Hcpe3File, check_hcpe3_file
+    decoding a large one takes minutes, and the trainer does it (once; then the cache is read), several
+    files at a time in up to `processes` child processes (default: the usable cores; `hcpe3.build_caches`)."""
+    from tideborn.data.hcpe3 import Hcpe3File, build_caches, check_hcpe3_file
 
     kinds = [file_kind(path, kind, what) for path in paths]
+    if decode:
+        build_caches([p for p, k in zip(paths, kinds) if k == "hcpe3"], processes)
     parts: list = []
     repetitions = games = 0
     start = 0

@@ -116,7 +116,8 @@ def test_compile_time_is_reported_as_an_event(tmp_path):
     from tests.helpers.common import events_of, train
 
     run_dir = tmp_path / "run"
-    train(run_dir, "runtime.max_steps=2", "optim.batch_size=8", "runtime.compile=true", cwd=tmp_path)
+    # in a process of its own: torch.compile's caches and settings would stay behind in the test process
+    train(run_dir, "runtime.max_steps=2", "optim.batch_size=8", "runtime.compile=true", cwd=tmp_path, process=True)
     (compiled,) = [e for e in events_of(run_dir) if e["kind"] == "compile"]
     assert compiled["step"] == 1 and compiled["first_step_seconds"] > 0
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers.common import REPO_ROOT, events_of, run_trainer, settings_args, step_events
+from tests.helpers.common import REPO_ROOT, events_of, settings_args, step_events, trainer_in_process
 from tests.helpers.data import SAMPLE_GAMES
 from tideborn.data.convert import convert_games
 from tideborn.data.features import Decoder
@@ -38,8 +38,8 @@ def teacher_args(files: Path, run_dir: Path, *sets: str) -> list[str]:
 
 def test_trained_net_beats_chance_and_the_most_frequent_move_on_held_out_games(teacher_files, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_trainer("train", *teacher_args(teacher_files, run_dir, "runtime.max_steps=120",
-                                                 "runtime.eval_every=60"), cwd=tmp_path)
+    result = trainer_in_process("train", *teacher_args(teacher_files, run_dir, "runtime.max_steps=120",
+                                                       "runtime.eval_every=60"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     evals = [e for e in events_of(run_dir) if e["kind"] == "eval"]
     assert [e["step"] for e in evals] == [60, 120]
@@ -62,10 +62,11 @@ def test_resume_mid_epoch_on_teacher_data_is_exact(teacher_files, tmp_path):
     sets = ("runtime.max_steps=12", "runtime.log_every=1", "runtime.checkpoint_every=6", "runtime.eval_every=6",
             "optim.batch_size=32", "data.workers=2")
     straight, pieces = tmp_path / "straight", tmp_path / "pieces"
-    assert run_trainer("train", *teacher_args(teacher_files, straight, *sets), cwd=tmp_path).returncode == 0
-    first = run_trainer("train", *teacher_args(teacher_files, pieces, *sets), "--stop-at-step", "6", cwd=tmp_path)
+    assert trainer_in_process("train", *teacher_args(teacher_files, straight, *sets), cwd=tmp_path).returncode == 0
+    first = trainer_in_process("train", *teacher_args(teacher_files, pieces, *sets), "--stop-at-step", "6",
+                               cwd=tmp_path)
     assert first.returncode == 0, first.stderr
-    second = run_trainer("train", *teacher_args(teacher_files, pieces, *sets), cwd=tmp_path)
+    second = trainer_in_process("train", *teacher_args(teacher_files, pieces, *sets), cwd=tmp_path)
     assert second.returncode == 0, second.stderr
 
     def losses(run_dir: Path) -> dict[int, float]:
@@ -82,8 +83,8 @@ def test_resume_mid_epoch_on_teacher_data_is_exact(teacher_files, tmp_path):
 
 def test_a_missing_teacher_file_is_refused_before_anything_is_written(teacher_files, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_trainer("train", *teacher_args(teacher_files, run_dir, 'data.train=["nope-*.hcpe"]'),
-                         cwd=tmp_path)
+    result = trainer_in_process("train", *teacher_args(teacher_files, run_dir, 'data.train=["nope-*.hcpe"]'),
+                                cwd=tmp_path)
     assert result.returncode == 2
     assert "nope-*.hcpe" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not run_dir.exists()
@@ -91,8 +92,9 @@ def test_a_missing_teacher_file_is_refused_before_anything_is_written(teacher_fi
 
 def test_with_ema_evaluation_reports_raw_and_averaged_weights(teacher_files, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_trainer("train", *teacher_args(teacher_files, run_dir, "runtime.max_steps=4", "runtime.eval_every=4",
-                                                 "optim.ema_decay=0.5", "optim.batch_size=32"), cwd=tmp_path)
+    result = trainer_in_process("train", *teacher_args(teacher_files, run_dir, "runtime.max_steps=4",
+                                                       "runtime.eval_every=4", "optim.ema_decay=0.5",
+                                                       "optim.batch_size=32"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     (evaluation,) = [e for e in events_of(run_dir) if e["kind"] == "eval"]
     assert set(evaluation["ema"]) == {"policy_loss", "value_loss", "policy_accuracy", "value_accuracy"}

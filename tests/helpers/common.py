@@ -15,8 +15,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import typing
+import warnings
 from pathlib import Path
 
 import pytest
@@ -44,9 +46,12 @@ def console_script() -> Path:
     return script
 
 
+CHILD_ENV_REMOVED = ("TIDEBORN_PROJECT_FILE", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+
+
 def child_env(extra: typing.Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    for name in ("TIDEBORN_PROJECT_FILE", "WORLD_SIZE", "RANK", "LOCAL_RANK"):
+    for name in CHILD_ENV_REMOVED:
         env.pop(name, None)
     env["OMP_NUM_THREADS"] = "1"
     env["MKL_NUM_THREADS"] = "1"
@@ -78,10 +83,73 @@ def run_trainer(*args: str, cwd: Path, script: bool = False, timeout: float = RU
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+def trainer_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m tideborn.trainer ARGS` run to completion in this process, as `run_trainer` would run it in a
+    child: in `cwd`, on one CPU thread, with what it writes to stdout and stderr (file descriptors 1 and 2
+    too) captured. It saves the child's start-up (Python and torch imported again, seconds each time) where a
+    test reads only the outputs, events and exit status; signals, kills and environments need a real process.
+    An exception the trainer does not turn into an exit status fails the test with its traceback."""
+    import torch
+
+    from tideborn.data.cachefile import take_cache_warnings
+    from tideborn.trainer.cli import main
+
+    saved_env = {name: os.environ.get(name) for name in CHILD_ENV_REMOVED + ("OMP_NUM_THREADS",)}
+    saved_threads, saved_cwd = torch.get_num_threads(), os.getcwd()
+    saved_streams, saved_fds = (sys.stdout, sys.stderr), (os.dup(1), os.dup(2))
+    streams: list[typing.TextIO] = []
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            for name in CHILD_ENV_REMOVED:
+                os.environ.pop(name, None)
+            os.environ["OMP_NUM_THREADS"] = "1"  # as child_env sets it: the trainer keeps torch's one thread
+            torch.set_num_threads(1)
+            # A child starts with no cache warnings: those other tests' data reads left in this process would
+            # become this run's `warning` events.
+            take_cache_warnings()
+            os.chdir(cwd)
+            for stream in saved_streams:
+                stream.flush()
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            streams = [open(fd, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False) for fd in (1, 2)]
+            sys.stdout, sys.stderr = streams
+            # Python's warnings go to stderr as a real process would print them (pytest would keep them)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("default")
+                try:
+                    code = main(list(args))
+                except SystemExit as exit_:  # argparse's refusals, as the process would end
+                    code = exit_.code if isinstance(exit_.code, int) else 1
+            for warning in caught:
+                sys.stderr.write(warnings.formatwarning(warning.message, warning.category, warning.filename,
+                                                        warning.lineno, warning.line))
+        finally:
+            for stream in streams:
+                stream.close()  # flushed; descriptors 1 and 2 stay open (closefd=False)
+            sys.stdout, sys.stderr = saved_streams
+            for fd, saved in zip((1, 2), saved_fds, strict=True):
+                os.dup2(saved, fd)
+                os.close(saved)
+            os.chdir(saved_cwd)
+            torch.set_num_threads(saved_threads)
+            for name, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess([*TRAINER_MODULE, *args], code, out.read().decode("utf-8", "replace"),
+                                           err.read().decode("utf-8", "replace"))
+
+
 def train(run_dir: Path, *sets: str, cwd: Path, extra: typing.Sequence[str] = (),
-          expect_rc: int | None = 0) -> subprocess.CompletedProcess:
-    """`train` with the smoke config in `run_dir`; fails the test, with its output, on another exit status."""
-    result = run_trainer("train", *settings_args(run_dir, *sets), *extra, cwd=cwd)
+          expect_rc: int | None = 0, process: bool = False) -> subprocess.CompletedProcess:
+    """`train` with the smoke config in `run_dir`, in this process (`trainer_in_process`) unless `process`;
+    fails the test, with its output, on another exit status."""
+    args = ("train", *settings_args(run_dir, *sets), *extra)
+    result = run_trainer(*args, cwd=cwd) if process else trainer_in_process(*args, cwd=cwd)
     if expect_rc is not None:
         assert result.returncode == expect_rc, describe(result)
     return result

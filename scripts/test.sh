@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Run the test suite in ./.venv, creating/updating it first (a quiet no-op when up to date).
+# Run the test suite in ./.venv, creating/updating it first (a quiet no-op when up to date), spread over
+# this machine's CPU cores by pytest-xdist (TIDEBORN_TEST_WORKERS=N for N processes, 0 for none; `-n 0`
+# among the arguments does the same).
 #   ./scripts/test.sh [pytest args...]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 "$ROOT/scripts/setup.sh" --quiet
 cd "$ROOT"
-exec .venv/bin/python -m pytest "$@"
+# loadfile: a file's tests run in one process, so a module-scoped trained run is made once.
+exec .venv/bin/python -m pytest -n "${TIDEBORN_TEST_WORKERS:-auto}" --dist loadfile "$@"

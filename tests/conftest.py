@@ -1,126 +1,21 @@
-"""Shared fixtures: a clean working directory, the trainer run as a real process, and its events.
+"""Shared fixtures: a clean working directory, trainers started in the background, a template run, a small
+filesystem, UTC; and the `slow` marker, which follows the folder (tests/README.md: unit/ and e2e/).
 
-Trainer processes run with one CPU thread (`OMP_NUM_THREADS=1`): on a small shared machine that is
-both the fastest setting for the tiny test networks and the one that gives bit-identical results
-run after run. No fixture mocks torch or the filesystem; every run writes real files in `tmp_path`.
+The functions the tests share are in tests/helpers/, never here: a test file imports them from there.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import shutil
-import signal
 import subprocess
-import sys
 import time
-import typing
 from pathlib import Path
 
 import pytest
 
-from tideborn.rundir import EVENTS_FILE
-from tideborn.rundir.events import TERMINAL_KINDS, read_events
+from tests.helpers.common import TEMPLATE_SETS, Trainer, train
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SMOKE_CONFIG = REPO_ROOT / "configs" / "smoke.toml"
-TRAINER_MODULE = [sys.executable, "-m", "tideborn.trainer"]
-RUN_TIMEOUT_SECONDS = 180
-"""A hung trainer fails the test instead of hanging the suite; never a performance threshold."""
-
-# The template run every copy-based test starts from: the smoke network, 4 steps, a checkpoint at 2 and 4.
-TEMPLATE_SETS = ("runtime.max_steps=4", "runtime.checkpoint_every=2", "runtime.log_every=1",
-                 "runtime.keep_checkpoints=5", "optim.batch_size=16", "runtime.progress=plain")
-
-
-def console_script() -> Path:
-    """The installed `tideborn` console script, next to the interpreter running the tests."""
-    script = Path(sys.executable).parent / "tideborn"
-    if not script.exists():
-        pytest.fail(f"{script} is missing: install the project first (pip install --no-deps -e .)")
-    return script
-
-
-def child_env(extra: typing.Mapping[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    for name in ("TIDEBORN_PROJECT_FILE", "WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        env.pop(name, None)
-    env["OMP_NUM_THREADS"] = "1"
-    env["MKL_NUM_THREADS"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    env.update(extra or {})
-    return env
-
-
-def out_dir_set(run_dir: Path) -> str:
-    """`--set runtime.out_dir=...` with the path as a TOML string (JSON quoting is TOML-compatible)."""
-    return f"runtime.out_dir={json.dumps(str(run_dir))}"
-
-
-def settings_args(run_dir: Path | None = None, *sets: str, config: Path = SMOKE_CONFIG) -> list[str]:
-    args = ["--config", str(config)]
-    if run_dir is not None:
-        args += ["--set", out_dir_set(run_dir)]
-    for item in sets:
-        args += ["--set", item]
-    return args
-
-
-def run_trainer(*args: str, cwd: Path, script: bool = False, timeout: float = RUN_TIMEOUT_SECONDS,
-                env: typing.Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m tideborn.trainer ARGS` (or the `tideborn` console script) to completion."""
-    command = [str(console_script()), *args] if script else [*TRAINER_MODULE, *args]
-    return subprocess.run(command, cwd=cwd, env=child_env(env), capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def train(run_dir: Path, *sets: str, cwd: Path, extra: typing.Sequence[str] = (),
-          expect_rc: int | None = 0) -> subprocess.CompletedProcess:
-    """`train` with the smoke config in `run_dir`; fails the test, with its output, on another exit status."""
-    result = run_trainer("train", *settings_args(run_dir, *sets), *extra, cwd=cwd)
-    if expect_rc is not None:
-        assert result.returncode == expect_rc, describe(result)
-    return result
-
-
-def describe(result: subprocess.CompletedProcess) -> str:
-    return f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
-
-
-class Trainer:
-    """A trainer started in the background, its output in files (a pipe nobody reads could block it)."""
-
-    def __init__(self, args: typing.Sequence[str], cwd: Path, log_dir: Path):
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.stdout_path = log_dir / f"stdout-{time.monotonic_ns()}.txt"
-        self.stderr_path = self.stdout_path.with_name(self.stdout_path.name.replace("stdout", "stderr"))
-        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.process = subprocess.Popen([*TRAINER_MODULE, *args], cwd=cwd, env=child_env(),
-                                            stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def poll(self) -> int | None:
-        return self.process.poll()
-
-    def send(self, signum: int) -> None:
-        self.process.send_signal(signum)
-
-    def wait(self, timeout: float = RUN_TIMEOUT_SECONDS) -> int:
-        return self.process.wait(timeout=timeout)
-
-    def output(self) -> str:
-        return (f"exit {self.process.returncode}\n--- stdout\n{self.stdout_path.read_text()}\n"
-                f"--- stderr\n{self.stderr_path.read_text()}")
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=30)
+E2E = Path(__file__).resolve().parent / "e2e"
 
 
 @pytest.fixture
@@ -136,54 +31,6 @@ def start_trainer(tmp_path: Path):
     yield start
     for trainer in started:
         trainer.kill()
-
-
-def wait_until(condition: typing.Callable[[], object], trainer: Trainer, what: str,
-               timeout: float = RUN_TIMEOUT_SECONDS, interval: float = 0.01):
-    """Poll `condition` until it is truthy; fail if the trainer exits first or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if trainer.poll() is not None:
-            value = condition()
-            if value:
-                return value
-            pytest.fail(f"trainer exited before {what}:\n{trainer.output()}")
-        time.sleep(interval)
-    pytest.fail(f"timed out waiting for {what}:\n{trainer.output()}")
-
-
-def events_of(run_dir: Path) -> list[dict]:
-    return read_events(run_dir / EVENTS_FILE)
-
-
-def terminal_events(events: list[dict]) -> list[dict]:
-    return [event for event in events if event["kind"] in TERMINAL_KINDS]
-
-
-def step_events(events: list[dict]) -> list[dict]:
-    return [event for event in events if event["kind"] == "step"]
-
-
-def assert_user_error(stderr: str, pattern: str) -> str:
-    """One line on stderr that matches `pattern`, and no traceback."""
-    assert "Traceback" not in stderr, stderr
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
-    assert re.search(pattern, lines[0]), f"{pattern!r} not in {lines[0]!r}"
-    return lines[0]
-
-
-def tree(path: Path) -> dict[str, bytes | None]:
-    """Every file (with its bytes) and directory (None) under `path`: to check that nothing was written."""
-    if not path.exists():
-        return {}
-    found: dict[str, bytes | None] = {}
-    for item in sorted(path.rglob("*")):
-        found[str(item.relative_to(path))] = item.read_bytes() if item.is_file() else None
-    return found
 
 
 @pytest.fixture
@@ -205,23 +52,11 @@ def template_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def copy_run(source: Path, dest: Path) -> Path:
-    shutil.copytree(source, dest)
-    return dest
-
-
-SLOW_FILES = ("test_reliability_", "test_tui_e2e.py", "test_tui_snapshots.py", "test_train_run.py",
-              "test_teacher_training.py", "test_signals.py", "test_resume.py", "test_distributed.py",
-              "test_export.py", "test_fast_path.py", "test_smoke.py", "test_tui_overrides.py")
-SLOW_TESTS = ("test_sigkill_at_random_moments_never_leaves_an_unloadable_checkpoint",  # about 70 s
-              "test_ema_is_saved_and_resumes_exactly")
-"""Files of end-to-end checks (real trainer processes, kills, crashes, the TUI driven whole): marked `slow`,
-so `pytest -m "not slow"` runs the fast subset (README)."""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # End-to-end tests are marked `slow` by where they live, so `pytest -m "not slow"` (the unit tests) needs
+    # no list of file names to keep up to date.
     for item in items:
-        if item.path.name.startswith(SLOW_FILES) or item.originalname in SLOW_TESTS:
+        if item.path.is_relative_to(E2E):
             item.add_marker(pytest.mark.slow)
 
 
@@ -246,19 +81,6 @@ def small_filesystem(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
-async def until(pilot, condition, what: str, timeout: float = 120.0):
-    """Pause a Textual pilot until `condition()` is true (its value is returned), failing the test after
-    `timeout` seconds with `what` it waited for. The one helper of the TUI tests (Pilot)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await pilot.pause(0.02)
-
-
 @pytest.fixture
 def utc(monkeypatch):
     """Local time is UTC for the test (the monitor's clock times in pictures and texts)."""
@@ -267,40 +89,3 @@ def utc(monkeypatch):
     yield
     monkeypatch.undo()
     time.tzset()
-
-
-def holds_open(pid: int, path: Path) -> bool:
-    """Whether process `pid` has `path` open or memory-mapped (it is reading it)."""
-    target = str(path)
-    try:
-        if any(os.readlink(f"/proc/{pid}/fd/{fd}") == target for fd in os.listdir(f"/proc/{pid}/fd")):
-            return True
-        return target in Path(f"/proc/{pid}/maps").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def truncated_while_read(command: list[str], path: Path, cwd: Path, keep: int = 4000) -> subprocess.CompletedProcess:
-    """Run `command` (a data tool reading `path`) and cut `path` to `keep` bytes in the middle of its read:
-    once the process has held the file open twice in a row (reading it, not the moment's open that checks
-    its type and size), it is held still (SIGSTOP) while the file is cut, so that the cut lands before it has
-    read everything whatever the machine's load. Its result, once it has ended; killed if the test fails."""
-    process = subprocess.Popen(command, cwd=cwd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
-    try:
-        deadline = time.monotonic() + 120
-        seen = 0
-        while seen < 2:
-            seen = seen + 1 if holds_open(process.pid, path) else 0
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, f"the command never opened {path}"
-            time.sleep(0.005)
-        os.kill(process.pid, signal.SIGSTOP)
-        os.truncate(path, keep)
-        os.kill(process.pid, signal.SIGCONT)
-        out, err = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)

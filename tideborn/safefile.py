@@ -4,7 +4,7 @@ Files are read only when regular (a FIFO would hang the reader) and, where a lin
 through a symbolic link (O_NOFOLLOW); a file is trusted only when it is ours alone (`trust_problem`); a file is
 written whole or not at all (a new temp file, fsync, rename, directory fsync; `write_atomically`); a directory
 is shown writable by a probe. Nothing else in tideborn creates a file with O_CREAT or renames one
-(tests/test_house_files.py holds it so), so each of these rules is written once. No torch, no numpy: the run
+(tests/unit/test_file_safety.py holds it so), so each of these rules is written once. No torch, no numpy: the run
 tools and the monitor use it.
 """
 

@@ -124,7 +124,7 @@ def _torch_load(path: Path, file: typing.BinaryIO) -> object:
                               f"(weights_only load failed: {first})") from None
     except Exception as exc:  # noqa: BLE001 - a damaged file makes torch.load raise almost anything
         # (RuntimeError, EOFError, BadZipFile, KeyError, IndexError from its unpickler, MemoryError for a
-        # size field gone wild, ...: tests/test_reliability_fuzz.py); all of it means the same to a user.
+        # size field gone wild, ...: tests/e2e/test_reliability_fuzz.py); all of it means the same to a user.
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if len(first) > 120:  # torch's zip reader appends a paragraph of advice to its one-line reason
             first = first.split(". ")[0]

@@ -20,7 +20,7 @@ __all__ = [
 FEATURES1_NUM = 62
 """Board planes of `cshogi.dlshogi.make_input_features` (pieces, attacks, check). Spelled out rather than
 imported so that the model, the synthetic data and the GPU check load without cshogi (the GPU machines'
-images lack it); tests/test_model.py keeps both counts equal to cshogi's."""
+images lack it); tests/unit/test_model.py keeps both counts equal to cshogi's."""
 FEATURES2_NUM = 57
 """Hand planes of `cshogi.dlshogi.make_input_features`."""
 SQUARES = 81

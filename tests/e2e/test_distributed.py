@@ -1,0 +1,216 @@
+"""DDP through torchrun with 2 CPU processes (gloo): real launches, real signals, real crashes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from tests.helpers.common import (
+    RUN_TIMEOUT_SECONDS,
+    child_env,
+    describe,
+    events_of,
+    run_trainer,
+    settings_args,
+    step_events,
+    terminal_events,
+)
+from tests.helpers.torchrun import SMALL, parameters, torchrun, torchrun_args
+from tideborn.network.checkpoint import load_checkpoint
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {event["step"]: event["loss"] for event in step_events(events_of(run_dir))}
+
+
+def test_two_process_smoke_run_end_to_end(tmp_path):
+    run_dir = tmp_path / "run"
+    result = torchrun(run_dir, "runtime.max_steps=6", "runtime.checkpoint_every=3", cwd=tmp_path)
+    assert result.returncode == 0, describe(result)
+    events = events_of(run_dir)
+    started = [e for e in events if e["kind"] == "run_started"]
+    assert len(started) == 1 and started[0]["world_size"] == 2
+    assert [e["step"] for e in step_events(events)] == [1, 2, 3, 4, 5, 6]  # rank 0 alone writes events
+    assert [e["kind"] for e in terminal_events(events)] == ["run_finished"]
+    assert sorted(p.name for p in run_dir.glob("step-*.pt")) == ["step-000000003.pt", "step-000000006.pt"]
+    assert load_checkpoint(run_dir / "step-000000006.pt")["world_size"] == 2
+    step = step_events(events)[-1]
+    assert step["positions_per_second"] > 0
+
+
+def test_one_gradient_allreduce_per_step_whatever_the_accumulation(tmp_path):
+    counts = {}
+    for accumulation in (1, 4):
+        run_dir = tmp_path / f"acc{accumulation}"
+        result = torchrun(run_dir, "runtime.max_steps=4", "runtime.ddp_diagnostics=true",
+                          f"optim.accumulation_steps={accumulation}", "optim.batch_size=32", cwd=tmp_path)
+        assert result.returncode == 0, describe(result)
+        steps = step_events(events_of(run_dir))
+        assert all(e["ranks_in_sync"] for e in steps)
+        counts[accumulation] = [e["allreduce_calls"] for e in steps]
+    # The comm hook counts one all-reduce per gradient bucket: a 2x32 net fills a couple of buckets, and
+    # with 4 micro-batches per step the count must be the same as with 1 (no_sync on the first 3).
+    assert counts[4] == counts[1], counts
+    per_step = [b - a for a, b in zip(counts[1], counts[1][1:])]
+    assert len(set(per_step)) == 1 and 1 <= per_step[0] <= 4, counts
+
+
+def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path):
+    # One process with batch 32 in 2 micro-batches of 16 computes what 2 ranks with 16 each compute: the same
+    # positions (the synthetic stream deals micro-batches to ranks in turn) and the same BatchNorm batches.
+    two, one = tmp_path / "two", tmp_path / "one"
+    result = torchrun(two, "runtime.max_steps=5", cwd=tmp_path)
+    assert result.returncode == 0, describe(result)
+    single = run_trainer("train", *settings_args(one, "optim.batch_size=32", "optim.accumulation_steps=2",
+                                                  "runtime.log_every=1", "runtime.max_steps=5"), cwd=tmp_path)
+    assert single.returncode == 0, describe(single)
+    a, b = losses(two), losses(one)
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-5, abs=1e-6), step
+    pa, pb = parameters(two / "step-000000005.pt"), parameters(one / "step-000000005.pt")
+    for name in pa:
+        torch.testing.assert_close(pa[name], pb[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_resume_under_ddp_continues_exactly_and_another_world_size_is_refused(tmp_path):
+    straight, pieces = tmp_path / "straight", tmp_path / "pieces"
+    sets = ("runtime.max_steps=6", "runtime.checkpoint_every=3")
+    assert torchrun(straight, *sets, cwd=tmp_path).returncode == 0
+    first = torchrun(pieces, *sets, cwd=tmp_path, extra=("--stop-at-step", "3"))
+    assert first.returncode == 0, describe(first)
+    single = run_trainer("train", *settings_args(pieces, *SMALL, *sets), cwd=tmp_path)
+    assert single.returncode == 2
+    assert "written by 2 process(es)" in single.stderr and "this run has 1" in single.stderr
+    second = torchrun(pieces, *sets, cwd=tmp_path)
+    assert second.returncode == 0, describe(second)
+    assert losses(pieces) == losses(straight)
+    pa, pb = parameters(straight / "step-000000006.pt"), parameters(pieces / "step-000000006.pt")
+    assert all(torch.equal(pa[name], pb[name]) for name in pa)
+    assert [e["resumed_from"] for e in events_of(pieces) if e["kind"] == "run_started"] == [
+        None, str(pieces / "step-000000003.pt")]
+
+
+def start_torchrun(run_dir: Path, tmp_path: Path, *sets: str) -> subprocess.Popen:
+    log = open(tmp_path / "torchrun.log", "wb")
+    return subprocess.Popen(torchrun_args(run_dir, "runtime.max_steps=100000", *sets), cwd=tmp_path,
+                            env=child_env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def wait_for_steps(run_dir: Path, launcher: subprocess.Popen, count: int) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if (run_dir / "events.jsonl").exists() and len(step_events(events_of(run_dir))) >= count:
+            return
+        assert launcher.poll() is None, "torchrun exited early"
+        time.sleep(0.05)
+    pytest.fail("no step events")
+
+
+def trainer_ranks(launcher: subprocess.Popen) -> dict[int, psutil.Process]:
+    ranks = {}
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if "tideborn.trainer" in " ".join(child.cmdline()):
+                ranks[int(child.environ()["RANK"])] = child
+        except (psutil.NoSuchProcess, KeyError):
+            continue
+    return ranks
+
+
+@pytest.fixture
+def cleanup():
+    started: list[subprocess.Popen] = []
+    yield started.append
+    for launcher in started:
+        for child in psutil.Process(launcher.pid).children(recursive=True) if launcher.poll() is None else []:
+            child.kill()
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait(timeout=30)
+
+
+def test_a_crashed_rank_ends_every_rank_promptly_with_run_failed(tmp_path, cleanup):
+    run_dir = tmp_path / "run"
+    launcher = start_torchrun(run_dir, tmp_path)
+    cleanup(launcher)
+    wait_for_steps(run_dir, launcher, 2)
+    ranks = trainer_ranks(launcher)
+    assert set(ranks) == {0, 1}
+    ranks[1].kill()  # as the OOM killer would
+    # "Promptly": the launcher must be gone well within the test's timeout, not after the collective's.
+    code = launcher.wait(timeout=60)
+    assert code != 0
+    assert not ranks[0].is_running() or ranks[0].status() == psutil.STATUS_ZOMBIE
+    terminal = terminal_events(events_of(run_dir))
+    assert [e["kind"] for e in terminal] == ["run_failed"], terminal
+    assert terminal[0]["error"]
+
+
+def test_sigterm_to_torchrun_stops_every_rank_with_one_checkpoint(tmp_path, cleanup):
+    run_dir = tmp_path / "run"
+    launcher = start_torchrun(run_dir, tmp_path, "runtime.checkpoint_every=100000")
+    cleanup(launcher)
+    wait_for_steps(run_dir, launcher, 2)
+    launcher.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=60)
+    events = events_of(run_dir)
+    terminal = terminal_events(events)
+    assert [e["kind"] for e in terminal] == ["run_stopped"], (tmp_path / "torchrun.log").read_text()[-3000:]
+    stopped_at = terminal[0]["step"]
+    saved = [e for e in events if e["kind"] == "checkpoint_saved"]
+    assert [e["step"] for e in saved] == [stopped_at]
+    assert (run_dir / f"step-{stopped_at:09d}.pt").exists()
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_signal_that_reaches_one_rank_stops_every_rank_together(rank, tmp_path, cleanup):
+    # The ranks vote on stopping every step; the vote is read two steps later (StopVote.LAG), so that no
+    # step waits for the GPU: every rank must still stop at the same step, with one checkpoint.
+    run_dir = tmp_path / "run"
+    launcher = start_torchrun(run_dir, tmp_path, "runtime.checkpoint_every=100000")
+    cleanup(launcher)
+    wait_for_steps(run_dir, launcher, 2)
+    ranks = trainer_ranks(launcher)
+    ranks[rank].send_signal(signal.SIGTERM)
+    code = launcher.wait(timeout=60)
+    log = (tmp_path / "torchrun.log").read_text()[-3000:]
+    assert code == 0, log
+    events = events_of(run_dir)
+    terminal = terminal_events(events)
+    assert [e["kind"] for e in terminal] == ["run_stopped"], log
+    stopped_at = terminal[0]["step"]
+    assert [e["step"] for e in events if e["kind"] == "checkpoint_saved"] == [stopped_at]
+    assert (run_dir / f"step-{stopped_at:09d}.pt").exists()
+
+
+def test_train_run_start_status_stop_through_torchrun(tmp_path):
+    run_dir = tmp_path / "run"
+    tool = [sys.executable, "-m", "tideborn.tools.train_run"]
+    started = subprocess.run([*tool, "start", *settings_args(run_dir, *SMALL, "runtime.max_steps=100000"),
+                              "--nproc-per-node", "2"], cwd=tmp_path, env=child_env(), capture_output=True,
+                             text=True, timeout=RUN_TIMEOUT_SECONDS)
+    assert started.returncode == 0, describe(started)
+    assert "training at step 0" in started.stdout  # start saw rank 0's run_started name torchrun as its launcher
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
+        while not (run_dir / "events.jsonl").exists() or not step_events(events_of(run_dir)):
+            assert time.monotonic() < deadline, (run_dir / "train.log").read_text()
+            time.sleep(0.1)
+        status = subprocess.run([*tool, "status", "--out-dir", str(run_dir), "--json"], capture_output=True,
+                                text=True, env=child_env(), timeout=60)
+        assert status.returncode == 0, describe(status)
+        assert '"state": "running"' in status.stdout
+    finally:
+        stop = subprocess.run([*tool, "stop", "--out-dir", str(run_dir), "--force", "--timeout", "60"],
+                              capture_output=True, text=True, env=child_env(), timeout=120)
+    assert stop.returncode == 0, describe(stop)
+    assert [e["kind"] for e in terminal_events(events_of(run_dir))] == ["run_stopped"]
+    assert [e["world_size"] for e in events_of(run_dir) if e["kind"] == "run_started"] == [2]

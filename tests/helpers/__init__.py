@@ -1,0 +1,1 @@
+"""Helpers the test files share (tests/README.md); nothing here is a test."""

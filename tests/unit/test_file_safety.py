@@ -1,0 +1,157 @@
+"""One of each: one file-safety module (`tideborn.safefile`) creates, replaces and renames files for the whole
+package, so the monitor's override file gets what run files get (fsync, no link written through or replaced);
+one table of teacher-file extensions; one positive-number argument type."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tideborn.errors import UserError
+from tideborn.tui.overrides import OverrideModel
+from tideborn.tui.plan import LaunchPlan
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "tideborn"
+SAFEFILE = PACKAGE / "safefile.py"
+
+
+@pytest.fixture
+def model(workdir: Path) -> OverrideModel:
+    shutil.copy(ROOT / "configs" / "smoke.toml", workdir / "smoke.toml")
+    return OverrideModel(LaunchPlan(config="smoke.toml", overrides=("runtime.max_steps=40",), cwd=workdir))
+
+
+def test_the_override_file_is_fsynced_before_it_is_published(model, workdir, monkeypatch):
+    """A power cut after the monitor says "saved" must not leave an empty or half file: the content is fsynced
+    before the rename, and the directory after it."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    saved = model.save(Path("edited.toml"))
+    assert "max_steps = 40" in saved.read_text()
+    temp = f".edited.toml.tmp-{os.getpid()}"
+    assert [Path(name).name for name in synced] == [temp, workdir.name], synced
+    assert sorted(p.name for p in workdir.iterdir()) == ["edited.toml", "smoke.toml"]  # no temp file left
+
+
+def test_the_override_file_refuses_a_planted_symlink(model, workdir):
+    """The user names a file to write; a link found at that name is refused in one line naming it, and neither
+    the link nor what it points to changes."""
+    victim = workdir / "victim.toml"
+    victim.write_text("precious\n")
+    link = workdir / "edited.toml"
+    link.symlink_to(victim)
+    with pytest.raises(UserError, match=rf"{link} is a symbolic link \(to {victim}\); tideborn never writes"):
+        model.save(Path("edited.toml"))
+    assert link.is_symlink() and os.readlink(link) == str(victim)
+    assert victim.read_text() == "precious\n"
+    assert sorted(p.name for p in workdir.iterdir()) == ["edited.toml", "smoke.toml", "victim.toml"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another group needs root")
+def test_the_event_writer_refuses_what_the_run_directory_check_refuses(tmp_path, capfd):
+    """The event writer's check of a file put in place of events.jsonl is the run directory's own (ours alone):
+    a file writable by a group that is not its owner's private one is not written to, as `check_run_dir` would
+    refuse it at start."""
+    from tideborn.rundir.events import EventWriter, read_events
+
+    path = tmp_path / "events.jsonl"
+    with EventWriter(path) as writer:
+        writer.emit("step", step=1)
+        os.rename(path, tmp_path / "events.jsonl.1")
+        path.write_bytes(b"")
+        os.chown(path, -1, 4242)  # a gid no group on a test machine has: not the owner's private group
+        path.chmod(0o664)
+        writer.emit("step", step=2)
+    assert path.read_bytes() == b""
+    assert [event["step"] for event in read_events(tmp_path / "events.jsonl.1")] == [1, 2]
+    assert "events.jsonl is writable by others (mode 664)" in capfd.readouterr().err
+
+
+def _modules() -> list[tuple[Path, ast.Module]]:
+    return [(path, ast.parse(path.read_text(encoding="utf-8"), str(path))) for path in sorted(PACKAGE.rglob("*.py"))]
+
+
+FILE_WRITERS = {("os", "replace"), ("os", "rename"), ("os", "renames"), ("os", "link"), ("os", "O_CREAT"),
+                ("shutil", "move")}
+"""What creates a file or puts one in place of another: only the file-safety module may use them."""
+
+
+def test_only_the_file_safety_module_creates_or_renames_files():
+    """A fourth atomic writer (no fsync, a link followed) cannot creep back: outside tideborn/safefile.py no module
+    names os.replace, os.rename, os.link, shutil.move or O_CREAT, nor imports them under another name."""
+    found = []
+    for path, tree in _modules():
+        if path == SAFEFILE:
+            continue
+        for node in ast.walk(tree):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}"
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and (node.value.id, node.attr) in FILE_WRITERS):
+                found.append(f"{where} {node.value.id}.{node.attr}")
+            if isinstance(node, ast.ImportFrom) and node.module in ("os", "shutil"):
+                found += [f"{where} from {node.module} import {alias.name}" for alias in node.names
+                          if (node.module, alias.name) in FILE_WRITERS]
+    assert found == [], "use tideborn.safefile (write_atomically, publish, move_files, ...):\n" + "\n".join(found)
+
+
+def _defined(name: str) -> list[str]:
+    """The modules of the package that define `name` at their top level (an assignment, a function, a class)."""
+    where = []
+    for path, tree in _modules():
+        for node in tree.body:
+            targets = getattr(node, "targets", [getattr(node, "target", None)])
+            names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+                     [target.id for target in targets if isinstance(target, ast.Name)])
+            if name in names:
+                where.append(str(path.relative_to(PACKAGE)))
+    return where
+
+
+@pytest.mark.parametrize("name", ["EXTENSION_KINDS", "open_regular", "file_type", "NotARegularFile", "user_text",
+                                  "write_atomically", "make_dirs", "write_probe", "Progress", "positive_int"])
+def test_each_file_rule_and_helper_is_written_once(name):
+    assert len(_defined(name)) <= 1, _defined(name)
+
+
+def test_one_table_of_file_types():
+    """What a file that is not a regular one is called in a message ("a FIFO (named pipe)") is said in one place:
+    no module but the file-safety module tells FIFOs, sockets and devices apart."""
+    kinds = {"S_ISFIFO", "S_ISSOCK", "S_ISCHR", "S_ISBLK"}
+    found = [f"{path.relative_to(ROOT)}:{node.lineno} stat.{node.attr}" for path, tree in _modules() if path != SAFEFILE
+             for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in kinds]
+    assert found == [], "use tideborn.safefile.file_type:\n" + "\n".join(found)
+
+
+def test_one_table_of_extensions_serves_records_and_sources():
+    from tideborn.data import records, sources
+
+    assert _defined("EXTENSION_KINDS") == ["data/records.py"]
+    assert sources.EXTENSION_KINDS is records.EXTENSION_KINDS
+    assert {suffix: sources.file_kind(f"x{suffix}") for suffix in (".hcpe", ".bin", ".psv", ".hcpe3")} == {
+        ".hcpe": "hcpe", ".bin": "psv", ".psv": "psv", ".hcpe3": "hcpe3"}
+    # the fixed-size record readers take only record kinds: hcpe3 is games, read by its own reader
+    kinds = [records.kind_from_extension(f"x{suffix}") for suffix in (".hcpe", ".bin", ".hcpe3")]
+    assert kinds == ["hcpe", "psv", None]
+
+
+def test_one_positive_number_type_for_every_command_line():
+    from tideborn.cliparser import positive_int
+
+    assert _defined("positive_int") == ["cliparser.py"] and _defined("_positive") == []
+    assert positive_int("3") == 3
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be at least 1; got 0"):
+        positive_int("0")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"not a whole number: 'x'"):
+        positive_int("x")

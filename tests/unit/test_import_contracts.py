@@ -1,0 +1,106 @@
+"""The import layers hold: import-linter checks the contracts in pyproject.toml ([tool.importlinter]: imports
+point down the layers, no circles, no torch on the monitoring side, no textual on the headless side, command-line
+modules are leaves). test_import_hygiene.py checks the same at run time, in `sys.modules`.
+
+Every import counts, also one inside a function: a module that imports torch only when a command runs still
+drags it into whatever imports that module."""
+
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def lint_imports(config: Path) -> subprocess.CompletedProcess:
+    assert LINT_IMPORTS.exists(), f"{LINT_IMPORTS} is missing: run ./scripts/setup.sh (it installs the dev group)"
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", str(config)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_import_contracts_hold() -> None:
+    result = lint_imports(ROOT / "pyproject.toml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_the_contracts_cover_layers_circles_torch_textual_and_command_lines() -> None:
+    by_id = {contract["id"]: contract for contract in CONTRACTS}
+    assert set(by_id) >= {"layers", "no-circles", "monitoring-without-torch", "headless-without-textual",
+                          "cli-modules-are-leaves"}
+    layers = by_id["layers"]
+    assert layers["containers"] == ["tideborn"] and layers["exhaustive"] is True
+    assert layers["layers"][:2] == ["__main__", "cli"]
+    assert by_id["no-circles"]["ancestors"] == ["tideborn"]
+    torch_free = by_id["monitoring-without-torch"]
+    assert {"tideborn.tui", "tideborn.tools", "tideborn.rundir", "tideborn.config"} <= set(torch_free["source_modules"])
+    assert torch_free["forbidden_modules"] == ["torch"] and not torch_free.get("allow_indirect_imports")
+    assert "textual" in by_id["headless-without-textual"]["forbidden_modules"]
+
+
+BROKEN = {
+    "a layer below importing one above": """
+        [[tool.importlinter.contracts]]
+        name = "rundir above config"
+        type = "layers"
+        layers = ["tideborn.config", "tideborn.rundir"]
+    """,
+    "torch in the trainer": """
+        [[tool.importlinter.contracts]]
+        name = "the trainer without torch"
+        type = "forbidden"
+        source_modules = ["tideborn.trainer"]
+        forbidden_modules = ["torch"]
+    """,
+    "a protected module imported by others": """
+        [[tool.importlinter.contracts]]
+        name = "nobody imports run_match's module"
+        type = "protected"
+        protected_modules = ["tideborn.match.run"]
+        allowed_importers = ["tideborn.match.cli"]
+    """,
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_contract_fails(case: str, tmp_path: Path) -> None:
+    """The checker can fail: contracts that the code does break are reported, with a non-zero exit status."""
+    config = tmp_path / "contracts.toml"
+    config.write_text('[tool.importlinter]\nroot_package = "tideborn"\ninclude_external_packages = true\n'
+                      + textwrap.dedent(BROKEN[case]))
+    result = lint_imports(config)
+    assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_circle_fails(tmp_path: Path) -> None:
+    package = tmp_path / "circled"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from circled import b\n")
+    (package / "b.py").write_text("from circled import a\n")
+    config = tmp_path / "contracts.toml"
+    config.write_text('[tool.importlinter]\nroot_package = "circled"\n\n[[tool.importlinter.contracts]]\n'
+                      'name = "no circles"\ntype = "acyclic_siblings"\nancestors = ["circled"]\n')
+    result = subprocess.run([str(LINT_IMPORTS), "--no-cache", str(config)], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_docs_name_every_layer_and_the_readme_every_package() -> None:
+    """docs/layout.md describes each layer of the contract; the README's layout line says where each package is."""
+    layers = next(contract for contract in CONTRACTS if contract["id"] == "layers")["layers"]
+    layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    for layer in layers:
+        for name in (part.strip() for part in layer.split("|")):
+            named = (f"`tideborn/{name}/`", f"`tideborn/{name}.py`", f"`{name}.py`")
+            assert any(form in layout for form in named), f"docs/layout.md does not place {name}"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    line = readme[readme.index("Layout ("):].split("\n\n", 1)[0]
+    packages = sorted(path.parent.name for path in (ROOT / "tideborn").glob("*/__init__.py"))
+    assert packages and all(f"`{package}`" in line for package in packages), (packages, line)

@@ -18,7 +18,7 @@ from tideborn.rundir.files import this_host
 from tideborn.rundir.state import RunTracker
 from tideborn.tools import train_run
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NOW = 1_700_000_100.0
 
 

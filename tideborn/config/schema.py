@@ -342,6 +342,14 @@ class RuntimeSettings:
     export_onnx: bool = False
     """At the end of a run, export the final weights (EMA when kept) to `RUN_DIR/step-XXXXXXXXX.onnx`,
     parity-checked."""
+    export_every: int = 0
+    """Every this many steps, and at the step the run finishes, export the weights for the engine (EMA when kept)
+    to `RUN_DIR/export/step-XXXXXXXXX.onnx`, parity-checked, then replace `RUN_DIR/export/latest.onnx` with it by a
+    rename (never half-written); any multiple, not only of checkpoint_every (it takes the weights in memory).
+    A failed export is a `warning` and training goes on. 0 turns it off."""
+    export_keep: int = 5
+    """How many of the newest `export/step-*.onnx` to keep; older ones are deleted after a new one is published
+    (never the one `latest.onnx` is)."""
     stop_on_nonfinite: bool = True
     """Stop the run with `run_failed` when a logged loss is NaN or infinite (the last checkpoint stays good)."""
 
@@ -364,6 +372,9 @@ class RuntimeSettings:
         _check(self.match_every % max(self.checkpoint_every, 1) == 0, "runtime.match_every",
                f"must be a multiple of runtime.checkpoint_every ({self.checkpoint_every}): a match plays the "
                f"checkpoint just saved; got {self.match_every}")
+        _check(self.export_every >= 0, "runtime.export_every", f"must be >= 0 (0 = off); got {self.export_every}")
+        _check(self.export_keep >= 1, "runtime.export_keep",
+               f"must be >= 1 (latest.onnx is a second name of the newest); got {self.export_keep}")
         _check(2 <= self.match_games <= 10_000, "runtime.match_games",
                f"must be between 2 and 10,000; got {self.match_games}")
         _check(self.checkpoint_every >= 1, "runtime.checkpoint_every",

@@ -53,7 +53,13 @@ gradient watchdog (their weights already took those updates), moved there when i
 TRAINER_LOCK_FILE = ".trainer.lock"
 """The flock a trainer holds on its run directory for its lifetime."""
 
+EXPORT_DIR = "export"
+"""`export/`: the engine's weights during a run (`runtime.export_every`): `step-XXXXXXXXX.onnx`, parity-checked,
+and `latest.onnx`, a second name of the newest, replaced by a rename (docs/training.md, Weights for the engine)."""
+LATEST_EXPORT_FILE = "latest.onnx"
+
 CHECKPOINT_RE = re.compile(r"^step-(\d{9})\.pt$")
+EXPORT_RE = re.compile(r"^step-(\d{9})\.onnx$")
 TEMP_CHECKPOINT_RE = re.compile(r"^\.step-\d{9}\.pt\.tmp-\d+$")
 
 
@@ -95,6 +101,23 @@ def checkpoint_name(step: int) -> str:
     if not 0 <= step <= 999_999_999:
         raise ValueError(f"step {step} does not fit the 9-digit checkpoint name")
     return f"step-{step:09d}.pt"
+
+
+def export_name(step: int) -> str:
+    """The file `runtime.export_every` writes in `export/` for `step`: `step-XXXXXXXXX.onnx`."""
+    return checkpoint_name(step)[:-len(".pt")] + ".onnx"
+
+
+def list_exports(folder: Path) -> list[tuple[int, Path]]:
+    """The step models in an `export/` folder (regular files named `step-XXXXXXXXX.onnx`), oldest first."""
+    if not is_directory(folder):
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = EXPORT_RE.match(path.name)
+        if match and path.is_file() and not path.is_symlink():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:

@@ -170,10 +170,13 @@ class Compile(EventRecord):
 class Export(EventRecord):
     path: str | None
     bytes: int | None
+    latest: str | None
+    """`export/latest.onnx` for `runtime.export_every`'s exports; None for the one `runtime.export_onnx` makes."""
 
     @classmethod
     def parse(cls, event: typing.Mapping[str, object]) -> Export:
-        return cls(**_base(event), path=_str(event.get("path")), bytes=_int(event.get("bytes")))
+        return cls(**_base(event), path=_str(event.get("path")), bytes=_int(event.get("bytes")),
+                   latest=_str(event.get("latest")))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """When the training loop's periodic duties are due: the step event, evaluation, checkpoints, matches, the
-ONNX export, `gpu` events and the one `compile` event.
+ONNX exports (at the end, and for the engine during the run), `gpu` events and the one `compile` event.
 
 Each duty is an object the loop asks (`should_run(step, final)`, after torchtitan's
 `MetricsProcessor.should_log` and `checkpointer.save(step, last_step=...)`), so the cadences are decided in
@@ -96,6 +96,9 @@ class Duties:
     """Keep the run's own match reference at every save in the loop (`match_every` with no `match_reference`)."""
     export: Every
     """ONNX export of the final weights (asked only when the run finishes)."""
+    engine_export: Every
+    """`runtime.export_every`: the weights for the engine, in `export/`, at its multiples and (asked with `final`
+    meaning the run finishes there, not the attempt) at the run's last step."""
     gpu: Interval
     compile_report: Once
     """The `compile` event, timing the first step (torch.compile compiles inside it)."""
@@ -114,6 +117,7 @@ class Duties:
             match=Every(runtime.match_every) if main else NEVER,
             keep_reference=main and runtime.match_every > 0 and not runtime.match_reference,
             export=Every(at_final=runtime.export_onnx and main),
+            engine_export=Every(runtime.export_every, at_final=True) if main and runtime.export_every else NEVER,
             gpu=Interval(runtime.gpu_event_seconds, enabled=cuda and main, clock=clock),
             compile_report=Once(runtime.compile),
         )

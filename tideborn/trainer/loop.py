@@ -29,6 +29,7 @@ from tideborn.network.checkpoint import REFERENCE_STEP_KEY, prune_checkpoints, s
 from tideborn.rundir import (
     ARCHIVE_DIR,
     EVENTS_FILE,
+    EXPORT_DIR,
     MATCH_REFERENCE_FILE,
     WATCHDOG_ARCHIVE,
     check_run_dir,
@@ -197,14 +198,16 @@ class Trainer:
             doomed.append(run_dir / EVENTS_FILE)
         if os.path.lexists(run_dir / MATCH_REFERENCE_FILE):  # the old run's reference is not the new one's
             doomed.append(run_dir / MATCH_REFERENCE_FILE)
+        if os.path.lexists(run_dir / EXPORT_DIR):  # nor are its models the engine's: latest.onnx would be the old run's
+            doomed.append(run_dir / EXPORT_DIR)
         if not doomed:
             return None
         # Never through a link: `archive -> /elsewhere` would carry the run's checkpoints out of it.
         for path in [run_dir / ARCHIVE_DIR, *doomed]:
             refuse_link(path)
         archive = move_to_archive(run_dir, doomed, "fresh")
-        self.progress.message(f"--fresh: moved {len(doomed)} file(s) (old checkpoints, events, match reference) "
-                              f"to {archive}")
+        self.progress.message(f"--fresh: moved {len(doomed)} file(s) (old checkpoints, events, match reference, "
+                              f"exports) to {archive}")
         return archive
 
     def _run(self, warnings: list[str], archived: Path | None) -> int:
@@ -320,14 +323,16 @@ class Trainer:
         self.watchdog.add(self.step, result.grad_norm)
 
     def _periodic_duties(self, final: bool) -> None:
-        """What is due after a step, in this order: the `step` event, evaluation, a checkpoint and its match.
-        `final`: the attempt's last step, where the first three are all due."""
+        """What is due after a step, in this order: the `step` event, evaluation, a checkpoint and its match, the
+        engine's export. `final`: the attempt's last step, where the first three are all due."""
         if self.duties.log.should_run(self.step, final):
             self._judge(self._log())
         if self.duties.evaluate.should_run(self.step, final):
             self._evaluate()
         if self.duties.checkpoint.should_run(self.step, final):
             self._checkpoint(final)
+        if self.duties.engine_export.should_run(self.step, self.duties.horizon.finished(self.step)):
+            self._export_for_engine()
 
     def _log(self) -> list[float]:
         """Close the metrics window: its `step` event, newly skipped records, the progress line. Returns its
@@ -507,6 +512,30 @@ class Trainer:
         self.events.emit("export", step=self.step, **report.event_fields())
         self.progress.message(f"exported {report.weights} weights to {report.path} (parity max abs diff: policy "
                               f"{report.policy_max_abs_diff:.1e}, value {report.value_max_abs_diff:.1e})")
+
+    def _export_for_engine(self) -> None:
+        """`runtime.export_every`: the weights for the engine in `export/`, `latest.onnx` replaced whole. Not
+        while the watchdog counts gradient spikes (engines would play, and make data, with weights that may be
+        exploding); a failure is a warning, and training goes on."""
+        from tideborn.trainer.engine_export import EngineExportFailed, export_for_engine
+
+        assert self.state is not None and self.watchdog is not None
+        if self.watchdog.streak_open:
+            self._warn(f"step {self.step} not exported for the engine: the gradient norm is spiking "
+                       "(settings: [watchdog]); latest.onnx keeps the model before")
+            return
+        try:
+            done = export_for_engine(self.state.payload(self.step), self.p.run_dir,
+                                     self.settings.runtime.export_keep)
+        except EngineExportFailed as exc:
+            self._warn(str(exc))
+            return
+        self.events.emit("export", step=self.step, **done.event_fields())
+        for text in done.prune_problems:
+            self._warn(text)
+        self.progress.message(f"exported step {self.step}'s {done.report.weights} weights for the engine: "
+                              f"{done.latest} (parity max abs diff: policy {done.report.policy_max_abs_diff:.1e}, "
+                              f"value {done.report.value_max_abs_diff:.1e})")
 
     def _terminal(self, kind: str, **fields: object) -> None:
         """End the attempt in the events. Without its run_started in the file, a terminal event would seem to

@@ -1,7 +1,8 @@
-"""`python -m tideborn.tools.train_run start|status|stop|watch` (also `tideborn run ...`).
+"""`python -m tideborn.tools.train_run start|status|stop|watch|tensorboard` (also `tideborn run ...`).
 
-Runs a trainer detached from the terminal and reports on it. No torch: `status` and `watch` start in a
-fraction of a second. Commands, states, exit codes and anomaly rules: docs/run-tools.md.
+Runs a trainer detached from the terminal and reports on it; `tensorboard` writes its figures as TensorBoard
+scalars. No torch: `status` and `watch` start in a fraction of a second. Commands, states, exit codes and
+anomaly rules: docs/run-tools.md.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import PidRecord, process_facts
 from tideborn.rundir.report import event_text, status_text
 from tideborn.rundir.state import RunTracker
+from tideborn.tools import tensorboard_scalars
 from tideborn.tools.control import (
     LAUNCH_WAIT_SECONDS,
     LaunchRequest,
@@ -72,8 +74,9 @@ def wait_seconds(text: str) -> float:
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=prog, description="Start, check, stop and follow a detached training run.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{start,status,stop,watch}",
+    parser = OneLineParser(prog=prog, description="Start, check, stop and follow a detached training run; show "
+                                                  "it in TensorBoard.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{start,status,stop,watch,tensorboard}",
                                 parser_class=OneLineParser)
     start = sub.add_parser("start", help="validate the settings and start the trainer detached",
                            description="Validate the settings and start the trainer detached.")
@@ -112,6 +115,15 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     watch.add_argument("--follow-only", action="store_true", help="only events written from now on")
     watch.add_argument("--forever", action="store_true", help="keep following after the run ends")
     _thresholds(watch)
+    board = sub.add_parser("tensorboard", help="write the run's figures as TensorBoard scalars (from events.jsonl)",
+                           description="Write the run's step, eval, match and gpu figures as TensorBoard scalars, "
+                                       "from events.jsonl (a finished run, an old one, or a live one with --follow).")
+    board.add_argument("--out-dir", required=True, type=Path, help="the run directory")
+    board.add_argument("--logdir", type=Path, metavar="DIR",
+                       help=f"where to write {tensorboard_scalars.SCALARS_FILE} (default RUN_DIR/"
+                            f"{tensorboard_scalars.DEFAULT_LOGDIR}); give tensorboard --logdir this folder or "
+                            "one above it")
+    board.add_argument("--follow", action="store_true", help="keep adding the live run's figures until it ends")
     return parser
 
 
@@ -393,6 +405,18 @@ def command_watch(args: argparse.Namespace) -> int:
     return OK if state in ("finished", "stopped") and not flagged else ANOMALY
 
 
+def command_tensorboard(args: argparse.Namespace) -> int:
+    run_dir: Path = args.out_dir
+    if problem := run_dir_problem(run_dir, args.prog):
+        return fail(args, problem, NO_RUN)
+    logdir: Path = args.logdir or tensorboard_scalars.default_logdir(run_dir)
+    converted = tensorboard_scalars.convert_run(run_dir, logdir, follow=args.follow,
+                                                say=lambda line: print(line, flush=True))
+    print(f"wrote {converted.summary()}")
+    print(f"  view  tensorboard --logdir {logdir}")
+    return INTERRUPTED if converted.interrupted else OK
+
+
 def _anomaly_line(anomaly: Anomaly, text: bool) -> str:
     fields = {"rule": anomaly.rule, "message": anomaly.message, "evidence": anomaly.evidence}
     if text:
@@ -406,7 +430,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m tideborn.tools.tr
     try:
         if args.command == "start":
             return command_start(args, prog)
-        handler = {"status": command_status, "stop": command_stop, "watch": command_watch}[args.command]
+        handler = {"status": command_status, "stop": command_stop, "watch": command_watch,
+                   "tensorboard": command_tensorboard}[args.command]
         return handler(args)
     except UserError as exc:
         return report_user_error(exc, f"{prog} {args.command}")

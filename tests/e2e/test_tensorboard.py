@@ -16,8 +16,9 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 
-from tests.conftest import (
+from tests.helpers.common import (
     REPO_ROOT,
+    TEACHER_CONFIG,
     TEMPLATE_SETS,
     assert_user_error,
     child_env,
@@ -27,8 +28,7 @@ from tests.conftest import (
     step_events,
     wait_until,
 )
-from tests.test_data_support import SAMPLE_GAMES
-from tests.test_teacher_training import TEACHER_CONFIG
+from tests.helpers.data import SAMPLE_GAMES
 from tideborn.cli import main as tideborn
 from tideborn.data.convert import convert_games
 from tideborn.data.split import split_games

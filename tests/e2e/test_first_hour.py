@@ -37,43 +37,6 @@ def readme_commands() -> list[list[str]]:
             if (words := shlex.split(line, comments=True))]
 
 
-# -- the README's figures ----------------------------------------------------------------------------------
-
-def readme_test_counts() -> tuple[int, int]:
-    """The number of tests the README gives for `./scripts/test.sh` and for its `-m "not slow"` subset."""
-    text = README.read_text(encoding="utf-8")
-    counts = {}
-    for line in text.splitlines():
-        if line.startswith("./scripts/test.sh"):
-            found = re.search(r"\b(\d[\d,]*) tests\b", line)
-            assert found, f"README: `{line}` gives no number of tests"
-            counts["not slow" if '-m "not slow"' in line else "all"] = int(found.group(1).replace(",", ""))
-    assert set(counts) == {"all", "not slow"}, f"README: the test lines give {counts}"
-    return counts["all"], counts["not slow"]
-
-
-def collected(*args: str) -> int:
-    """How many tests `./scripts/test.sh ARGS` runs: what `python -m pytest` collects, less what it deselects."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
-                          cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
-    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-    assert done.returncode == 0, f"collecting {args}: exit {done.returncode}\n{done.stdout[-3000:]}{done.stderr}"
-    found = re.match(r"(\d+)(?:/\d+)? tests? collected", last)
-    assert found, last
-    return int(found.group(1))
-
-
-@pytest.mark.slow  # collects the whole suite twice
-def test_the_readme_says_how_many_tests_the_suite_and_its_fast_subset_run():
-    """The figures a newcomer reads before running the suite are what it runs (update the README's
-    `./scripts/test.sh` lines when tests are added)."""
-    said = readme_test_counts()
-    runs = (collected(), collected("-m", "not slow"))
-    assert runs == said, (f"README: {said[0]} tests, {said[1]} of them not slow; the suite has {runs[0]} and "
-                          f"{runs[1]}: put those in its `./scripts/test.sh` lines")
-
-
 # -- the README's commands leave the clone clean -----------------------------------------------------------
 
 OUTPUT_OPTIONS = ("--out", "--output", "-o", "--train", "--test", "--out-dir", "--save-games")

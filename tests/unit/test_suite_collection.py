@@ -4,6 +4,7 @@ scripts/test.sh runs): a newcomer's first command does not stop on import errors
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -12,13 +13,20 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def collected(command: list[str], cwd: Path) -> str:
-    result = subprocess.run([*command, "--collect-only", "-q", "-p", "no:cacheprovider"], cwd=cwd,
+@functools.cache
+def collection(command: tuple[str, ...], cwd: Path, *args: str) -> tuple[str, str]:
+    """`COMMAND --collect-only -q ARGS` in `cwd`: its summary line without the time ("970/972 tests collected
+    (2 deselected)") and the listing. Cached: the tests of this file share each collection of the suite."""
+    result = subprocess.run([*command, "--collect-only", "-q", "-p", "no:cacheprovider", *args], cwd=cwd,
                             capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
     last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     assert result.returncode == 0, f"{command} in {cwd}: exit {result.returncode}\n{result.stdout[-3000:]}"
     assert re.search(r"\d+(/\d+)? tests? collected", last), last
-    return last.split(" in ")[0]  # "970/972 tests collected (2 deselected)", without the time
+    return last.split(" in ")[0], result.stdout
+
+
+def collected(command: list[str], cwd: Path, *args: str) -> str:
+    return collection(tuple(command), cwd, *args)[0]
 
 
 def test_plain_pytest_collects_what_the_test_script_collects() -> None:
@@ -56,12 +64,31 @@ def test_no_test_file_imports_another_test_file_or_the_conftest() -> None:
 
 def test_the_slow_marker_follows_the_folder() -> None:
     """`-m "not slow"` collects exactly the unit tests, so every end-to-end test is marked slow."""
-    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
-                             "not slow"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
-                            stdin=subprocess.DEVNULL)
-    assert listed.returncode == 0, listed.stdout[-3000:]
-    fast = [line for line in listed.stdout.splitlines() if "::" in line]
+    listing = collection((sys.executable, "-m", "pytest"), REPO_ROOT, "-m", "not slow")[1]
+    fast = [line for line in listing.splitlines() if "::" in line]
     assert fast and all(item.startswith("tests/unit/") for item in fast), [
         item for item in fast if not item.startswith("tests/unit/")]
     unit_files = {str(path.relative_to(REPO_ROOT)) for path in (TESTS / "unit").glob("test_*.py")}
     assert {item.split("::")[0] for item in fast} == unit_files
+
+
+def readme_test_counts() -> tuple[int, int]:
+    """The number of tests the README gives for `./scripts/test.sh` and for its `-m "not slow"` subset."""
+    counts = {}
+    for line in (REPO_ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("./scripts/test.sh"):
+            found = re.search(r"\b(\d[\d,]*) tests\b", line)
+            assert found, f"README: `{line}` gives no number of tests"
+            counts["not slow" if '-m "not slow"' in line else "all"] = int(found.group(1).replace(",", ""))
+    assert set(counts) == {"all", "not slow"}, f"README: the test lines give {counts}"
+    return counts["all"], counts["not slow"]
+
+
+def test_the_readme_says_how_many_tests_the_suite_and_its_fast_subset_run() -> None:
+    """The figures a newcomer reads before running the suite are what it runs (update the README's
+    `./scripts/test.sh` lines when tests are added): what `python -m pytest` collects, less what it deselects."""
+    said = readme_test_counts()
+    runs = tuple(int(re.match(r"(\d+)", collected([sys.executable, "-m", "pytest"], REPO_ROOT, *args)).group(1))
+                 for args in ((), ("-m", "not slow")))
+    assert runs == said, (f"README: {said[0]} tests, {said[1]} of them not slow; the suite has {runs[0]} and "
+                          f"{runs[1]}: put those in its `./scripts/test.sh` lines")

@@ -1,8 +1,11 @@
-"""`tideborn match A.pt B.pt`: two checkpoints play each other; wins, draws, losses and Elo (docs/match.md).
+"""`tideborn match A B`: two players (checkpoints or ONNX models) play each other; wins, draws, losses and Elo.
+`tideborn match A B C ... --round-robin`: every pair plays, and one rating table is fitted to all the games
+(docs/match.md).
 
-Arguments are parsed before torch loads. Bad input (no such checkpoint, not a checkpoint, weights that
-do not fit their settings, a bad openings file or line, a --save-games path that is a file) is one line on
-stderr and exit status 2 before any game starts; Ctrl-C is one line and exit status 130.
+Arguments are parsed before torch loads. Bad input (no such checkpoint or model, not a checkpoint, an ONNX
+model without dlshogi's interface, weights that do not fit their settings, a bad openings file or line, a
+--save-games path that is a file) is one line on stderr and exit status 2 before any game starts; Ctrl-C is
+one line and exit status 130.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 from tideborn.cliparser import OneLineParser, positive_int
 from tideborn.errors import UserError, report_interrupted, report_user_error
-from tideborn.match.run import DEFAULT_GAMES, DEFAULT_MAX_MOVES, DEFAULT_PARALLEL, run_match
+from tideborn.match.run import DEFAULT_GAMES, DEFAULT_MAX_MOVES, DEFAULT_PARALLEL, run_match, run_round_robin
 
 MAX_GAMES = 1_000_000
 """Every game is kept in memory until the report (its moves); a million is hours even on a GPU."""
@@ -48,13 +51,24 @@ def _temperature(text: str) -> float:
 
 
 def build_parser(prog: str = "tideborn match") -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=prog, description="Play two checkpoints' networks against each other with "
-                                                  "their policies and report the score as Elo (first vs second).")
-    parser.add_argument("first", type=Path, metavar="A.pt", help="the checkpoint whose score is reported")
-    parser.add_argument("second", type=Path, metavar="B.pt", help="its opponent")
+    parser = OneLineParser(prog=prog, description="Play two networks (checkpoints or ONNX models) against each "
+                                                  "other and report the score as Elo (first vs second), or "
+                                                  "several in a round robin rated together.")
+    parser.add_argument("first", type=Path, metavar="A",
+                        help="the player whose score is reported: a checkpoint (.pt) or an ONNX model with "
+                             "dlshogi's inputs and outputs (.onnx, e.g. from tideborn export)")
+    parser.add_argument("second", type=Path, metavar="B", help="its opponent, a checkpoint or an ONNX model")
+    parser.add_argument("others", type=Path, nargs="*", metavar="C",
+                        help="more players, with --round-robin")
+    parser.add_argument("--round-robin", action="store_true",
+                        help="every pair of the players plays --games games; prints ratings fitted by maximum "
+                             "likelihood over all games, anchored at the first player (0)")
     parser.add_argument("--games", type=_games, default=DEFAULT_GAMES,
-                        help=f"games to play, an even number: each opening twice, colours swapped "
-                             f"(an odd number is rounded up; default {DEFAULT_GAMES})")
+                        help=f"games to play (per pair with --round-robin), an even number: each opening twice, "
+                             f"colours swapped (an odd number is rounded up; default {DEFAULT_GAMES})")
+    parser.add_argument("--onnx-value", choices=("auto", "logit", "probability"), default="auto",
+                        help="what an ONNX model's value output holds (default auto: from its tideborn metadata, "
+                             "else its graph, else its outputs; refused when none tells)")
     parser.add_argument("--openings", type=Path, metavar="FILE",
                         help="start positions: SFEN lines ('#' comments; 'startpos' and 'moves ...' allowed) or an "
                              ".hcpe file (default: 621 positions from the WCSC28 games shipped with tideborn)")
@@ -71,9 +85,10 @@ def build_parser(prog: str = "tideborn match") -> argparse.ArgumentParser:
     parser.add_argument("--parallel", type=positive_int, default=DEFAULT_PARALLEL,
                         help=f"games played at once, batched through each network (default {DEFAULT_PARALLEL})")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int,
+                        help="torch's and onnxruntime's CPU threads (default: their choice)")
     parser.add_argument("--weights", choices=("auto", "ema", "raw"), default="auto",
-                        help="ema or raw weights of both checkpoints (default auto: ema where a checkpoint "
+                        help="ema or raw weights of the checkpoints (default auto: ema where a checkpoint "
                              "has them)")
     parser.add_argument("--save-games", type=Path, metavar="DIR",
                         help="write every game as DIR/game-NNNN.csa (CSA, read by cshogi and shogi GUIs)")
@@ -85,12 +100,21 @@ class SaveFailed(UserError):
     """A game could not be saved mid-match (a full disk): the match went on, its score stands; said after it."""
 
 
+def player_text(side: dict) -> str:
+    """A player as the reports name it: the path, and what it is."""
+    if side.get("kind") == "onnx":
+        made = f", step {side['step']}" if side.get("step") is not None else ""
+        how = {"option": "--onnx-value", "metadata": "its metadata", "graph": "its graph",
+               "outputs": "its outputs"}.get(side.get("value_source"), side.get("value_source"))
+        return f"{side['path']} (ONNX{made}, value as a {side['value']} by {how})"
+    return f"{side['path']} (step {side['step']}, {side['weights']})"
+
+
 def describe(report: dict) -> str:
     first, second = report["first"], report["second"]
     ends = ", ".join(f"{reason} {count}" for reason, count in report["ends"].items())
     lines = [
-        f"{first['path']} (step {first['step']}, {first['weights']}) vs {second['path']} "
-        f"(step {second['step']}, {second['weights']}): {report['games']} games, {report['distinct_openings']} "
+        f"{player_text(first)} vs {player_text(second)}: {report['games']} games, {report['distinct_openings']} "
         f"openings x 2 colours, {report['policy']}, draw after {report['max_moves']} plies",
         f"  first: {report['wins']} wins, {report['draws']} draws, {report['losses']} losses; "
         f"score {100 * report['score']:.1f}% (as black {100 * report['first_as_black_score']:.1f}%, "
@@ -107,6 +131,41 @@ def describe(report: dict) -> str:
     return "\n".join(lines)
 
 
+def describe_round_robin(report: dict) -> str:
+    """The rating table (best first, rank and interval), then each pair's result in one line."""
+    players = report["players"]
+    lines = [f"round robin of {len(players)} players: {len(report['pairs'])} pairs x {report['games_per_pair']} "
+             f"games ({report['games']} games), {report['policy']}, draw after {report['max_moves']} plies"]
+    for index, side in enumerate(players):
+        lines.append(f"  {index + 1}. {player_text(side)}")
+    prior = (f"; a perfect score has no finite maximum, so each pair got {report['virtual_draws']} virtual draw"
+             if report["virtual_draws"] else "")
+    lines.append(f"ratings: Elo by maximum likelihood over all {report['games']} games, anchored at player 1 = 0; "
+                 f"95% intervals{prior}")
+    lines.append(f"  {'rank':>4}  {'Elo':>6}  {'95% interval':<15} {'games':>6}  {'score':>6}  player")
+    ranked = sorted(report["ratings"], key=lambda rating: -rating["elo"])
+    for rank, rating in enumerate(ranked, 1):
+        interval = ("anchor" if rating["player"] == report["anchor"] else
+                    f"[{_format_elo(rating['elo_low'])}, {_format_elo(rating['elo_high'])}]")
+        lines.append(f"  {rank:>4}  {_format_elo(rating['elo']):>6}  {interval:<15} {rating['games']:>6}  "
+                     f"{100 * rating['score']:5.1f}%  {rating['player'] + 1}. {rating['path']}")
+    lines.append("pairs (first player's wins, draws, losses):")
+    for pair in report["pairs"]:
+        lines.append(f"  {pair['first_index'] + 1} vs {pair['second_index'] + 1}: {pair['wins']}-{pair['draws']}-"
+                     f"{pair['losses']}, score {100 * pair['score']:.1f}%, Elo {_elo_text(pair['elo'], pair['score'])}")
+    lines.append(f"  {report['games']} games in {report['seconds']:.1f} s: {report['games_per_second']:.1f} games/s "
+                 f"on {report['device']} ({report['threads']} threads)")
+    if report["saved_games"] and not report.get("save_error"):
+        lines.append(f"  games saved as CSA in {report['saved_games']}/pair-NN-MM/")
+    return "\n".join(lines)
+
+
+def _format_elo(value: float) -> str:
+    from tideborn.match.elo import format_elo
+
+    return format_elo(value)
+
+
 def _elo_text(value: float | None, score: float) -> str:
     from tideborn.match.elo import format_elo
 
@@ -116,16 +175,22 @@ def _elo_text(value: float | None, score: float) -> str:
 
 
 def main(argv: list[str] | None = None, prog: str = "tideborn match") -> int:
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if args.others and not args.round_robin:
+        parser.error(f"{2 + len(args.others)} players named: name two, or add --round-robin to play every pair")
     try:
         if args.threads:
             import torch
 
             torch.set_num_threads(args.threads)
-        report = run_match(args.first, args.second, games=args.games, openings=args.openings, seed=args.seed,
-                           temperature=args.temperature, max_moves=args.max_moves, parallel=args.parallel,
-                           device=args.device, weights=args.weights, save_games=args.save_games,
-                           mode=args.mode)
+        common = dict(games=args.games, openings=args.openings, seed=args.seed, temperature=args.temperature,
+                      max_moves=args.max_moves, parallel=args.parallel, device=args.device, weights=args.weights,
+                      save_games=args.save_games, mode=args.mode, onnx_value=args.onnx_value, threads=args.threads)
+        if args.round_robin:
+            report = run_round_robin([args.first, args.second, *args.others], **common)
+        else:
+            report = run_match(args.first, args.second, **common)
     except UserError as exc:
         return report_user_error(exc, prog)
     except KeyboardInterrupt:
@@ -135,7 +200,7 @@ def main(argv: list[str] | None = None, prog: str = "tideborn match") -> int:
             json.dump(report, sys.stdout)
             sys.stdout.write("\n")
         else:
-            print(describe(report))
+            print(describe_round_robin(report) if args.round_robin else describe(report))
         sys.stdout.flush()
     except BrokenPipeError:
         return 0

@@ -1,10 +1,11 @@
-"""Many games at once between two networks, each move chosen by the side to move's policy.
+"""Many games at once between two players, each move chosen by the side to move's policy.
 
-All unfinished games advance together: the boards whose side to move belongs to network A are encoded
-into one batch (`cshogi.dlshogi.make_input_features`) and go through A in one forward pass, the rest
-through B. A move is the legal move with the largest policy logit (`make_move_label` picks each legal
-move's logit), or, with a temperature T > 0, drawn from the softmax of the legal logits / T with a
-random generator seeded per game, so a game does not depend on which others share its batch.
+All unfinished games advance together: the boards whose side to move belongs to player A are encoded
+into one batch (`cshogi.dlshogi.make_input_features`) and go through A in one forward pass (a checkpoint's
+network in PyTorch or an ONNX model in onnxruntime: `tideborn.match.players`), the rest through B. A move
+is the legal move with the largest policy logit (`make_move_label` picks each legal move's logit), or, with
+a temperature T > 0, drawn from the softmax of the legal logits / T with a random generator seeded per game,
+so a game does not depend on which others share its batch.
 
 A game ends by the rules cshogi implements (docs/match.md): no legal move (mate; a pawn-drop mate is not
 among cshogi's legal moves), the same position (board, hands, side to move) a fourth time (a draw, or a
@@ -24,6 +25,8 @@ import cshogi
 import numpy as np
 import torch
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features, make_move_label
+
+from tideborn.match.players import Player, as_player
 
 BLACK_WINS, WHITE_WINS, DRAW = "black", "white", "draw"
 REPETITIONS_TO_END = 4
@@ -111,7 +114,7 @@ VALUE_CHUNK = 2048
 """Positions per forward pass in value mode (every legal move of every game in the group)."""
 
 
-def _value_moves(net: torch.nn.Module, group: list[Game], temperature: float, device) -> list[int]:
+def _value_moves(player, group: list[Game], temperature: float, device) -> list[int]:
     """Value mode (a 1-ply search): every legal move is played, the position after it goes through the
     value head, and the move that leaves the opponent the lowest value logit is chosen (with a
     temperature: drawn from softmax(-value / T)). A move that mates at once is always taken."""
@@ -133,12 +136,12 @@ def _value_moves(net: torch.nn.Module, group: list[Game], temperature: float, de
             board.pop()
             children.append((f1.copy(), f2.copy()))
             rows.append((row, move))
+    player = as_player(player, device)
     values = np.empty(len(children), dtype=np.float64)
     for start in range(0, len(children), VALUE_CHUNK):
         part = children[start:start + VALUE_CHUNK]
-        x1 = torch.from_numpy(np.stack([c[0] for c in part])).to(device)
-        x2 = torch.from_numpy(np.stack([c[1] for c in part])).to(device)
-        values[start:start + len(part)] = net(x1, x2)[1].float().cpu().numpy().reshape(-1)
+        x1, x2 = np.stack([c[0] for c in part]), np.stack([c[1] for c in part])
+        values[start:start + len(part)] = player.evaluate(x1, x2)[1]
     chosen, offset = [], 0
     for row, game in enumerate(group):
         moves = per_game[row]
@@ -161,11 +164,13 @@ def new_games(openings: list[str], pairs: int, seed: int) -> list[Game]:
 
 
 @torch.inference_mode()
-def play(nets: tuple[torch.nn.Module, torch.nn.Module], games: list[Game], *, parallel: int = 100,
-         max_moves: int = 320, temperature: float = 0.0, device: torch.device | str = "cpu",
+def play(nets: tuple[Player | torch.nn.Module, Player | torch.nn.Module], games: list[Game], *,
+         parallel: int = 100, max_moves: int = 320, temperature: float = 0.0, device: torch.device | str = "cpu",
          on_finished: Callable[[Game], None] | None = None, mode: str = "policy") -> float:
-    """Play `games` to the end, at most `parallel` at a time; returns the seconds it took."""
+    """Play `games` to the end, at most `parallel` at a time; returns the seconds it took. `nets` are players
+    (`tideborn.match.players`: a checkpoint's network or an ONNX model) or bare networks on `device`."""
     start = time.monotonic()
+    players = tuple(as_player(net, device) for net in nets)
     queue = list(reversed(games))
     active: list[Game] = []
     capacity = max(1, min(parallel, len(games)))  # no buffer larger than the games need
@@ -182,13 +187,11 @@ def play(nets: tuple[torch.nn.Module, torch.nn.Module], games: list[Game], *, pa
             if not group:
                 continue
             if mode == "value":
-                moves = _value_moves(nets[player], group, temperature, device)
+                moves = _value_moves(players[player], group, temperature, device)
             else:
                 for row, game in enumerate(group):
                     make_input_features(game.board, features1[row], features2[row])
-                x1 = torch.from_numpy(features1[:len(group)]).to(device)
-                x2 = torch.from_numpy(features2[:len(group)]).to(device)
-                logits = nets[player](x1, x2)[0].float().cpu().numpy()
+                logits = players[player].evaluate(features1[:len(group)], features2[:len(group)])[0]
                 moves = [_choose(logits[row], game, temperature) for row, game in enumerate(group)]
             for row, game in enumerate(group):
                 move = moves[row]

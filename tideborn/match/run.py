@@ -1,5 +1,6 @@
-"""Playing a match between two checkpoints: `run_match` and the report it returns (what `tideborn match --json`
-prints). The trainer's `runtime.match_every` plays through it too; the command line is `tideborn.match.cli`.
+"""Playing matches: `run_match` (two players, checkpoints or ONNX models) and `run_round_robin` (every pair of
+several, rated together), and the reports they return (what `tideborn match --json` prints). The trainer's
+`runtime.match_every` plays through `run_match` too; the command line is `tideborn.match.cli`.
 """
 
 from __future__ import annotations
@@ -33,46 +34,108 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
               seed: int = 0, temperature: float = 0.0, max_moves: int = DEFAULT_MAX_MOVES,
               parallel: int = DEFAULT_PARALLEL, device: str = "cpu", weights: str = "auto",
               save_games: Path | None = None, mode: str = "policy",
-              run_files: tuple[bool, bool] = (False, False)) -> dict:
+              run_files: tuple[bool, bool] = (False, False), onnx_value: str = "auto",
+              threads: int | None = None) -> dict:
     """Play the match and return its report (what --json prints). Raises UserError for bad input.
-    `run_files`: which of the two is a file of a run directory (`runtime.match_every`), read without
-    following a link."""
-    import random
-
-    import torch
-
-    from tideborn.export.onnx_export import choose_weights, reference_module
-    from tideborn.match.elo import estimate
-    from tideborn.match.openings import DEFAULT_OPENINGS, load_openings
-    from tideborn.match.play import new_games, play
-    from tideborn.match.records import write_csa
-    from tideborn.network.checkpoint import CheckpointError, load_checkpoint
-    from tideborn.safefile import make_dirs
+    Each side is a checkpoint or an ONNX model (`tideborn.match.players`). `run_files`: which of the two is a
+    file of a run directory (`runtime.match_every`), read without following a link (always a checkpoint)."""
+    from tideborn.match.openings import load_openings
 
     if save_games is not None:
         _check_save_dir(save_games)
     positions = load_openings(openings)
     chosen_device = _device(device)
-    nets, sides = [], []
-    for path, run_file in zip((first, second), run_files):
-        try:
-            payload = load_checkpoint(path, run_file=run_file)
-        except CheckpointError as exc:
-            raise UserError(str(exc)) from None
-        try:
-            kind = choose_weights(payload, weights)
-            net = reference_module(payload, kind).to(chosen_device)
-        except UserError as exc:
-            raise UserError(f"{path}: {exc}") from None
-        nets.append(net)
-        sides.append({"path": str(path), "step": payload["step"], "weights": kind,
-                      "model": payload.get("settings", {}).get("model")})
+    players = [_load(path, weights, chosen_device, run_file, onnx_value, threads)
+               for path, run_file in zip((first, second), run_files)]
+    return _play_pair(players, positions, games=games, openings=openings, seed=seed, temperature=temperature,
+                      max_moves=max_moves, parallel=parallel, device=chosen_device, save_games=save_games,
+                      mode=mode)
+
+
+def run_round_robin(paths: list[Path], *, games: int = DEFAULT_GAMES, openings: Path | None = None,
+                    seed: int = 0, temperature: float = 0.0, max_moves: int = DEFAULT_MAX_MOVES,
+                    parallel: int = DEFAULT_PARALLEL, device: str = "cpu", weights: str = "auto",
+                    save_games: Path | None = None, mode: str = "policy", onnx_value: str = "auto",
+                    threads: int | None = None) -> dict:
+    """Every pair of `paths` plays a match of `games` games (the same openings for each pair); the report
+    holds each pair's and the ratings fitted over all games (`tideborn.match.ratings`), the first player
+    the anchor at 0. Every player is loaded, and every input checked, before the first game."""
+    import numpy as np
+
+    from tideborn.match.openings import load_openings
+    from tideborn.match.ratings import fit_ratings
+
+    if len(paths) < 2:
+        raise UserError(f"a round robin needs two players or more; got {len(paths)}")
+    if save_games is not None:
+        _check_save_dir(save_games)
+    positions = load_openings(openings)
+    chosen_device = _device(device)
+    players = [_load(path, weights, chosen_device, False, onnx_value, threads) for path in paths]
+    count = len(players)
+    points, played = np.zeros((count, count)), np.zeros((count, count))
+    pairs = []
+    save_error = None
+    for i in range(count):
+        for j in range(i + 1, count):
+            folder = save_games / f"pair-{i + 1:02d}-{j + 1:02d}" if save_games is not None else None
+            report = _play_pair([players[i], players[j]], positions, games=games, openings=openings, seed=seed,
+                                temperature=temperature, max_moves=max_moves, parallel=parallel,
+                                device=chosen_device, save_games=None if save_error else folder, mode=mode)
+            save_error = save_error or report["save_error"]
+            report.update(first_index=i, second_index=j)
+            pairs.append(report)
+            first_points = report["wins"] + report["draws"] / 2
+            points[i, j] += first_points
+            points[j, i] += report["games"] - first_points
+            played[i, j] = played[j, i] = report["games"]
+    table = fit_ratings(points, played, anchor=0)
+    ratings = [{"player": rating.player, "path": str(paths[rating.player]), "elo": rating.elo,
+                "elo_low": rating.elo_low, "elo_high": rating.elo_high, "games": rating.games,
+                "points": rating.points, "score": rating.score} for rating in table.ratings]
+    seconds = sum(report["seconds"] for report in pairs)
+    total = sum(report["games"] for report in pairs)
+    return {
+        "round_robin": True, "players": [player.info for player in players], "pairs": pairs,
+        "ratings": ratings, "anchor": 0, "virtual_draws": table.virtual_draws,
+        "rating_model": "Bradley-Terry on the Elo scale, maximum likelihood over all games, draws as half points; "
+                        "95% intervals from the Hessian, relative to the anchor",
+        "games": total, "games_per_pair": pairs[0]["games"], "policy": pairs[0]["policy"], "mode": mode,
+        "temperature": temperature, "seed": seed, "max_moves": max_moves, "parallel": parallel,
+        "openings": pairs[0]["openings"], "device": str(chosen_device), "threads": pairs[0]["threads"],
+        "seconds": round(seconds, 3), "games_per_second": round(total / max(seconds, 1e-9), 3),
+        "saved_games": str(save_games) if save_games is not None else None,
+        "save_error": save_error,
+    }
+
+
+def _load(path: Path, weights: str, device, run_file: bool, onnx_value: str, threads: int | None):
+    from tideborn.match.players import load_player
+
+    return load_player(path, weights=weights, device=device, run_file=run_file, onnx_value=onnx_value,
+                       threads=threads)
+
+
+def _play_pair(players: list, positions: list[str], *, games: int, openings: Path | None, seed: int,
+               temperature: float, max_moves: int, parallel: int, device, save_games: Path | None,
+               mode: str) -> dict:
+    """One match between two loaded players, and its report."""
+    import random
+
+    import torch
+
+    from tideborn.match.elo import estimate
+    from tideborn.match.openings import DEFAULT_OPENINGS
+    from tideborn.match.play import new_games, play
+    from tideborn.match.records import write_csa
+    from tideborn.safefile import make_dirs
+
     order = list(range(len(positions)))
     random.Random(seed).shuffle(order)
     pairs = (games + 1) // 2
     shuffled = [positions[i] for i in order]
     match_games = new_games(shuffled, pairs, seed)
-    names = (_name(first, sides[0]["step"]), _name(second, sides[1]["step"]))
+    names = (players[0].name, players[1].name)
     if names[0] == names[1]:
         names = (names[0] + " (A)", names[1] + " (B)")
     if save_games is not None:
@@ -94,18 +157,18 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             save_failed.append(f"--save-games {save_games}: could not write {path.name} ({why})")
 
-    seconds = play((nets[0], nets[1]), match_games, parallel=parallel, max_moves=max_moves,
-                   temperature=temperature, device=chosen_device, on_finished=finished, mode=mode)
+    seconds = play((players[0], players[1]), match_games, parallel=parallel, max_moves=max_moves,
+                   temperature=temperature, device=device, on_finished=finished, mode=mode)
     scores = [game.score_of_first() for game in match_games]
     result = estimate(scores, list(zip(scores[0::2], scores[1::2])))
     moves = sum(len(game.moves) for game in match_games)
     return {
-        "first": sides[0], "second": sides[1], **result.as_dict(),
+        "first": players[0].info, "second": players[1].info, **result.as_dict(),
         "openings": str(openings or DEFAULT_OPENINGS), "distinct_openings": min(pairs, len(positions)),
         "mode": mode, "temperature": temperature,
         "policy": (("argmax" if temperature == 0 else f"softmax T={temperature:g}")
                    + (" policy" if mode == "policy" else " value (1 ply)")),
-        "seed": seed, "max_moves": max_moves, "parallel": parallel, "device": str(chosen_device),
+        "seed": seed, "max_moves": max_moves, "parallel": parallel, "device": str(device),
         "threads": torch.get_num_threads(),
         "seconds": round(seconds, 3), "games_per_second": round(len(match_games) / max(seconds, 1e-9), 3),
         "moves": moves, "ends": dict(Counter(game.reason for game in match_games).most_common()),
@@ -115,10 +178,6 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
         "save_error": (f"{save_failed[0]}; {len(saved)} of {len(match_games)} games saved, the score above "
                        "counts all of them") if save_failed else None,
     }
-
-
-def _name(path: Path, step: int) -> str:
-    return f"{path.parent.name}/step-{step}" if path.parent.name else f"step-{step}"
 
 
 def _device(text: str):

@@ -3,6 +3,8 @@ the TUI (no torch here)."""
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 
 
@@ -35,6 +37,33 @@ def number(value: object, spec: str = ".4f") -> str:
     if isinstance(value, bool) or value is None:
         return "?"
     return format(value, spec) if isinstance(value, (int, float)) else str(value)
+
+
+def compact(value: object) -> str:
+    """A figure in at most about 7 characters, the one format the monitor and `status` show figures in:
+    3 significant digits, 41.2k and 2.5M for thousands and millions, 3.07e26 past them (a diverged loss
+    printed as %.4f took 30 columns); `nan`, `inf`; `?` for what is not a number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's floats are Real too
+        return "?"
+    value = float(value)
+    if not math.isfinite(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    if 1e3 <= abs(value) < 1e9:  # 41.2k pos/s, 2.5M steps: easier to read than 4.12e4
+        for unit, size in (("M", 1e6), ("k", 1e3)):
+            if abs(value) >= size:
+                return f"{value / size:.3g}{unit}"
+    text = f"{value:.3g}"
+    return text.replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
+
+
+def percent(value: object) -> str:
+    """A fraction (0.215) as a percentage with one decimal (21.5%); `?` for what is not a number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return "?"
+    value = float(value)
+    return f"{value:.1%}" if math.isfinite(value) else str(value)
 
 
 def shortened(text: str, limit: int = 200) -> str:

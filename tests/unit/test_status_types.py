@@ -136,11 +136,11 @@ ENDED_TEXT = """\
 run dir     RUN
 state       failed (pid 4242 on elsewhere)
 step        32 / 100 (32.0%)  elapsed 11s
-loss        nan (policy 2.0000, value inf) at step 20; lr 1.00e-02; 1,300 pos/s
+loss        nan (policy 2, value inf) at step 20; lr 1.00e-02; 1,300 pos/s
 checkpoint  step-000000020.pt (step 20), 1m35s ago; CHANGED since it was saved (4 bytes, saved as 3): the next \
 train skips it if it does not load
 resume      RUN/step-000000020.pt (the newest healthy checkpoint; train resumes from it)
-eval        step 20 policy_loss 2.1 value_accuracy ? ema {'policy_loss': 2.2}
+eval        step 20: value accuracy n/a, policy loss 2.1; EMA policy loss 2.2
 match       step 30 vs step 20: Elo +36 [+1, ?] (95%)
 elo curve   20:+0 30:+36
 elo origin  MOVED at step 30: the match reference (step 20) was lost, matches now play step 30; Elo before and \
@@ -233,7 +233,7 @@ def test_status_text_renders_the_typed_status(tmp_path: Path) -> None:
         f"stopping    SIGTERM at {clock(now - 7)}: finishing its step, then a checkpoint and run_stopped (stop again "
         "waits for it)",
         "step        50 / 100 (50.0%)  elapsed 20s  ETA 50s",
-        "loss        1.4000 (policy 1.0000, value 0.4000) at step 50; lr 2.00e-02; 800 pos/s",
+        "loss        1.4 (policy 1, value 0.4) at step 50; lr 2.00e-02; 800 pos/s",
         "checkpoint  none yet", "eval        none", "anomalies   none"]
 
 

@@ -310,6 +310,10 @@ async def test_status_refreshes_redraw_the_footer_only_when_what_it_offers_chang
         calls = []
         screen.refresh_bindings = lambda: calls.append(1)
         status = dataclasses.replace(screen.status, state="running", terminal=None)
+        screen.post_message(RunRefreshed(status))  # stopped -> running changes what is offered: Stop, once
+        await pilot.pause()
+        assert calls == [1]
+        calls.clear()
         for number in range(5):
             screen.post_message(RunRefreshed(dataclasses.replace(status, loss_step=400 + number)))
             await pilot.pause()

@@ -1,13 +1,13 @@
-"""A run's status report in words: what `train_run status` and `watch` print, and the figures the monitor's
-eval table shows (`eval_figures`). Renders `status.RunStatus` (what `state.RunTracker.status()` returns) and
-events; no torch."""
+"""A run's status report in words: what `train_run status` and `watch` print, and the last eval as the monitor's
+checkpoint screen shows it too (`eval_text`). Renders `status.RunStatus` (what `state.RunTracker.status()`
+returns) and events; no torch."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from tideborn.humanize import clock, duration, number
+from tideborn.humanize import clock, compact, duration, number, percent
 from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.anomaly import EVENTS_GONE
 from tideborn.rundir.events import as_float
@@ -42,8 +42,8 @@ def status_text(status: RunStatus) -> str:
         lines.append(f"step        {s.step:,} / {max_steps}{progress}{timing}")
     if s.loss:
         loss = s.loss
-        lines.append(f"loss        {number(loss.get('loss'))} (policy {number(loss.get('policy_loss'))}, "
-                     f"value {number(loss.get('value_loss'))}) at step {s.loss_step}; lr {number(s.lr, '.2e')}; "
+        lines.append(f"loss        {compact(loss.get('loss'))} (policy {compact(loss.get('policy_loss'))}, "
+                     f"value {compact(loss.get('value_loss'))}) at step {s.loss_step}; lr {number(s.lr, '.2e')}; "
                      f"{number(s.positions_per_second, ',.0f')} pos/s")
     ck = s.last_checkpoint
     lines.append(f"checkpoint  {Path(ck.path).name} (step {ck.step}), {duration(ck.age_seconds)} ago"
@@ -54,7 +54,7 @@ def status_text(status: RunStatus) -> str:
     if s.resume_from:
         lines.append(f"resume      {s.resume_from} (the newest healthy checkpoint; train resumes from it)")
     if s.last_eval is not None:
-        lines.append("eval        " + " ".join(f"{k} {v}" for k, v in eval_figures(s.last_eval)))
+        lines.append("eval        " + eval_text(s.last_eval))
     else:
         lines.append("eval        none")
     if s.elo_curve:
@@ -87,10 +87,51 @@ def status_text(status: RunStatus) -> str:
     return "\n".join(lines)
 
 
-def eval_figures(last_eval: Eval) -> list[tuple[str, str]]:
-    """The figures of an `eval` event as status prints them, (name, text) in the event's order; the TUI's eval
-    table shows the same."""
-    return [(k, number(v, '.4g')) for k, v in last_eval.figures().items()]
+EVAL_SHOWN_APART = {"step", "seconds", "skipped_records"}
+"""Eval fields `eval_text` does not phrase as figures: the step leads the text, the timing and a zero count of
+skipped records say nothing about the network."""
+
+
+def eval_text(last_eval: Eval) -> str:
+    """An `eval` event in the trainer's words, the one phrasing `status` and the monitor show: "step 400: policy
+    top-1 21.5% (legal 23.3%), value accuracy 70.0%, policy loss 2.01, value loss 0.541 (8,192 positions)";
+    fields this reader does not know follow as `name value`."""
+    figures = dict(last_eval.figures())
+    step = figures.get("step")
+    parts = _figures_text(figures)
+    positions = figures.get("positions")
+    if isinstance(positions, int) and not isinstance(positions, bool):
+        parts[-1:] = [f"{parts[-1]} ({positions:,} positions)"] if parts else [f"{positions:,} positions"]
+    skipped = figures.get("skipped_records")
+    if isinstance(skipped, int) and not isinstance(skipped, bool) and skipped:
+        parts.append(f"{skipped:,} records skipped")
+    ema = figures.get("ema")
+    text = ", ".join(parts) or "no figures"
+    if isinstance(ema, dict) and ema:
+        text += "; EMA " + ", ".join(_figures_text(ema))
+    return (f"step {step:,}: " if isinstance(step, int) and not isinstance(step, bool) else "") + text
+
+
+def _figures_text(figures: dict) -> list[str]:
+    parts = []
+    if "policy_accuracy" in figures:
+        legal = figures.get("policy_accuracy_legal")
+        parts.append(f"policy top-1 {percent(figures['policy_accuracy'])}"
+                     + (f" (legal {percent(legal)})" if legal is not None else ""))
+    if "value_accuracy" in figures:
+        value = figures["value_accuracy"]
+        parts.append(f"value accuracy {'n/a' if value is None else percent(value)}")  # None: every position a draw
+    for key, words in (("policy_loss", "policy loss"), ("value_loss", "value loss"),
+                       ("policy_entropy", "policy entropy"), ("value_entropy", "value entropy")):
+        if key in figures:
+            parts.append(f"{words} {compact(figures[key])}")
+    known = {"policy_accuracy", "policy_accuracy_legal", "value_accuracy", "policy_loss", "value_loss",
+             "policy_entropy", "value_entropy", "positions", "ema", *EVAL_SHOWN_APART}
+    for key, value in figures.items():
+        if key not in known:
+            shown = compact(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+            parts.append(f"{key} {shown}")
+    return parts
 
 
 ELO_CURVE_SHOWN = 10

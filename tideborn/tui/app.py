@@ -142,6 +142,12 @@ class TidebornApp(App[None]):
         self.exports.clear()
         super().exit(result, return_code, message)
 
+    def notify(self, message: str, *, title: str = "", severity: typing.Any = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Every notification as plain text: they quote run files (a traceback's "[/batch]" would stop the app
+        with a MarkupError, and "[watchdog]" would vanish), and none of ours is written in markup."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+
     def action_help(self) -> None:
         from tideborn.tui.screens.help import TextScreen, help_text
 

@@ -7,6 +7,7 @@ the directory cannot be watched (or does not exist yet). Nothing here touches a 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 import typing
@@ -69,6 +70,9 @@ class RunFollower:
         self.polls = 0
         self.watch_problem = ""
         """Why the directory is polled instead of watched, if it is."""
+        self._seen_dir = False
+        self.gone = False
+        """The run directory was there and is no longer (removed, or renamed: nothing tells which)."""
 
     def poll(self) -> list:
         messages: list = []
@@ -85,9 +89,10 @@ class RunFollower:
         if update.anomalies:
             messages.append(AnomaliesFound(update.anomalies, initial=self.polls == 0))
         messages += self._read_log()
+        self.gone = self._dir_gone()
         status = self.tracker.status(now)
         if self._changed(status):
-            messages.append(RunRefreshed(status, now, self.watch_problem))
+            messages.append(RunRefreshed(status, now, self.watch_problem, self.gone))
         if now >= self._next_hardware:
             self._next_hardware = now + HARDWARE_SECONDS
             sample = self.hardware(now)
@@ -107,10 +112,22 @@ class RunFollower:
         if isinstance(key.get("last_checkpoint"), dict):
             key["last_checkpoint"].pop("age_seconds", None)
         key["watch_problem"] = self.watch_problem
+        key["gone"] = self.gone
         if key == self._last_status:
             return False
         self._last_status, self._last_pid = key, (status.pid, status.host)
         return True
+
+    def _dir_gone(self) -> bool:
+        """Has the run directory gone since it was seen? Its files were read before, so the status still
+        reads as it was (FINISHED); the header must say the directory is gone instead. A directory made
+        again under the name (a new run) is followed as a new one would be."""
+        try:
+            present = os.path.isdir(self.run_dir)
+        except OSError:  # a parent made unreadable: the directory cannot be reached either
+            present = False
+        self._seen_dir = self._seen_dir or present
+        return self._seen_dir and not present
 
     def _read_log(self) -> list:
         reset = False

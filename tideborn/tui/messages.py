@@ -36,13 +36,16 @@ class _Latest(Message):
 
 class RunRefreshed(_Latest):
     """The run's status report (what `train_run status` prints), after a refresh at `checked_at`;
-    `watch_problem`: why the directory is polled instead of watched, if it is."""
+    `watch_problem`: why the directory is polled instead of watched, if it is; `gone`: the run directory was
+    there and is no longer (removed or renamed)."""
 
-    def __init__(self, status: RunStatus, checked_at: float | None = None, watch_problem: str = "") -> None:
+    def __init__(self, status: RunStatus, checked_at: float | None = None, watch_problem: str = "",
+                 gone: bool = False) -> None:
         super().__init__()
         self.status = status
         self.checked_at = checked_at
         self.watch_problem = watch_problem
+        self.gone = gone
 
 
 class RunAttached(Message):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from rich.text import Text
 
+from tideborn.humanize import compact
 from tideborn.tui.decimate import Columns, column_bounds, decimate
 from tideborn.tui.series import Series
 
@@ -256,16 +257,7 @@ def x_range(curves: list[Curve], window: int | None, wall_time: bool = False) ->
 
 
 def format_value(value: float) -> str:
-    if not math.isfinite(value):
-        return str(value)
-    if value == 0:
-        return "0"
-    if 1e3 <= abs(value) < 1e9:  # 41.2k pos/s, 2.5M steps: easier to read than 4.12e4
-        for unit, size in (("M", 1e6), ("k", 1e3)):
-            if abs(value) >= size:
-                return f"{value / size:.3g}{unit}"
-    text = f"{value:.3g}"
-    return text.replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
+    return compact(value)  # the axis labels and legends read as every other figure of the monitor
 
 
 def format_step(step: float) -> str:

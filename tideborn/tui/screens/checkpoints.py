@@ -23,7 +23,7 @@ from tideborn.errors import UserError
 from tideborn.humanize import duration, shortened
 from tideborn.outputs import check_output_before_work, remove_stale_temps
 from tideborn.rundir import list_checkpoints
-from tideborn.rundir.report import eval_figures
+from tideborn.rundir.report import eval_text
 from tideborn.rundir.status import RunStatus
 from tideborn.tui.options import TuiOptions
 
@@ -127,7 +127,7 @@ class ChoiceScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="choice-box"):
-            yield Static(self.question, id="choice-question")
+            yield Static(self.question, id="choice-question", markup=False)
             if self.resume_refusal is not None:
                 yield Static(Text(f"(no resuming: {self.resume_refusal})", style="dim"), id="choice-note")
             resume = "" if self.resume_refusal is not None else "[b]r[/b] resume the run from it    "
@@ -153,7 +153,7 @@ class ExportScreen(ModalScreen[Path | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="export-box"):
             yield Static(f"Export {self.checkpoint.path.name} (step {self.checkpoint.step:,}) with tideborn export "
-                         "(ONNX, checked against PyTorch) to:")
+                         "(ONNX, checked against PyTorch) to:", markup=False)
             yield Input(str(self.suggestion), id="export-path")
             yield Static(id="export-error")
 
@@ -185,16 +185,16 @@ class ExportScreen(ModalScreen[Path | None]):
 
 
 class CheckpointScreen(Screen):
-    """Opened from a run's dashboard; `status` gives the dashboard's latest status report (the eval table
+    """Opened from a run's dashboard; `status` gives the dashboard's latest status report (the eval box
     shows its `last_eval`, as `train_run status` does). Dismissed with the checkpoint to resume from."""
 
-    HELP = ("The eval table is the run's latest eval event, the figures train_run status prints. The checkpoints "
-            "are the run's step-XXXXXXXXX.pt files, newest first (the one a plain start resumes from), with their "
-            "size and age. Enter on one asks what to do with it; r resumes the run from it (train --resume, after "
-            "the start checks and a y/n question; not while the run is live); x exports it to ONNX (tideborn "
-            "export runs in the background; a notification says how it went; q while it runs asks, then stops "
-            "it). Resuming from an older checkpoint abandons the newer ones: the trainer moves them to "
-            "archive/branch-*.")
+    HELP = ("The box at the top is the run's latest eval event, in the words train_run status prints. The "
+            "checkpoints are the run's step-XXXXXXXXX.pt files, newest first (the one a plain start resumes from), "
+            "with their size and age. Enter on one asks what to do with it; r resumes the run from it (train "
+            "--resume, after the start checks and a y/n question; not while the run is live); x exports it to "
+            "ONNX (tideborn export runs in the background; a notification says how it went; q while it runs "
+            "asks, then stops it). Resuming from an older checkpoint abandons the newer ones: the trainer moves them "
+            "to archive/branch-*.")
     BINDINGS = [
         Binding("r", "resume", "Resume from"),
         # While the run is live, or without a plan to start with, r is not offered; pressed, it says why.
@@ -217,14 +217,11 @@ class CheckpointScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Static(id="ck-title")
-        yield DataTable(id="evals", cursor_type="none", zebra_stripes=False)
+        yield Static(id="evals")
         yield DataTable(id="checkpoints", cursor_type="row")
         yield Footer()
 
     def on_mount(self) -> None:
-        evals = self.query_one("#evals", DataTable)
-        evals.add_column("figure", key="figure")
-        evals.add_column("value", key="value")
         table = self.query_one("#checkpoints", DataTable)
         for label in ("checkpoint", "step", "size", "age", ""):
             table.add_column(label, key=label or "note")
@@ -253,17 +250,16 @@ class CheckpointScreen(Screen):
         self.query_one("#ck-title", Static).update(title)
 
     def _show_evals(self, status: RunStatus | None) -> None:
-        table = self.query_one("#evals", DataTable)
-        table.clear()
+        box = self.query_one("#evals", Static)
         last_eval = status.last_eval if status is not None else None
         if last_eval is None:
-            table.border_title = "last eval: none"
+            box.border_title = "last eval: none"
+            box.update(Text("no eval event yet (runtime.eval_every)", style="dim"))
             return
         when = last_eval.time
         age = f", {duration(self.options.clock() - when)} ago" if when is not None else ""
-        table.border_title = f"last eval (as status shows it{age})"
-        for name, value in eval_figures(last_eval):
-            table.add_row(name, Text(value, justify="right"), key=name)
+        box.border_title = f"last eval (as status shows it{age})"
+        box.update(Text(eval_text(last_eval)))  # a Text: a hand-edited field's brackets are not markup
 
     def _show_checkpoints(self, files: list[CheckpointFile], status: RunStatus | None) -> None:
         table = self.query_one("#checkpoints", DataTable)

@@ -16,7 +16,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Static
 
-from tideborn.humanize import number
+from tideborn.humanize import compact
 from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.files import file_size
 from tideborn.tui.history import RunHistory, load_history
@@ -190,7 +190,7 @@ class CompareScreen(Screen):
                 line.append(f" no {metric[1] if metric else 'points'}")
             else:
                 step, value = float(series.x.view[-1]), float(series.y.view[-1])
-                line.append(f" {number(value, '.4g')} at step {format_step(step)} ({len(series):,} points)")
+                line.append(f" {compact(value)} at step {format_step(step)} ({len(series):,} points)")
             lines.append(line)
         return Text("\n").join(lines) if lines else Text("reading the runs...")
 

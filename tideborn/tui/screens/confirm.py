@@ -18,7 +18,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box"):
-            yield Static(self.question, id="confirm-question")
+            yield Static(self.question, id="confirm-question", markup=False)  # it names run files
             yield Static("[b]y[/b] yes    [b]n[/b] / Esc no", id="confirm-keys")
 
     def action_answer(self, yes: bool) -> None:

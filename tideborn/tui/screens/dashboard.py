@@ -122,8 +122,8 @@ class DashboardScreen(Screen):
         """events.jsonl was read again from the top and its first event has not arrived yet."""
         self._seen = SeenEvents()
         self._launched: list[subprocess.Popen] = []
-        self._offered: tuple[bool, bool] | None = None
-        """What the footer last offered: (a stop in progress, a plan to start)."""
+        self._offered: tuple[bool, bool, bool] | None = None
+        """What the footer last offered: (the run live, a stop in progress, a plan to start)."""
 
     # -- layout ---------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -255,11 +255,12 @@ class DashboardScreen(Screen):
 
     def on_run_refreshed(self, message: RunRefreshed) -> None:
         self.status = message.status
-        self.state = message.status.state
+        # Gone: what was read of its files still says FINISHED (or RUNNING); nothing there can be started or stopped.
+        self.state = "gone" if message.gone else message.status.state
         if self.state == "not started" and not self.header.note:
             self.header.note = ("s starts a run here, e edits its settings first" if self.can_start() else
                                 "nothing to start here without --config FILE")
-        self.header.show_status(message.status, message.checked_at, message.watch_problem)
+        self.header.show_status(message.status, message.checked_at, message.watch_problem, message.gone)
         holding = list(message.status.anomalies)
         pane = self.query_one("#anomalies", AnomalyList)
         # Whatever status lists is listed here too, but once a rule for a process state (its message
@@ -268,10 +269,10 @@ class DashboardScreen(Screen):
         if pane.add_anomalies([a for a in holding if a.rule not in (STALLED, VANISHED) or a.rule not in listed]):
             pane.alert()
         pane.hold(bool(holding))
-        # Stop is offered, or not, by whether a stop is in progress (and Start by whether there is a plan).
-        # Only when that changes: redrawing the footer restyles all its keys (while a run is followed,
-        # status arrives about once a second, and that restyling was most of the TUI's CPU use).
-        offered = (self._stopping() is not None, self.can_start())
+        # Start and Stop are offered by whether the run is live and whether a stop is in progress (and Start by
+        # whether there is a plan). Only when that changes: redrawing the footer restyles all its keys (while a
+        # run is followed, status arrives about once a second, and that restyling was most of the TUI's CPU use).
+        offered = (self.state in LIVE_STATES, self._stopping() is not None, self.can_start())
         if offered != self._offered:
             self._offered = offered
             self.refresh_bindings()

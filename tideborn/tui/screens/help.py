@@ -42,9 +42,10 @@ class TextScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="text-box") as box:
-            box.border_title = self.title_text
+            box.border_title = Text(self.title_text)  # a str title would be read as markup
             box.border_subtitle = "Esc closes"
-            yield Static(self.body, id="text-body")
+            # An anomaly's evidence quotes train.log: "[bold]" or "[/batch]" there is text, not markup.
+            yield Static(self.body, id="text-body", markup=False)
 
     def action_close(self) -> None:
         self.dismiss(None)

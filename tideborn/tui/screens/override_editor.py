@@ -68,7 +68,7 @@ class OverrideEditorScreen(Screen[tuple[str, LaunchPlan] | None]):
         base = self.model.plan.config or "defaults"
         self.sub_title = f"overrides for {base}"
         table = self.query_one("#settings", DataTable)
-        table.border_title = f"settings ({base})"
+        table.border_title = Text(f"settings ({base})")  # the base file's path comes from launch.json
         table.add_column("setting", key="setting")
         table.add_column("from", key="from")
         table.add_column("value", key="value")

@@ -15,7 +15,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from tideborn.humanize import duration, number
+from tideborn.humanize import compact, duration
 from tideborn.rundir.state import STATES, RunTracker
 from tideborn.tui.messages import ListedRun, RunsListed
 from tideborn.tui.options import TuiOptions, runs_in
@@ -47,7 +47,9 @@ class RunPickerScreen(Screen):
             "present); / filters by a part of the name (Enter keeps the filter, Esc in it clears it); Esc here "
             "clears the filters.")
     BINDINGS = [
-        Binding("o", "open", "Open"),
+        # o and r in the help screen, not the footer (Enter opens a run too): with Compare offered, "? Help"
+        # must still fit 80 columns
+        Binding("o", "open", "Open", show=False),
         Binding("space", "mark", "Mark"),
         Binding("c", "compare", "Compare"),
         # Fewer than two runs marked: c is not offered, and pressed, it says what it needs (check_action).
@@ -56,7 +58,7 @@ class RunPickerScreen(Screen):
         Binding("t", "state_filter", "State filter"),
         Binding("slash", "name_filter", "Filter"),
         Binding("escape", "clear_filters", "Clear filters", show=False),
-        Binding("r", "refresh", "Refresh"),
+        Binding("r", "refresh", "Refresh", show=False),
     ]
 
     def __init__(self, folder: Path, options: TuiOptions) -> None:
@@ -142,10 +144,10 @@ class RunPickerScreen(Screen):
             marked = s.run_dir in self.marked
             table.add_row(
                 Text("[x]" if marked else "[ ]", style="bold" if marked else "dim" if colour else ""),
-                run.name,
+                Text(run.name),  # a str cell is read as markup: "[bold]" in a directory's name is text
                 Text(s.state, style=STATE_STYLES.get(s.state, "") if colour else ""),
                 f"{s.step:,}{max_steps}",
-                number(loss) if loss is not None else "-",
+                compact(loss) if loss is not None else "-",
                 Text(str(anomalies), style="bold red" if anomalies and colour else "") if anomalies else "0",
                 f"{duration(now - last)} ago" if last is not None else "-",
                 key=s.run_dir,

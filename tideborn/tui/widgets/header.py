@@ -14,7 +14,7 @@ from tideborn.rundir.status import RunStatus
 
 STATE_STYLES = {
     "running": "bold green", "stalled": "bold yellow", "finished": "bold blue", "stopped": "bold cyan",
-    "failed": "bold red", "vanished": "bold red", "unknown": "bold", "not started": "dim",
+    "failed": "bold red", "vanished": "bold red", "unknown": "bold", "not started": "dim", "gone": "bold red",
 }
 
 
@@ -33,6 +33,8 @@ class RunHeader(Widget):
         self.watch_problem = ""
         """Why the run directory is polled instead of watched, if it is."""
         self.stopping_since: float | None = None
+        self.gone = False
+        """The run directory was there and is no longer: the status read before is shown as what it was."""
         self.note = ""
         self.shown_text = ""
         self._text = Text()
@@ -41,8 +43,9 @@ class RunHeader(Widget):
         self.show()
         self.set_interval(1.0, self.show)
 
-    def show_status(self, status: RunStatus, checked_at: float | None = None, watch_problem: str = "") -> None:
-        self.status, self.checked_at, self.watch_problem = status, checked_at, watch_problem
+    def show_status(self, status: RunStatus, checked_at: float | None = None, watch_problem: str = "",
+                    gone: bool = False) -> None:
+        self.status, self.checked_at, self.watch_problem, self.gone = status, checked_at, watch_problem, gone
         if status.terminal is not None or status.state not in ("running", "stalled"):
             self.stopping_since = None
         self.show()
@@ -51,7 +54,7 @@ class RunHeader(Widget):
         """(signal, since when) while a stop is in progress: sent from here, or seen in the run's events
         (`stop_requested`: a stop sent from anywhere else)."""
         s = self.status
-        if s is None or s.state not in ("running", "stalled"):
+        if s is None or s.state not in ("running", "stalled") or self.gone:
             return None
         requested = s.stop_requested
         signal = requested.signal if requested is not None else None
@@ -80,7 +83,7 @@ class RunHeader(Widget):
         s = self.status
         if s is None:
             return Text.assemble((" reading ", self._style("bold")), str(self.run_dir), "\n")
-        state = s.state
+        state = "gone" if self.gone else s.state
         line = Text(no_wrap=True, overflow="ellipsis")
         label = state.upper()
         stopping = self.stopping()
@@ -103,6 +106,9 @@ class RunHeader(Widget):
             line.append(f"  lr {number(s.lr, '.2e')}")
         second = Text(no_wrap=True, overflow="ellipsis")
         terminal = s.terminal
+        if self.gone:  # first: what follows is what was read before it went
+            second.append(f" {self.run_dir} is gone (removed or renamed); shown as last read:",
+                          style=self._style("bold red"))
         if terminal is not None and terminal.kind == "run_failed":  # first, so a narrow terminal still shows why
             detail = " ".join(str(terminal.error or "").split())
             second.append(f" run_failed at step {terminal.step}" + (f": {detail}" if detail else ""),

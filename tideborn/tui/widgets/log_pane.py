@@ -71,7 +71,10 @@ class LogPane(RichLog):
         return self.follow
 
     def toggle_wrap(self) -> bool:
-        """Long lines wrap, or scroll sideways; what is shown is drawn again either way."""
+        """Long lines wrap, or scroll sideways; what is shown is drawn again either way. Paused, the
+        train.log line at the top of the view stays there: drawing again starts from the top, and wrapped
+        lines take more rows, so the same scroll offset would show another part of the log."""
+        anchor = None if self.follow else self.line_at_top()
         self.wrap = not self.wrap
         kept = list(self._kept)
         self.clear()
@@ -80,8 +83,19 @@ class LogPane(RichLog):
         for number, text in kept:
             text.no_wrap = not self.wrap
             self._write(number, text)
+        if anchor is not None:
+            self.jump_to(anchor)
         self._title()
         return self.wrap
+
+    def line_at_top(self) -> int | None:
+        """The number of the train.log line at the top of the view (the one a wrapped top row belongs to)."""
+        top = self._start_line + round(self.scroll_y)
+        found: tuple[int, int] | None = None
+        for number, first in self._strip_of.items():
+            if first <= top and (found is None or first > found[1]):
+                found = (number, first)
+        return found[0] if found is not None else None
 
     def jump_to(self, number: int) -> bool:
         """Scroll to train.log line `number` and stop following; False if it is not in the pane."""

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import until
 from textual.widgets import Static
 from textual.widgets._footer import FooterKey
 
+from tests.helpers.common import until
 from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import PidRecord, this_host
 from tideborn.rundir.kinds import parse_event
@@ -37,7 +37,7 @@ from tideborn.tui.widgets.anomalies import AnomalyList
 from tideborn.tui.widgets.log_pane import LogPane
 
 pytestmark = pytest.mark.usefixtures("utc")  # clock times in UTC, whatever this machine's zone
-SMOKE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "smoke.toml"
+SMOKE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smoke.toml"
 TRACEBACK_END = "ValueError: bad shape [/batch] in [bold]tensor"
 
 
@@ -115,8 +115,8 @@ async def test_markup_in_run_files_is_shown_as_written_in_every_pane(tmp_path):
     async with picker.run_test(size=(100, 24)) as pilot:
         await until(pilot, lambda: isinstance(pilot.app.screen, RunPickerScreen) and pilot.app.screen.ready.is_set(),
                     "the runs")
-        await pilot.pause()
-        assert "run [bold]x" in screen_text(pilot.app)
+        # the table sizes its columns to the rows on a later refresh than the one that adds them
+        await until(pilot, lambda: "run [bold]x" in screen_text(pilot.app), "the run's name as written", timeout=20)
 
 
 # -- 2. the footer follows the live state ---------------------------------------------------------------

@@ -40,6 +40,9 @@ def runs_report(folder: Path, trackers: dict[Path, RunTracker], options: TuiOpti
     return reports
 
 
+COLUMNS = ("", "run", "state", "step", "loss", "anomalies", "last event")
+
+
 class RunPickerScreen(Screen):
     HELP = ("Enter (or o) opens the highlighted run; Esc in a run's dashboard comes back here. r refreshes now.\n"
             "space marks a run (and unmarks it); c compares the marked runs (two or more) on one plot. s sorts by "
@@ -88,8 +91,7 @@ class RunPickerScreen(Screen):
     def on_mount(self) -> None:
         self._show_title()
         table = self.query_one("#runs", DataTable)
-        for label in ("", "run", "state", "step", "loss", "anomalies", "last event"):
-            table.add_column(label, key=label or "mark")
+        self._set_columns(table, [])
         table.focus()
         self._watch()
 
@@ -131,10 +133,10 @@ class RunPickerScreen(Screen):
     def _fill(self) -> None:
         table = self.query_one("#runs", DataTable)
         highlighted = self.highlighted()
-        table.clear()
         self.shown = self._visible()
         now = self.options.clock()
         colour = self.options.colour
+        rows = []
         for run in self.shown:
             s = run.status
             max_steps = f"/{s.max_steps:,}" if s.max_steps is not None else ""
@@ -142,16 +144,19 @@ class RunPickerScreen(Screen):
             anomalies = len(s.anomalies)
             last = s.last_event_time
             marked = s.run_dir in self.marked
-            table.add_row(
+            rows.append((s.run_dir, (
                 Text("[x]" if marked else "[ ]", style="bold" if marked else "dim" if colour else ""),
                 Text(run.name),  # a str cell is read as markup: "[bold]" in a directory's name is text
                 Text(s.state, style=STATE_STYLES.get(s.state, "") if colour else ""),
-                f"{s.step:,}{max_steps}",
-                compact(loss) if loss is not None else "-",
-                Text(str(anomalies), style="bold red" if anomalies and colour else "") if anomalies else "0",
-                f"{duration(now - last)} ago" if last is not None else "-",
-                key=s.run_dir,
-            )
+                Text(f"{s.step:,}{max_steps}"),
+                Text(compact(loss) if loss is not None else "-"),
+                Text(str(anomalies), style="bold red" if anomalies and colour else "") if anomalies else Text("0"),
+                Text(f"{duration(now - last)} ago" if last is not None else "-"),
+            )))
+        table.clear(columns=True)
+        self._set_columns(table, [cells for _, cells in rows])
+        for key, cells in rows:
+            table.add_row(*cells, key=key)
         keys = [run.status.run_dir for run in self.shown]
         if keys:
             table.move_cursor(row=keys.index(highlighted) if highlighted in keys else 0)
@@ -161,6 +166,15 @@ class RunPickerScreen(Screen):
         table.border_subtitle = f"{len(self.marked)} marked" if self.marked else ""
         self._show_title()
         self.refresh_bindings()  # c is offered once two runs are marked
+
+    @staticmethod
+    def _set_columns(table: DataTable, rows: list[tuple[Text, ...]]) -> None:
+        """The columns, each as wide as its widest cell. Given here rather than left to the table's own
+        sizing, which measures new rows when the app is next idle and, when a frame was drawn in between,
+        can keep showing the cells cut to the labels' widths ("faile" for "failed")."""
+        for index, label in enumerate(COLUMNS):
+            width = max([len(label), *(row[index].cell_len for row in rows)])
+            table.add_column(label, key=label or "mark", width=width)
 
     def _show_title(self) -> None:
         line = Text(no_wrap=True, overflow="ellipsis")

@@ -19,6 +19,7 @@ from textual.widgets import Static
 from textual.widgets._footer import FooterKey
 
 from tests.helpers.common import until
+from tests.helpers.tui import app_for, attached
 from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import PidRecord, this_host
 from tideborn.rundir.kinds import parse_event
@@ -29,7 +30,6 @@ from tideborn.tui.options import TuiOptions
 from tideborn.tui.plan import LaunchPlan
 from tideborn.tui.screens.checkpoints import CheckpointScreen
 from tideborn.tui.screens.confirm import ConfirmScreen
-from tideborn.tui.screens.dashboard import DashboardScreen
 from tideborn.tui.screens.help import TextScreen
 from tideborn.tui.screens.run_picker import RunPickerScreen
 from tideborn.tui.testing import FIXTURE_NOW, write_fixture_run, write_small_run
@@ -39,21 +39,6 @@ from tideborn.tui.widgets.log_pane import LogPane
 pytestmark = pytest.mark.usefixtures("utc")  # clock times in UTC, whatever this machine's zone
 SMOKE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smoke.toml"
 TRACEBACK_END = "ValueError: bad shape [/batch] in [bold]tensor"
-
-
-def app_for(run_dir: Path | None = None, **changes):
-    options = TuiOptions(run_dir=run_dir, clock=lambda: FIXTURE_NOW, use_nvml=False, follow=False)
-    for name, value in changes.items():
-        setattr(options, name, value)
-    return create_app(options)
-
-
-async def attached(pilot) -> DashboardScreen:
-    screen = pilot.app.screen
-    assert isinstance(screen, DashboardScreen), screen
-    await until(pilot, screen.ready.is_set, "the dashboard to read the run")
-    await pilot.pause()
-    return screen
 
 
 def screen_text(app) -> str:

@@ -38,6 +38,7 @@ from tideborn.tools.control import (
     send_signal,
     signal_run,
 )
+from tideborn.trainer.options import add_settings_arguments
 
 OK, ANOMALY, USAGE, NO_RUN, INTERRUPTED = 0, 1, 2, 3, 130
 ENDED = ("finished", "stopped", "failed", "vanished")
@@ -80,11 +81,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                 parser_class=OneLineParser)
     start = sub.add_parser("start", help="validate the settings and start the trainer detached",
                            description="Validate the settings and start the trainer detached.")
-    start.add_argument("--config", metavar="FILE", help="settings file (TOML, or JSON as `config` prints)")
-    start.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
-                       help="override one setting (repeatable), as for train")
-    for name in ("type", "network", "mode"):
-        start.add_argument(f"--{name}", help=f"run.{name}, as for train")
+    add_settings_arguments(start)
     start.add_argument("--fresh", action="store_true", help="passed to train: start over at step 0")
     start.add_argument("--resume", metavar="PATH", help="passed to train: resume from this checkpoint")
     start.add_argument("--stop-at-step", type=int, metavar="N", help="passed to train: stop after step N")

@@ -11,8 +11,11 @@ from tideborn.cliparser import OneLineParser
 COMMANDS = ("summary", "train", "config")
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="settings file (TOML, or JSON as `config` prints)")
+def add_settings_arguments(parser: argparse.ArgumentParser,
+                           config_help: str = "settings file (TOML, or JSON as `config` prints)") -> None:
+    """The options that choose a run's settings, the same for `train`, `train_run start` and the monitor's
+    start key (which pass them on to `train`)."""
+    parser.add_argument("--config", metavar="FILE", help=config_help)
     parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
                         help="override one setting, e.g. --set optim.lr=1e-3 (value is TOML; repeatable)")
     parser.add_argument("--type", help="engine family (run.type); only 'dl' is trained here")

@@ -16,6 +16,7 @@ from tideborn import __version__
 from tideborn.errors import UserError
 from tideborn.rundir import EVENTS_FILE, LAUNCH_FILE, PID_FILE, check_readable_dir
 from tideborn.rundir.anomaly import AnomalyThresholds
+from tideborn.trainer.options import add_settings_arguments
 from tideborn.tui.plan import LaunchPlan
 
 RUN_MARKERS = (EVENTS_FILE, PID_FILE, LAUNCH_FILE)
@@ -66,11 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="tideborn-tui", description="Watch, start and stop tideborn training runs.")
     parser.add_argument("path", nargs="?", type=Path,
                         help="a run directory (runtime.out_dir), or a folder of them to pick from")
-    parser.add_argument("--config", metavar="FILE", help="settings file the start key launches with")
-    parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
-                        help="override one setting for the launch (repeatable), as for train")
-    for name in ("type", "network", "mode"):
-        parser.add_argument(f"--{name}", help=f"run.{name}, as for train")
+    add_settings_arguments(parser, config_help="settings file the start key launches with")
     parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                         help="the start key launches N trainer processes through torchrun (DDP)")
     parser.add_argument("--ascii", action="store_true",

@@ -7,5 +7,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 "$ROOT/scripts/setup.sh" --quiet
 cd "$ROOT"
+# The suite starts a couple of hundred Python processes (trainers, run tools, pytest's own collections) that
+# import the same modules: let them share compiled bytecode, and pytest its rewritten test modules, even where
+# the environment turns those caches off (they go to __pycache__, which git ignores).
+unset PYTHONDONTWRITEBYTECODE
 # loadfile: a file's tests run in one process, so a module-scoped trained run is made once.
 exec .venv/bin/python -m pytest -n "${TIDEBORN_TEST_WORKERS:-auto}" --dist loadfile "$@"

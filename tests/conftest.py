@@ -12,8 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers.common import TEMPLATE_SETS, Trainer, train
+
+# One compute thread in the test process, as in the trainer processes the tests start (`child_env`): pytest-xdist
+# runs one test process per core, and torch's default of a thread per core in each would oversubscribe the
+# cores, where idle OpenMP threads spin; the in-process tests took twice the CPU time that way.
+torch.set_num_threads(1)
 
 E2E = Path(__file__).resolve().parent / "e2e"
 

@@ -171,21 +171,32 @@ def test_the_sweep_measures_the_defaults_first_then_every_switch_at_the_middle_b
     assert len(order) == len(set(order))
 
 
-def test_the_gpu_checks_teacher_data_run_trains_on_random_play_records(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The GPU check's real runs in their CPU form, made once for the tests that read them: the teacher run, an
+    hcpe3 run, the resume check (bit for bit on the CPU, deterministic kernels or not), a match between the
+    teacher run's checkpoints, the loader alone."""
+    out = tmp_path_factory.mktemp("gpu-check") / "out"
+    code = bench_gpu.main(["--device", "cpu", "--quick", "--out", str(out), "--runs", "teacher",
+                           "hcpe3", "resume", "match", "loader", "--variants", "deterministic"])
+    assert code == 0, f"exit {code}: {(out / 'results.md').read_text() if (out / 'results.md').exists() else ''}"
+    return out
+
+
+def test_the_gpu_checks_teacher_data_run_trains_on_random_play_records(real_runs: Path) -> None:
     # The teacher path (decoding workers; on CUDA pinned memory and asynchronous copies) on hcpe records
     # of seeded random games, which the check writes itself where no game records are at hand.
-    out = tmp_path / "out"
-    out.mkdir()
-    run = gpu_runs.teacher_run("cpu", out, timeout_seconds=240)
+    run = json.loads((real_runs / "results.json").read_text())["teacher"]
     assert (run["exit_code"], run["terminal"], run["steps"]) == (0, "run_finished", 60), run
     assert run["records"] > 10_000 and 0 <= run["data_wait_fraction"] < 1
     assert math.isfinite(run["final_loss"]) and run["final_loss"] < run["first_loss"]
-    events = [json.loads(line) for line in (out / "teacher-events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (real_runs / "teacher-events.jsonl").read_text().splitlines()]
     started = next(e for e in events if e["kind"] == "run_started")
     assert started["settings"]["data"]["kind"] == "hcpe" and started["settings"]["data"]["workers"] == 2
     # Every random-play record decodes: no record was skipped as illegal.
     assert not [e for e in events if e["kind"] == "warning"], [e for e in events if e["kind"] == "warning"]
-    assert sorted(p.name for p in out.iterdir()) == ["teacher-events.jsonl", "teacher-train.log"]
+    assert sorted(p.name for p in real_runs.iterdir() if p.name.startswith("teacher")) == [
+        "teacher-events.jsonl", "teacher-train.log"]
 
 
 def test_the_gpu_event_reads_other_gpus_through_nvml_only(monkeypatch) -> None:
@@ -227,13 +238,10 @@ def test_the_gpu_event_reads_other_gpus_through_nvml_only(monkeypatch) -> None:
     assert [d["memory_used_bytes"] for d in snapshot["devices"]] == [None, 50 * 2**30] and asked == [1]
 
 
-def test_the_gpu_checks_real_runs_train_hcpe3_resume_exactly_and_time_a_match(tmp_path: Path, capsys) -> None:
+def test_the_gpu_checks_real_runs_train_hcpe3_resume_exactly_and_time_a_match(real_runs: Path) -> None:
     # The runs that only a real process shows, in their CPU form: an hcpe3 run, the resume check (bit for bit on
     # the CPU, deterministic kernels or not), a match between the teacher run's checkpoints, the loader alone.
-    out = tmp_path / "out"
-    code = bench_gpu.main(["--device", "cpu", "--quick", "--out", str(out), "--runs", "teacher", "hcpe3", "resume",
-                           "match", "loader", "--variants", "deterministic"])
-    assert code == 0, capsys.readouterr()
+    out = real_runs
     results = json.loads((out / "results.json").read_text())
     hcpe3 = results["hcpe3"]
     assert (hcpe3["exit_code"], hcpe3["terminal"], hcpe3["steps"]) == (0, "run_finished", 60), hcpe3

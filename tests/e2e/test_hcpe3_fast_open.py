@@ -266,7 +266,10 @@ def test_a_malformed_file_among_several_is_named_as_when_decoded_alone(games, tm
 
 
 INTERRUPTED_BUILD = """
+import signal
 import sys
+# Ctrl-C as in a terminal's foreground job, even where the test runs with SIGINT ignored (a background job)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pathlib import Path
 from tideborn.data import hcpe3
 hcpe3.PARALLEL_BYTES = 0

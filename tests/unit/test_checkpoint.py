@@ -16,10 +16,10 @@ from tests.helpers.common import (
     copy_run,
     describe,
     events_of,
-    run_trainer,
     settings_args,
     terminal_events,
     train,
+    trainer_in_process,
 )
 from tideborn.network.checkpoint import FORMAT, FORMAT_VERSION, CheckpointError, load_checkpoint
 from tideborn.rundir import latest_checkpoint, list_checkpoints, temp_checkpoints
@@ -123,7 +123,7 @@ def test_finetune_refuses_a_pickle_payload(hostile, tmp_path: Path, workdir: Pat
 
 def test_config_from_checkpoint_refuses_a_pickle_payload_in_a_real_process(hostile, tmp_path: Path) -> None:
     path, marker = hostile
-    result = run_trainer("config", "--from-checkpoint", str(path), cwd=tmp_path)
+    result = trainer_in_process("config", "--from-checkpoint", str(path), cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == "", describe(result)
     assert_user_error(result.stderr, r"hostile\.pt: refused: loading it would need pickle")
     assert not marker.exists()

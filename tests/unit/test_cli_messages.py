@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.common import REPO_ROOT, child_env, console_script, copy_run, run_trainer, tree
+from tests.helpers.common import REPO_ROOT, child_env, console_script, copy_run, trainer_in_process, tree
 from tideborn.data.cli import build_parser as data_parser
 from tideborn.tools.train_run import build_parser as run_parser
 from tideborn.trainer.cli import build_parser as trainer_parser
@@ -47,7 +47,7 @@ def test_train_with_a_project_file_or_a_preset_is_not_refused(tmp_path):
 
 def test_a_missing_teacher_file_names_its_setting_and_how_to_make_it(tmp_path):
     config = REPO_ROOT / "configs" / "smoke-teacher.toml"
-    done = run_trainer("train", "--config", str(config), cwd=tmp_path)
+    done = trainer_in_process("train", "--config", str(config), cwd=tmp_path)
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("python -m tideborn.trainer train: error: data.train: ")

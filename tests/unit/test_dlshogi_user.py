@@ -22,9 +22,9 @@ from tests.helpers.common import (
     assert_user_error,
     child_env,
     events_of,
-    run_trainer,
     settings_args,
     step_events,
+    trainer_in_process,
     tree,
 )
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
@@ -69,7 +69,7 @@ def losses(run_dir: Path) -> dict[int, tuple[float, float, float]]:
 
 def test_a_dlshogi_style_run_trains_reports_and_resumes_exactly(data_root, tmp_path):
     straight, pieces = tmp_path / "straight", tmp_path / "pieces"
-    done = run_trainer("train", *dlshogi_args(data_root, straight), cwd=tmp_path)
+    done = trainer_in_process("train", *dlshogi_args(data_root, straight), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     events = events_of(straight)
 
@@ -99,12 +99,12 @@ def test_a_dlshogi_style_run_trains_reports_and_resumes_exactly(data_root, tmp_p
 
     # Stopped at step 35, and then as if killed after the checkpoint at 30: the next `train` resumes from the
     # newest checkpoint there is (mid-epoch: an epoch is 32 batches of 128) and crosses into the next epoch.
-    first = run_trainer("train", *dlshogi_args(data_root, pieces), "--stop-at-step", "35", cwd=tmp_path)
+    first = trainer_in_process("train", *dlshogi_args(data_root, pieces), "--stop-at-step", "35", cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     (pieces / "step-000000035.pt").unlink()
     cursor = load_checkpoint(pieces / "step-000000030.pt")["data_cursor"]
     assert cursor["epoch"] == 0 and 0 < cursor["batch_in_epoch"] < 32, cursor
-    second = run_trainer("train", *dlshogi_args(data_root, pieces), cwd=tmp_path)
+    second = trainer_in_process("train", *dlshogi_args(data_root, pieces), cwd=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "step-000000030.pt" in second.stdout + second.stderr
     attempts = [e for e in events_of(pieces) if e["kind"] == "run_started"]
@@ -143,12 +143,12 @@ def test_new_selfplay_files_under_the_glob_refuse_the_resume_in_one_line(data_ro
         (root / name).write_bytes((data_root / name).read_bytes())
     run_dir = tmp_path / "run"
     sets = ("runtime.max_steps=6", "runtime.eval_every=100", "data.workers=0", "optim.batch_size=32")
-    first = run_trainer("train", *dlshogi_args(root, run_dir, *sets), "--stop-at-step", "2", cwd=tmp_path)
+    first = trainer_in_process("train", *dlshogi_args(root, run_dir, *sets), "--stop-at-step", "2", cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     (root / "selfplay-b.hcpe3").write_bytes((data_root / "selfplay-b.hcpe3").read_bytes())
     before = {name: data for name, data in tree(run_dir).items() if name != ".trainer.lock"}  # who holds the dir
 
-    again = run_trainer("train", *dlshogi_args(root, run_dir, *sets), cwd=tmp_path)
+    again = trainer_in_process("train", *dlshogi_args(root, run_dir, *sets), cwd=tmp_path)
     assert again.returncode == 2, again.stdout + again.stderr
     assert_user_error(again.stderr, r"cannot resume the data order: data.train's record count was \d+ when the "
                                     r"checkpoint was written and is \d+ now; .*new files under a glob.*--mode finetune")
@@ -168,7 +168,7 @@ def test_records_left_out_of_the_average_are_a_warning(data_root, tmp_path):
     (root / "selfplay-a.hcpe3").write_bytes((data_root / "selfplay-a.hcpe3").read_bytes())
     (root / "test.hcpe3").write_bytes((data_root / "test.hcpe3").read_bytes())
     run_dir = tmp_path / "run"
-    done = run_trainer("train", *dlshogi_args(root, run_dir, "runtime.max_steps=2", "data.workers=0",
+    done = trainer_in_process("train", *dlshogi_args(root, run_dir, "runtime.max_steps=2", "data.workers=0",
                                               "optim.batch_size=32", 'data.train=["selfplay-a.hcpe3", "extra.hcpe"]'),
                        cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -227,7 +227,7 @@ def test_the_dlshogi_table_maps_every_train_py_option():
 def test_the_dlshogi_config_is_summarised_without_any_data(tmp_path):
     """configs/dlshogi-hcpe3.toml names data under a data_root the user sets: `summary` shows it without
     reading any, and shows the dlshogi options."""
-    done = run_trainer("summary", "--config", str(REPO_ROOT / "configs" / "dlshogi-hcpe3.toml"), cwd=tmp_path)
+    done = trainer_in_process("summary", "--config", str(REPO_ROOT / "configs" / "dlshogi-hcpe3.toml"), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout
     assert "duplicate positions averaged" in text and "hcpe3 policy temperature 1" in text

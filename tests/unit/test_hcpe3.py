@@ -16,7 +16,7 @@ import pytest
 import torch
 from cshogi.dlshogi import make_move_label
 
-from tests.helpers.common import REPO_ROOT, child_env, events_of, run_trainer, settings_args, step_events
+from tests.helpers.common import REPO_ROOT, child_env, events_of, settings_args, step_events, trainer_in_process
 from tests.helpers.data import SHARED_DATA, psv_records
 from tests.helpers.hcpe3 import corrupt, sample_games, write_hcpe3
 from tideborn.config.load import settings_from_dict
@@ -140,7 +140,7 @@ def hcpe3_args(files: Path, run_dir: Path, train: str, test: str, *sets: str) ->
 
 def test_training_on_hcpe3_moves_the_policy_toward_the_visit_distribution(hcpe3_files, tmp_path):
     run_dir = tmp_path / "run"
-    done = run_trainer("train", *hcpe3_args(hcpe3_files, run_dir, '["train.hcpe3"]', '["test.hcpe3"]',
+    done = trainer_in_process("train", *hcpe3_args(hcpe3_files, run_dir, '["train.hcpe3"]', '["test.hcpe3"]',
                                              "runtime.max_steps=60", "runtime.checkpoint_every=5",
                                              "runtime.keep_checkpoints=20", "runtime.eval_every=60"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -168,12 +168,12 @@ def test_resume_mid_epoch_on_mixed_hcpe3_and_hcpe_with_workers_is_exact(hcpe3_fi
             "optim.batch_size=32", "data.workers=2", "data.policy_temperature=0.5")
     train, test = '["train.hcpe3", "mixed/extra.hcpe"]', '["test.hcpe3"]'
     straight, pieces = tmp_path / "straight", tmp_path / "pieces"
-    done = run_trainer("train", *hcpe3_args(hcpe3_files, straight, train, test, *sets), cwd=tmp_path)
+    done = trainer_in_process("train", *hcpe3_args(hcpe3_files, straight, train, test, *sets), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    first = run_trainer("train", *hcpe3_args(hcpe3_files, pieces, train, test, *sets), "--stop-at-step", "6",
+    first = trainer_in_process("train", *hcpe3_args(hcpe3_files, pieces, train, test, *sets), "--stop-at-step", "6",
                         cwd=tmp_path)
     assert first.returncode == 0, first.stderr
-    second = run_trainer("train", *hcpe3_args(hcpe3_files, pieces, train, test, *sets), cwd=tmp_path)
+    second = trainer_in_process("train", *hcpe3_args(hcpe3_files, pieces, train, test, *sets), cwd=tmp_path)
     assert second.returncode == 0, second.stderr
 
     def losses(run_dir: Path) -> dict[int, float]:
@@ -312,7 +312,7 @@ def test_a_run_with_use_average_reports_the_merged_positions(games, tmp_path):
     write_hcpe3(tmp_path / "a.hcpe3", games[:6], seed=20)
     write_hcpe3(tmp_path / "b.hcpe3", games[:6], seed=21)
     run_dir = tmp_path / "run"
-    done = run_trainer("train", *settings_args(
+    done = trainer_in_process("train", *settings_args(
         run_dir, f"paths.data_root={str(tmp_path)!r}", 'data.train=["a.hcpe3", "b.hcpe3"]', "data.test=[]",
         'data.kind="auto"', "data.use_average=true", "runtime.max_steps=3", "optim.batch_size=32",
         "data.workers=0", config=TEACHER_CONFIG), cwd=tmp_path)
@@ -338,7 +338,7 @@ def test_a_malformed_hcpe3_file_is_one_line_naming_file_and_game(games, tmp_path
         Hcpe3File(tmp_path / "bad.hcpe3").positions()
     assert not cache_path(tmp_path / "bad.hcpe3").exists()
     run_dir = tmp_path / "run"
-    done = run_trainer("train", *settings_args(
+    done = trainer_in_process("train", *settings_args(
         run_dir, f"paths.data_root={str(tmp_path)!r}", 'data.train=["bad.hcpe3"]', "data.test=[]",
         'data.kind="auto"', "runtime.max_steps=2", config=TEACHER_CONFIG), cwd=tmp_path)
     assert done.returncode == 2

@@ -16,7 +16,7 @@ import pytest
 import torch
 from cshogi import CSA
 
-from tests.helpers.common import TEACHER_CONFIG, assert_user_error, child_env, run_trainer, settings_args
+from tests.helpers.common import TEACHER_CONFIG, assert_user_error, child_env, settings_args, trainer_in_process
 from tests.helpers.data import SAMPLE_GAMES
 from tideborn.config.schema import ModelSettings
 from tideborn.data.convert import convert_games
@@ -46,7 +46,7 @@ def nets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("match")
     convert_games(sorted(WCSC28.glob("*.csa")), root / "games.hcpe", progress=False)
     run_dir = root / "run"
-    result = run_trainer("train", *settings_args(
+    result = trainer_in_process("train", *settings_args(
         run_dir, f"paths.data_root={json.dumps(str(root))}", 'data.train=["games.hcpe"]', "data.test=[]",
         f"runtime.max_steps={TRAINED_STEPS}", f"runtime.checkpoint_every={TRAINED_STEPS}",
         'runtime.progress="plain"', config=TEACHER_CONFIG), cwd=root)
@@ -241,7 +241,7 @@ def test_elo_estimate():
 
 def test_match_every_during_a_run_writes_match_events_and_status_watch_and_monitor_show_elo(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_trainer("train", *settings_args(
+    result = trainer_in_process("train", *settings_args(
         run_dir, "runtime.max_steps=4", "runtime.checkpoint_every=2", "runtime.match_every=2",
         "runtime.match_games=2", "runtime.keep_checkpoints=1", "optim.batch_size=16",
         'runtime.progress="plain"'), cwd=tmp_path)
@@ -274,7 +274,7 @@ def test_match_every_during_a_run_writes_match_events_and_status_watch_and_monit
 
 
 def test_match_every_must_be_a_multiple_of_checkpoint_every(tmp_path):
-    result = run_trainer("train", *settings_args(tmp_path / "run", "runtime.checkpoint_every=2",
+    result = trainer_in_process("train", *settings_args(tmp_path / "run", "runtime.checkpoint_every=2",
                                                  "runtime.match_every=3"), cwd=tmp_path)
     assert result.returncode == 2
     assert_user_error(result.stderr, r"runtime\.match_every must be a multiple of runtime\.checkpoint_every")
@@ -283,9 +283,9 @@ def test_match_every_must_be_a_multiple_of_checkpoint_every(tmp_path):
 def test_a_run_with_matches_trains_exactly_as_one_without(tmp_path):
     sets = ("runtime.max_steps=4", "runtime.checkpoint_every=2", "runtime.log_every=1", "optim.batch_size=16")
     plain, matched = tmp_path / "plain", tmp_path / "matched"
-    assert run_trainer("train", *settings_args(plain, *sets), cwd=tmp_path).returncode == 0
-    result = run_trainer("train", *settings_args(matched, *sets, "runtime.match_every=2", "runtime.match_games=2"),
-                         cwd=tmp_path)
+    assert trainer_in_process("train", *settings_args(plain, *sets), cwd=tmp_path).returncode == 0
+    result = trainer_in_process("train", *settings_args(matched, *sets, "runtime.match_every=2",
+                                                        "runtime.match_games=2"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
 
     def losses(run_dir: Path) -> dict[int, float]:
@@ -318,10 +318,10 @@ def test_value_mode_tries_every_legal_move_and_takes_a_mate_in_one():
 def test_fresh_moves_the_old_match_reference_to_the_archive(tmp_path: Path) -> None:
     """The first checkpoint of an earlier run is no reference for a run started over with --fresh."""
     run_dir = tmp_path / "run"
-    assert run_trainer("train", *settings_args(run_dir), cwd=tmp_path).returncode == 0
+    assert trainer_in_process("train", *settings_args(run_dir), cwd=tmp_path).returncode == 0
     old_first = run_dir / "step-000000010.pt"
     (run_dir / "match-reference.pt").hardlink_to(old_first)
-    result = run_trainer("train", *settings_args(run_dir, "runtime.max_steps=2"), "--fresh", cwd=tmp_path)
+    result = trainer_in_process("train", *settings_args(run_dir, "runtime.max_steps=2"), "--fresh", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert not (run_dir / "match-reference.pt").exists()
     archived = list((run_dir / "archive").glob("fresh-*/match-reference.pt"))

@@ -19,7 +19,15 @@ import torch
 import torch.nn.functional as F
 from cshogi.dlshogi import make_move_label
 
-from tests.helpers.common import EXPLODING, SMOKE_CONFIG, events_of, run_trainer, settings_args, step_events, train
+from tests.helpers.common import (
+    EXPLODING,
+    SMOKE_CONFIG,
+    events_of,
+    settings_args,
+    step_events,
+    train,
+    trainer_in_process,
+)
 from tests.helpers.data import hcpe_records, psv_records, random_positions, settings_for, write_records
 from tideborn.config import load_settings
 from tideborn.config.schema import LossSettings, WatchdogSettings
@@ -397,7 +405,7 @@ def test_with_the_watchdog_off_the_same_run_goes_on(tmp_path):
 
 def test_a_non_finite_gradient_norm_halts_the_run_with_the_default_thresholds(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_trainer("train", *settings_args(run_dir, "optim.lr=10000", "optim.warmup_steps=0",
+    result = trainer_in_process("train", *settings_args(run_dir, "optim.lr=10000", "optim.warmup_steps=0",
                                                  'optim.schedule="constant"', "runtime.max_steps=20",
                                                  "runtime.log_every=5"), cwd=tmp_path)
     assert result.returncode == 1, result.stderr

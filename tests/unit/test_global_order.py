@@ -5,11 +5,10 @@ All in-process: the world size is what `prepare` and the data streams are given.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from tests.helpers.common import SMOKE_CONFIG, events_of, settings_args, step_events, train
+from tests.helpers.common import SMOKE_CONFIG, events_of, step_events, train
 from tests.helpers.data import hcpe_records, random_positions, settings_for, write_records
 from tideborn.config import load_settings
 from tideborn.data.dataset import GlobalOrder
@@ -156,7 +155,8 @@ def test_resuming_at_another_world_size_with_a_per_process_batch_warns_and_scale
     assert prepared.start.step == 2
     assert prepared.settings.optim.batch_size == 16 and prepared.settings.optim.lr == resolved.settings.optim.lr
     [warning] = [w for w in prepared.start.warnings if "world size" in w]
-    assert "at world size 2, written at 1" in warning and "the global batch is now 32 positions a step, not 16" in warning
+    assert "at world size 2, written at 1" in warning
+    assert "the global batch is now 32 positions a step, not 16" in warning
     same = prepare(resolved, argv=[])
     assert not [w for w in same.start.warnings if "world size" in w]
 

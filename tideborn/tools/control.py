@@ -68,10 +68,24 @@ class LaunchRequest:
     """Trainer options that are not settings: `--fresh`, `--resume PATH`, `--stop-at-step N`."""
     nproc_per_node: int = 1
     """More than 1: launch through torchrun (`--standalone`), one trainer process per GPU."""
+    nnodes: str | None = None
+    """`MIN:MAX` (or `N`): launch this node's part of an elastic job through torchrun's elastic agent, which
+    restarts the workers after a failure or a change of nodes (docs/training.md, "Several nodes")."""
+    max_restarts: int = 3
+    """With `nnodes`: torchrun's `--max-restarts`."""
+    rdzv_endpoint: str | None = None
+    """With `nnodes`: the c10d rendezvous `HOST:PORT`, the same on every node."""
+    rdzv_id: str | None = None
+    """With `nnodes`: the job's rendezvous id, the same on every node."""
 
     def trainer_argv(self) -> list[str]:
         argv = [sys.executable, "-m", "tideborn.trainer", "train"]
-        if self.nproc_per_node > 1:
+        if self.nnodes is not None:
+            argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", self.nnodes,
+                    "--nproc-per-node", str(self.nproc_per_node), "--max-restarts", str(self.max_restarts),
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint),
+                    "--rdzv-id", str(self.rdzv_id), "-m", "tideborn.trainer", "train"]
+        elif self.nproc_per_node > 1:
             argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                     "--nproc-per-node", str(self.nproc_per_node), "-m", "tideborn.trainer", "train"]
         if self.config is not None:
@@ -222,6 +236,8 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
               "overrides": list(request.overrides),
               "flags": {k: v for k, v in request.flags.items() if v is not None},
               "trainer_args": list(request.trainer_args), "nproc_per_node": request.nproc_per_node,
+              "nnodes": request.nnodes, "max_restarts": request.max_restarts,
+              "rdzv_endpoint": request.rdzv_endpoint, "rdzv_id": request.rdzv_id,
               "cwd": str(cwd), "argv": argv,
               "started_at": started_at, "run_dir": str(run_dir)}
     try:

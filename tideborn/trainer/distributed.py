@@ -5,6 +5,7 @@ needs. A process launched alone (world size 1, see `tideborn.trainer.rank`) crea
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import hashlib
 import typing
@@ -98,6 +99,16 @@ class StopVote:
         """Wait for the votes still in flight (before the process group goes away)."""
         while self.pending:
             self._read_oldest()
+
+
+def restart_count_of_job(env: DistEnv, device: torch.device) -> DistEnv:
+    """`env` with the job's restart count: the highest of the ranks'. An agent that joined later counts its own
+    restarts from 0, and rank 0 (which writes run_started) may be one of its workers."""
+    if not env.distributed:
+        return env
+    value = torch.tensor([float(env.restart_count)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return dataclasses.replace(env, restart_count=int(value.item()))
 
 
 def mean_over_ranks(values: torch.Tensor, env: DistEnv) -> torch.Tensor:

@@ -54,6 +54,7 @@ from tideborn.trainer.distributed import (
     failure_elsewhere,
     init_process_group,
     report_failure,
+    restart_count_of_job,
 )
 from tideborn.trainer.duties import Duties
 from tideborn.trainer.gpu_stats import gpu_snapshot
@@ -758,6 +759,7 @@ def run_training(resolved: Resolved, resume: Path | None = None, fresh: bool = F
     device = resolve_device(runtime, env.local_rank if env.distributed else None).device
     init_process_group(env, device, runtime.dist_timeout_seconds)
     try:
+        env = restart_count_of_job(env, device)
         if env.distributed:
             _build_data_caches_once(resolved, env)
         prepared = prepare(resolved, resume, fresh, stop_at_step, argv, env)

@@ -551,7 +551,9 @@ class RunTracker:
             tail_only=self.tail_read, log_error_counts={rule: n for rule, n in self.log_counts.items() if n},
             events_rotated=self.events_rotated, run_started_missing=lost_start,
             anomalies=tuple(self.anomalies(now)),
-            restarts=(started.restart_count or 0) if started is not None else 0,
+            # Each restart seen (a membership change too, which torchrun does not count), at least torchrun's count
+            # (the restarts before a tail-only read).
+            restarts=max(len(self.restarts), (started.restart_count or 0) if started is not None else 0),
             world_size=started.world_size if started is not None else None,
         )
 

@@ -113,7 +113,8 @@ class RunStatus:
     run_started_missing: bool
     anomalies: tuple[Anomaly, ...]
     restarts: int = 0
-    """How many times torchrun's elastic agent has restarted the run's workers (one `restarted` anomaly each)."""
+    """How many times torchrun's elastic agent has restarted the run's workers, after a failure or a change of nodes
+    (one `restarted` anomaly each; at least torchrun's own count, which leaves out changes of nodes)."""
     world_size: int | None = None
     """The processes the latest attempt trains with."""
 

@@ -56,6 +56,12 @@ LAUNCH_WAIT_SECONDS = 300.0
 loading a checkpoint) before it reports the trainer as still starting."""
 
 
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""For torchrun's elastic agent: a new store for the workers at every rendezvous round. The agent's shared store
+(torch's default) keeps the old workers' addresses across restarts, and a restarted worker may read them and fail
+to connect (pytorch/pytorch#135712), so every restart risks costing another."""
+
+
 @dataclass(frozen=True)
 class LaunchRequest:
     """What `start` was asked for; launch.json keeps it so the run can be started again as it was."""
@@ -224,6 +230,8 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
     argv = request.trainer_argv()
     child_env = dict(os.environ if env is None else env)
     child_env["PYTHONUNBUFFERED"] = "1"  # tracebacks and progress reach train.log as they happen
+    if request.nnodes is not None:
+        child_env.update(ELASTIC_ENV)
     log_path = run_dir / LOG_FILE
     try:
         events = (run_dir / EVENTS_FILE).stat()

@@ -129,6 +129,7 @@ ENDED_JSON = {
         {"rule": "cuda_oom", "message": "CUDA out of memory in train.log line 2: RuntimeError: CUDA out of memory. "
          "Tried to allocate 2.00 GiB", "evidence": {"line": 2, "text": "RuntimeError: CUDA out of memory. Tried to "
                                                     "allocate 2.00 GiB"}, "time": 1700000011.0}],
+    "restarts": 0, "world_size": None,
 }
 """`status --json` of `ended_run`, as recorded before the report was typed."""
 
@@ -172,7 +173,7 @@ def running_expected(now: float) -> dict:
                                              "requested_at": t + 13},
         "warnings": {"count": 0, "last": None}, "last_event_time": t + 14, "events_read": 4, "events_malformed": 0,
         "tail_only": False, "log_error_counts": {}, "events_rotated": False, "run_started_missing": False,
-        "anomalies": [],
+        "anomalies": [], "restarts": 0, "world_size": None,
     }
 
 

@@ -185,6 +185,12 @@ class OptimSettings:
     """Positions per optimizer step on each rank (split into `accumulation_steps` micro-batches)."""
     accumulation_steps: int = 1
     """Micro-batches per step; gradients are accumulated and applied once per step."""
+    global_batch_size: int = 0
+    """Positions per optimizer step over all processes, held constant whatever the world size (an elastic job that
+    loses or gains nodes). When set, `batch_size / accumulation_steps` is the micro-batch (what one device holds)
+    and the trainer derives each process's `batch_size` and `accumulation_steps` from it and the world size; a
+    world size that cannot divide it into whole micro-batches is refused. 0: `batch_size` is per process, as is,
+    and the global batch changes with the world size."""
     optimizer: str = "sgd"
     """Optimizer: `sgd` (momentum, optionally Nesterov) or `adamw`."""
     lr: float = 0.1
@@ -223,6 +229,11 @@ class OptimSettings:
                f"must be >= 1; got {self.accumulation_steps}")
         _check(self.batch_size % self.accumulation_steps == 0, "optim.accumulation_steps",
                f"must divide optim.batch_size ({self.batch_size}); got {self.accumulation_steps}")
+        _check(self.global_batch_size >= 0, "optim.global_batch_size",
+               f"must be >= 0 (0: off); got {self.global_batch_size}")
+        _check(self.global_batch_size % self.micro_batch_size == 0, "optim.global_batch_size",
+               f"must be a multiple of the micro-batch, optim.batch_size / optim.accumulation_steps "
+               f"({self.micro_batch_size}); got {self.global_batch_size}")
         _one_of(self.optimizer, OPTIMIZERS, "optim.optimizer")
         _check(self.lr > 0, "optim.lr", f"must be > 0; got {self.lr}")
         _check(0 <= self.momentum < 1, "optim.momentum", f"must be in [0, 1); got {self.momentum}")
@@ -246,6 +257,20 @@ class OptimSettings:
     @property
     def micro_batch_size(self) -> int:
         return self.batch_size // self.accumulation_steps
+
+    def split_among(self, world_size: int) -> OptimSettings:
+        """These settings for one of `world_size` processes: with `global_batch_size`, the per-process batch and
+        accumulation derived from it at the same micro-batch; without, unchanged. Raises SettingError when the
+        world size cannot divide the global batch into whole micro-batches."""
+        if not self.global_batch_size:
+            return self
+        micro = self.micro_batch_size
+        _check(self.global_batch_size % (world_size * micro) == 0, "optim.global_batch_size",
+               f"{self.global_batch_size} positions a step cannot be split among {world_size} process(es) in "
+               f"micro-batches of {micro} (optim.batch_size / optim.accumulation_steps): use a world size that "
+               f"divides {self.global_batch_size // micro}")
+        accumulation = self.global_batch_size // (world_size * micro)
+        return dataclasses.replace(self, batch_size=accumulation * micro, accumulation_steps=accumulation)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ out that epoch (drop-last); a different few each epoch, since the order changes.
 from __future__ import annotations
 
 import functools
+import typing
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,3 +105,71 @@ class ShardedOrder:
 @functools.lru_cache(maxsize=4)
 def _permutation(records: int, seed: int, epoch: int) -> EpochPermutation:
     return EpochPermutation(records, seed, epoch)
+
+
+@dataclass(frozen=True)
+class GlobalOrder:
+    """The training order as one global stream, whatever the world size: epoch `e`'s positions cut into global
+    micro-batches of `micro_batch` records (global micro-batch `g` is positions `g * m ... (g + 1) * m - 1` of
+    `p_e`), `accumulation` x `world_size` of them per optimizer step. Within a step, rank `r`'s micro-batch `i`
+    is global micro-batch `i * world_size + r` (the synthetic stream deals them the same way), so a step of 2
+    ranks x 1 micro-batch reads what a step of 1 rank x 2 micro-batches reads, micro-batch for micro-batch.
+
+    The cursor (epoch, global micro-batch) is the same on every rank and means the same at any world size: a
+    run resumed with other ranks continues the same global sequence. An epoch is a whole number of steps
+    (drop-last at the global batch): with the global batch held constant, the epochs break at the same
+    positions too. A set smaller than one global batch gives one step of shorter micro-batches each epoch.
+    """
+
+    records: int
+    seed: int
+    micro_batch: int
+    world_size: int = 1
+    accumulation: int = 1
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        if self.records < self.world_size * self.accumulation:
+            raise ValueError(f"{self.records} records cannot be shared among {self.world_size} ranks x "
+                             f"{self.accumulation} micro-batches")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
+
+    @property
+    def micros_per_step(self) -> int:
+        return self.world_size * self.accumulation
+
+    @property
+    def global_batch(self) -> int:
+        return self.micros_per_step * self.micro_batch
+
+    @property
+    def micro_size(self) -> int:
+        """Records per micro-batch: `micro_batch`, or fewer when the set is smaller than one global batch."""
+        return self.micro_batch if self.records >= self.global_batch else self.records // self.micros_per_step
+
+    @property
+    def micros_per_epoch(self) -> int:
+        """Global micro-batches per epoch, a whole number of steps."""
+        steps = max(1, self.records // (self.micro_size * self.micros_per_step))
+        return steps * self.micros_per_step
+
+    def micro_indices(self, epoch: int, micro: int) -> np.ndarray:
+        """Global record indices of global micro-batch `micro` of `epoch`."""
+        if not 0 <= micro < self.micros_per_epoch:
+            raise IndexError(f"micro-batch {micro} outside epoch of {self.micros_per_epoch}")
+        start = micro * self.micro_size
+        return _permutation(self.records, self.seed, epoch).permute(np.arange(start, start + self.micro_size))
+
+    def step_start(self, epoch: int, micro: int) -> tuple[int, int]:
+        """Where a step starting at cursor (epoch, micro) really starts: the next epoch when this one has no
+        room left for a whole step (a cursor written at another global batch may leave a remainder)."""
+        return (epoch + 1, 0) if micro + self.micros_per_step > self.micros_per_epoch else (epoch, micro)
+
+    def rank_cursors(self, epoch: int, micro: int) -> typing.Iterator[tuple[int, int]]:
+        """This rank's micro-batches from the step starting at (epoch, micro) on, endlessly."""
+        while True:
+            epoch, micro = self.step_start(epoch, micro)
+            for i in range(self.accumulation):
+                yield epoch, micro + i * self.world_size + self.rank
+            micro += self.micros_per_step

@@ -4,7 +4,8 @@
 `device`, `state_dict()` / `load_state_dict()` with the data cursor, `close()`. Time spent inside
 `next_batch()` is the data wait: with enough workers it is a queue pop and a host-to-device copy.
 
-Workers are a `torch.utils.data.DataLoader` whose sampler yields cursors (epoch, batch) of `ShardedOrder`.
+Workers are a `torch.utils.data.DataLoader` whose sampler yields this rank's cursors (epoch, global micro-batch)
+of `GlobalOrder`: one global order whatever the world size, so a run resumes with other ranks where it was.
 DataLoader brings what hand-rolled multiprocessing would have to rebuild: tensors cross processes through
 shared memory rather than pickled bytes, batches come back in order whichever worker finished first, a
 pin-memory thread stages them for asynchronous copies to CUDA, and workers are shut down (or their death
@@ -25,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from tideborn.config.schema import Settings
 from tideborn.data.batch import Batch
-from tideborn.data.dataset import ShardedOrder
+from tideborn.data.dataset import GlobalOrder
 from tideborn.data.evalfix import ScaleFit, fit_files, scales_by_file
 from tideborn.data.features import FEATURES1_NUM, BadRecord
 from tideborn.data.records import expand_paths
@@ -41,7 +42,7 @@ class _DecodedBatches(Dataset):
     """Maps a cursor (epoch, batch) to that decoded batch; runs in the workers, which also work out the
     batch's record indices, so the training process does nothing per batch but receive it."""
 
-    def __init__(self, records: TeacherSource, order: ShardedOrder, decoder_args: tuple, pack_planes: bool = False):
+    def __init__(self, records: TeacherSource, order: GlobalOrder, decoder_args: tuple, pack_planes: bool = False):
         self.records = records
         self.order = order
         self.decoder_args = decoder_args
@@ -55,7 +56,7 @@ class _DecodedBatches(Dataset):
         return len(self.records)
 
     def __getitem__(self, cursor: tuple[int, int]) -> dict:
-        indices = self.order.batch_indices(*cursor)
+        indices = self.order.micro_indices(*cursor)
         if self._decoder is None:
             self._decoder = BatchDecoder(*self.decoder_args)
         in_worker = torch.utils.data.get_worker_info() is not None
@@ -119,16 +120,14 @@ def _as_decoded(item: dict) -> dict:
 
 
 class _CursorSampler(Sampler):
-    """Endless cursors (epoch, batch) in data order, starting at a given one."""
+    """This rank's endless cursors (epoch, global micro-batch) in data order, from the step starting at a given
+    global cursor."""
 
-    def __init__(self, order: ShardedOrder, epoch: int, batch: int):
-        self.order, self.epoch, self.batch = order, epoch, batch
+    def __init__(self, order: GlobalOrder, epoch: int, micro: int):
+        self.order, self.epoch, self.micro = order, epoch, micro
 
     def __iter__(self) -> typing.Iterator[tuple[int, int]]:
-        epoch, batch = self.epoch, self.batch
-        while True:
-            yield epoch, batch
-            epoch, batch = self.order.following(epoch, batch)
+        return self.order.rank_cursors(self.epoch, self.micro)
 
 
 def pins_memory(device: torch.device, settings: Settings) -> bool:
@@ -180,10 +179,13 @@ def _to_device(array: np.ndarray | torch.Tensor, device: torch.device, non_block
 
 
 class TeacherBatches:
-    """An endless stream of teacher micro-batches for one rank; resumable at any batch boundary."""
+    """An endless stream of teacher micro-batches for one rank; resumable at any step boundary, at any world size
+    (the cursor is the global one of `GlobalOrder`). `accumulation`: micro-batches a rank takes per step
+    (default `optim.accumulation_steps`)."""
 
     def __init__(self, settings: Settings, device: torch.device, rank: int = 0, world_size: int = 1,
-                 micro_batch_size: int | None = None, pack_planes: bool | None = None):
+                 micro_batch_size: int | None = None, pack_planes: bool | None = None,
+                 accumulation: int | None = None):
         data = settings.data
         self.settings = settings
         self.device = torch.device(device)
@@ -206,17 +208,27 @@ class TeacherBatches:
             self.averaging = self.records.note.get("average")
         self.kind = data.resolved_kind
         batch_size = micro_batch_size or settings.optim.micro_batch_size
+        accumulation = accumulation or settings.optim.accumulation_steps
         if len(self.records) < world_size:
             raise UserError(f"data.train: {len(self.records)} records cannot be shared among {world_size} ranks")
-        self.order = ShardedOrder(len(self.records), settings.runtime.seed, batch_size, rank, world_size)
+        if len(self.records) < world_size * accumulation:
+            raise UserError(f"data.train: {len(self.records)} records cannot fill one step of {world_size} rank(s) "
+                            f"x {accumulation} micro-batches (optim.accumulation_steps)")
+        self.order = GlobalOrder(len(self.records), settings.runtime.seed, batch_size, world_size, accumulation, rank)
         self.decoder_args = (data.eval_scale, settings.loss.value_lambda, data.bad_records, data.policy_temperature,
                              None if data.use_average else scales_by_file(self.scale_fits))
         self.value_parts = value_lambda_decays(settings.loss)
-        self.epoch, self.batch_in_epoch = 0, 0
+        self.epoch, self.micro = 0, 0
+        """The global cursor at the start of the current step: (epoch, global micro-batch), the same on every rank."""
+        self.micro_in_step = 0
         self.batches_delivered = 0
         self.skipped_records = 0
         """Records skipped so far (empty or illegal moves), counted across resumes."""
         self.skipped_examples: deque[str] = deque(maxlen=SKIP_EXAMPLES)
+        self.record_draws = False
+        """Keep `drawn`: for `runtime.ddp_diagnostics`' digest of the global batches."""
+        self.drawn: list[tuple[tuple[int, int], np.ndarray]] = []
+        """This rank's micro-batches since the list was last cleared: (epoch, global micro-batch), record indices."""
         """The latest skipped records as 'file: record N: reason', for the warning event."""
         self._iterator: typing.Iterator | None = None
         self._loader: DataLoader | None = None
@@ -237,7 +249,7 @@ class TeacherBatches:
         dataset = _DecodedBatches(self.records, self.order, self.decoder_args, self.pack_planes)
         extra = {"prefetch_factor": self.settings.data.prefetch_batches} if workers else {}
         self._loader = DataLoader(
-            dataset, batch_size=None, sampler=_CursorSampler(self.order, self.epoch, self.batch_in_epoch),
+            dataset, batch_size=None, sampler=_CursorSampler(self.order, self.epoch, self.micro),
             num_workers=workers, pin_memory=self.pinned, collate_fn=_as_decoded, **extra)
         self._iterator = iter(self._loader)
 
@@ -250,7 +262,10 @@ class TeacherBatches:
             item = next(self._iterator)
             if "error" in item:
                 raise UserError(item["error"])
-            self.epoch, self.batch_in_epoch = self.order.following(self.epoch, self.batch_in_epoch)
+            if self.record_draws:
+                cursor = self._cursor_of(self.micro_in_step)
+                self.drawn.append((cursor, self.order.micro_indices(*cursor)))
+            self._advance()
             self.batches_delivered += 1
             for where, reason in item["skipped"]:
                 self.skipped_records += 1
@@ -259,25 +274,44 @@ class TeacherBatches:
                 return to_device_batch(item, self.device, self.pinned, self.value_parts)
             # every record of this batch was skipped: take the next one rather than train on nothing
             empty_batches += 1
-            if empty_batches >= self.order.batches_per_epoch:
+            if empty_batches >= self.order.micros_per_epoch // self.order.world_size:
                 raise UserError(f"data.train: a whole epoch without a usable record ({self.skipped_records} "
                                 f"skipped, e.g. {self.skipped_examples[-1]})")
 
+    def _cursor_of(self, micro_in_step: int) -> tuple[int, int]:
+        epoch, micro = self.order.step_start(self.epoch, self.micro)
+        return epoch, micro + micro_in_step * self.order.world_size + self.order.rank
+
+    def _advance(self) -> None:
+        """One micro-batch delivered; after the step's last, the global cursor moves on by a global batch."""
+        self.micro_in_step += 1
+        if self.micro_in_step == self.order.accumulation:
+            epoch, micro = self.order.step_start(self.epoch, self.micro)
+            self.epoch, self.micro = self.order.step_start(epoch, micro + self.order.micros_per_step)
+            self.micro_in_step = 0
+
+    @property
+    def batch_in_epoch(self) -> int:
+        """The global cursor's micro-batch within its epoch (the checkpoint's name for it)."""
+        return self.micro
+
     def state_dict(self) -> dict:
+        """The global cursor, taken at a step boundary (where the trainer saves)."""
         return {
-            "kind": self.kind, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+            "kind": self.kind, "order": "global", "epoch": self.epoch, "batch_in_epoch": self.micro,
             "position": self.batches_delivered, "skipped_records": self.skipped_records,
-            "records": len(self.records), "batch_size": self.order.batch_size,
-            "world_size": self.order.world_size, "seed": self.order.seed, "use_average": self.averaging is not None,
+            "records": len(self.records), "batch_size": self.order.micro_batch,
+            "world_size": self.order.world_size, "global_batch": self.order.global_batch, "seed": self.order.seed,
+            "use_average": self.averaging is not None,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a saved cursor. The order is only the same for the same records, seed, micro-batch
-        size and world size, so a change in any of them is an error rather than a silent reshuffle."""
+        """Continue from a saved cursor, at any world size. The order is only the same for the same records,
+        seed and micro-batch size, so a change in any of them is an error rather than a silent reshuffle."""
         expected = {"kind": self.kind, "use_average": self.averaging is not None, "records": len(self.records),
-                    "batch_size": self.order.batch_size, "world_size": self.order.world_size, "seed": self.order.seed}
+                    "batch_size": self.order.micro_batch, "seed": self.order.seed}
         names = {"kind": "data.kind", "use_average": "data.use_average", "records": "data.train's record count",
-                 "batch_size": "the micro-batch size", "world_size": "the world size", "seed": "runtime.seed"}
+                 "batch_size": "the micro-batch size", "seed": "runtime.seed"}
         for key, now in expected.items():
             if key in state and state[key] != now:
                 hint = ("; the files data.train names changed (new files under a glob?): restore them, or train on "
@@ -286,9 +320,13 @@ class TeacherBatches:
                 raise UserError(f"cannot resume the data order: {names[key]} was {state[key]!r} when the "
                                 f"checkpoint was written and is {now!r} now{hint}")
         self.close()
-        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
-        if self.batch_in_epoch >= self.order.batches_per_epoch:
-            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        micro = int(state["batch_in_epoch"])
+        if state.get("order") != "global":
+            # Written before the order was global: its cursor counted each rank's micro-batches, and micro-batch j
+            # of all its ranks together covered global micro-batches j * world_size ... on.
+            micro *= int(state.get("world_size", 1))
+        self.epoch, self.micro = self.order.step_start(int(state["epoch"]), micro)
+        self.micro_in_step = 0
         self.batches_delivered = int(state.get("position", 0))
         self.skipped_records = int(state.get("skipped_records", 0))
 

@@ -26,8 +26,9 @@ TRACEBACK = "traceback"
 RUN_FILE = "run_file"
 GRADIENT = "gradient"
 EVENTS_GONE = "events_gone"
+RESTARTED = "restarted"
 RULES = (NONFINITE_LOSS, DIVERGENCE, RUN_FAILED, VANISHED, STALLED, CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK,
-         RUN_FILE, GRADIENT, EVENTS_GONE)
+         RUN_FILE, GRADIENT, EVENTS_GONE, RESTARTED)
 LOG_RULES = (CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK)
 
 LOSS_FIELDS = ("loss", "policy_loss", "value_loss")
@@ -107,6 +108,24 @@ def run_failed(event: typing.Mapping) -> Anomaly | None:
     first_line = error.splitlines()[0] if error.strip() else error
     return Anomaly(RUN_FAILED, f"run failed at step {step}: {first_line}", {"step": step, "error": error},
                    float(event.get("time") or 0.0))
+
+
+def restarted(event: typing.Mapping) -> Anomaly | None:
+    """torchrun's elastic agent restarted the workers (a worker or a node failed, or nodes joined): a
+    `run_started` with a `restart_count` above 0. The run goes on, from its newest checkpoint at the world size
+    the attempt names; the steps since that checkpoint were trained again."""
+    count = event.get("restart_count")
+    if event.get("kind") != "run_started" or not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        return None
+    most = event.get("max_restarts")
+    of = f" of {most}" if isinstance(most, int) and not isinstance(most, bool) else ""
+    resumed = event.get("resumed_from")
+    source = f"from {resumed}" if resumed else "from step 0 (no checkpoint yet)"
+    message = (f"torchrun restarted the workers (restart {count}{of}): resumed {source} at world size "
+               f"{event.get('world_size')}")
+    evidence = {"step": event.get("step"), "restart_count": count, "max_restarts": most,
+                "world_size": event.get("world_size"), "resumed_from": resumed}
+    return Anomaly(RESTARTED, message, evidence, float(event.get("time") or 0.0))
 
 
 def gradient(event: typing.Mapping) -> Anomaly | None:

@@ -67,11 +67,18 @@ class RunStarted(EventRecord):
     resumed_from: str | None
     device: str | None
     settings: typing.Mapping[str, object] | None
+    world_size: int | None = None
+    restart_count: int | None = None
+    """Under torchrun's elastic agent: how many times it had restarted the workers when this attempt began."""
+    max_restarts: int | None = None
+    """torchrun's `--max-restarts` (None: not under its agent)."""
 
     @classmethod
     def parse(cls, event: typing.Mapping[str, object]) -> RunStarted:
         settings = event.get("settings")
         return cls(**_base(event), pid=_int(event.get("pid")), launcher_pid=_int(event.get("launcher_pid")),
+                   world_size=_int(event.get("world_size")), restart_count=_int(event.get("restart_count")),
+                   max_restarts=_int(event.get("max_restarts")),
                    host=_str(event.get("host")), start_ticks=_int(event.get("start_ticks")),
                    boot_id=_str(event.get("boot_id")), max_steps=_int(event.get("max_steps")),
                    batch_size=_int(event.get("batch_size")), resumed_from=_str(event.get("resumed_from")),

@@ -45,6 +45,9 @@ def status_text(status: RunStatus) -> str:
         lines.append(f"loss        {compact(loss.get('loss'))} (policy {compact(loss.get('policy_loss'))}, "
                      f"value {compact(loss.get('value_loss'))}) at step {s.loss_step}; lr {number(s.lr, '.2e')}; "
                      f"{number(s.positions_per_second, ',.0f')} pos/s")
+    if s.restarts:
+        lines.append(f"restarts    {s.restarts} by torchrun's elastic agent; now at world size {s.world_size} "
+                     "(each restart is listed under anomalies)")
     ck = s.last_checkpoint
     lines.append(f"checkpoint  {Path(ck.path).name} (step {ck.step}), {duration(ck.age_seconds)} ago"
                  if ck else "checkpoint  none yet")

@@ -9,6 +9,7 @@ MiB, for a quick status of a long run).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import os
 import time
@@ -27,6 +28,7 @@ from tideborn.rundir.anomaly import (
     ProcessFacts,
     events_gone,
     gradient,
+    restarted,
     run_failed,
     run_file,
     shift_lines,
@@ -129,6 +131,9 @@ class RunTracker:
         self.last_step: Step | None = None
         self.last_eval: Eval | None = None
         self.gradient: Anomaly | None = None
+        self.restarts: list[Anomaly] = []
+        """A `restarted` anomaly for each time torchrun's elastic agent restarted the run's workers (a run that
+        goes on after a lost worker or node is one run with restarts, not a new one)."""
         """The session's gradient watchdog trip (a `watchdog` event), if any."""
         self.elo_curve: collections.deque[EloPoint] = collections.deque(maxlen=ELO_CURVE_POINTS)
         """Each `match` event's result (runtime.match_every)."""
@@ -220,6 +225,17 @@ class RunTracker:
             self._first_event_pending = False
             self.events_rotated = not isinstance(record, RunStarted)
         if isinstance(record, RunStarted):
+            again = restarted(event)
+            if again is None:
+                self.restarts = []  # a new launch
+            else:
+                if self.terminal is not None and self.terminal.kind == "run_failed":
+                    failure = run_failed(self.terminal.event)
+                    if failure is not None:  # what the restart recovered from, which the new attempt clears
+                        again = dataclasses.replace(again, message=f"{again.message}, after: {failure.message}",
+                                                    evidence={**again.evidence, "after": failure.evidence})
+                self.restarts.append(again)
+                found.append(again)
             self.run_started, self.terminal, self.stop_requested = record, None, None
             self.gradient = None
             self.events_rotated = False
@@ -380,6 +396,13 @@ class RunTracker:
             return None
         return self.stop_requested
 
+    def _restart_due(self) -> bool:
+        """The attempt failed under torchrun's elastic agent with restarts left: the agent restarts it."""
+        started, terminal = self.run_started, self.terminal
+        if started is None or terminal is None or terminal.kind != "run_failed" or started.max_restarts is None:
+            return False
+        return (started.restart_count or 0) < started.max_restarts
+
     def last_output_time(self) -> float:
         times = [t for t in (file_mtime(self.events_path), file_mtime(self.log_path)) if t is not None]
         launch = self._launch()
@@ -393,14 +416,17 @@ class RunTracker:
             if self.terminal is not None:
                 return ENDED_STATES[self.terminal.kind], []
             return ("unknown" if self.events_read else "not started"), []
+        last = self.last_event if self.session_is_launch() else None
+        gone = None if self.facts is None else vanished(
+            self.facts, False, now, launch.start_time, launch.started_by, last, self.last_log_line,
+            launch.start_ticks, launch.boot_id)
         if self.ended():
             assert self.terminal is not None
+            if gone is None and self.facts is not None and self._restart_due():
+                return "running", []  # torchrun's agent lives and will restart the workers: a restart, not the end
             return ENDED_STATES[self.terminal.kind], []
         if self.facts is None:
             return "unknown", []  # launched on another host: only the files can be read from here
-        last = self.last_event if self.session_is_launch() else None
-        gone = vanished(self.facts, False, now, launch.start_time, launch.started_by, last, self.last_log_line,
-                        launch.start_ticks, launch.boot_id)
         if gone is not None:
             return "vanished", [gone]
         quiet = stalled(self.facts, True, False, self.last_output_time(), now, self.thresholds)
@@ -457,6 +483,7 @@ class RunTracker:
                 found.append(failed)
         if self.state in ("vanished", "stalled"):
             found += self._classify(time.time() if now is None else now)[1]
+        found += self.restarts
         for rule in LOG_RULES:
             found += list(self.log_anomalies[rule])
         return found
@@ -524,6 +551,10 @@ class RunTracker:
             tail_only=self.tail_read, log_error_counts={rule: n for rule, n in self.log_counts.items() if n},
             events_rotated=self.events_rotated, run_started_missing=lost_start,
             anomalies=tuple(self.anomalies(now)),
+            # Each restart seen (a membership change too, which torchrun does not count), at least torchrun's count
+            # (the restarts before a tail-only read).
+            restarts=max(len(self.restarts), (started.restart_count or 0) if started is not None else 0),
+            world_size=started.world_size if started is not None else None,
         )
 
     def _steps_per_second(self) -> float | None:

@@ -112,6 +112,11 @@ class RunStatus:
     events_rotated: bool
     run_started_missing: bool
     anomalies: tuple[Anomaly, ...]
+    restarts: int = 0
+    """How many times torchrun's elastic agent has restarted the run's workers, after a failure or a change of nodes
+    (one `restarted` anomaly each; at least torchrun's own count, which leaves out changes of nodes)."""
+    world_size: int | None = None
+    """The processes the latest attempt trains with."""
 
     def to_json(self) -> dict:
         """Plain JSON data, as `status --json` prints it (non-finite numbers as "nan"/"inf"/"-inf")."""
@@ -138,4 +143,5 @@ class RunStatus:
             "tail_only": self.tail_only, "log_error_counts": dict(self.log_error_counts),
             "events_rotated": self.events_rotated, "run_started_missing": self.run_started_missing,
             "anomalies": [a.to_dict() for a in self.anomalies],
+            "restarts": self.restarts, "world_size": self.world_size,
         }))

@@ -56,6 +56,12 @@ LAUNCH_WAIT_SECONDS = 300.0
 loading a checkpoint) before it reports the trainer as still starting."""
 
 
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""For torchrun's elastic agent: a new store for the workers at every rendezvous round. The agent's shared store
+(torch's default) keeps the old workers' addresses across restarts, and a restarted worker may read them and fail
+to connect (pytorch/pytorch#135712), so every restart risks costing another."""
+
+
 @dataclass(frozen=True)
 class LaunchRequest:
     """What `start` was asked for; launch.json keeps it so the run can be started again as it was."""
@@ -68,10 +74,24 @@ class LaunchRequest:
     """Trainer options that are not settings: `--fresh`, `--resume PATH`, `--stop-at-step N`."""
     nproc_per_node: int = 1
     """More than 1: launch through torchrun (`--standalone`), one trainer process per GPU."""
+    nnodes: str | None = None
+    """`MIN:MAX` (or `N`): launch this node's part of an elastic job through torchrun's elastic agent, which
+    restarts the workers after a failure or a change of nodes (docs/training.md, "Several nodes")."""
+    max_restarts: int = 3
+    """With `nnodes`: torchrun's `--max-restarts`."""
+    rdzv_endpoint: str | None = None
+    """With `nnodes`: the c10d rendezvous `HOST:PORT`, the same on every node."""
+    rdzv_id: str | None = None
+    """With `nnodes`: the job's rendezvous id, the same on every node."""
 
     def trainer_argv(self) -> list[str]:
         argv = [sys.executable, "-m", "tideborn.trainer", "train"]
-        if self.nproc_per_node > 1:
+        if self.nnodes is not None:
+            argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", self.nnodes,
+                    "--nproc-per-node", str(self.nproc_per_node), "--max-restarts", str(self.max_restarts),
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint),
+                    "--rdzv-id", str(self.rdzv_id), "-m", "tideborn.trainer", "train"]
+        elif self.nproc_per_node > 1:
             argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                     "--nproc-per-node", str(self.nproc_per_node), "-m", "tideborn.trainer", "train"]
         if self.config is not None:
@@ -210,6 +230,8 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
     argv = request.trainer_argv()
     child_env = dict(os.environ if env is None else env)
     child_env["PYTHONUNBUFFERED"] = "1"  # tracebacks and progress reach train.log as they happen
+    if request.nnodes is not None:
+        child_env.update(ELASTIC_ENV)
     log_path = run_dir / LOG_FILE
     try:
         events = (run_dir / EVENTS_FILE).stat()
@@ -222,6 +244,8 @@ def _launch(request: LaunchRequest, run_dir: Path, cwd: Path, env: typing.Mappin
               "overrides": list(request.overrides),
               "flags": {k: v for k, v in request.flags.items() if v is not None},
               "trainer_args": list(request.trainer_args), "nproc_per_node": request.nproc_per_node,
+              "nnodes": request.nnodes, "max_restarts": request.max_restarts,
+              "rdzv_endpoint": request.rdzv_endpoint, "rdzv_id": request.rdzv_id,
               "cwd": str(cwd), "argv": argv,
               "started_at": started_at, "run_dir": str(run_dir)}
     try:

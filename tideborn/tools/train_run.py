@@ -62,6 +62,18 @@ def _thresholds(parser: argparse.ArgumentParser) -> None:
                         help=f"weight of the newest loss in the moving average (default {d.smoothing:g})")
 
 
+def node_range(text: str) -> str:
+    """`start --nnodes`: `MIN:MAX` (or `N`) nodes, as torchrun takes it, 1 <= MIN <= MAX."""
+    parts = text.split(":")
+    try:
+        low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
+    except ValueError:
+        low, high = 0, -1
+    if not 1 <= low <= high:
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX nodes with 1 <= MIN <= MAX (or N); got {text!r}")
+    return text
+
+
 def wait_seconds(text: str) -> float:
     """`stop --timeout`, `start --wait`: 0 or more seconds (inf waits for good); a negative or NaN wait is a
     usage error."""
@@ -87,6 +99,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     start.add_argument("--stop-at-step", type=int, metavar="N", help="passed to train: stop after step N")
     start.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                        help="launch N trainer processes through torchrun (DDP, one per GPU)")
+    start.add_argument("--nnodes", type=node_range, metavar="MIN:MAX",
+                       help="an elastic job over several nodes: launch this node's part through torchrun's elastic "
+                            "agent (c10d rendezvous; needs --rdzv-endpoint and --rdzv-id)")
+    start.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                       help="with --nnodes: restarts after a failure before the job gives up (default 3)")
+    start.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="with --nnodes: the rendezvous, the same on "
+                                                                     "every node")
+    start.add_argument("--rdzv-id", metavar="ID", help="with --nnodes: the job's id, the same on every node")
     start.add_argument("--wait", type=wait_seconds, default=LAUNCH_WAIT_SECONDS, metavar="S",
                        help="seconds to wait for the trainer to start training and report how it went "
                             f"(default {LAUNCH_WAIT_SECONDS:g}; 0: launch and return at once)")
@@ -166,9 +186,16 @@ def command_start(args: argparse.Namespace, prog: str) -> int:
         extra += ["--resume", args.resume]
     if args.stop_at_step is not None:
         extra += ["--stop-at-step", str(args.stop_at_step)]
+    if args.nnodes is not None and not (args.rdzv_endpoint and args.rdzv_id):
+        return fail(args, "--nnodes needs --rdzv-endpoint HOST:PORT and --rdzv-id ID (the same on every node)", USAGE)
+    if args.nnodes is None and (args.rdzv_endpoint or args.rdzv_id):
+        return fail(args, "--rdzv-endpoint and --rdzv-id go with --nnodes MIN:MAX (an elastic job)", USAGE)
+    if args.max_restarts < 0:
+        return fail(args, f"--max-restarts must be >= 0; got {args.max_restarts}", USAGE)
     request = LaunchRequest(config=args.config, overrides=tuple(args.overrides),
                             flags={"type": args.type, "network": args.network, "mode": args.mode},
-                            trainer_args=tuple(extra), nproc_per_node=args.nproc_per_node)
+                            trainer_args=tuple(extra), nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                            max_restarts=args.max_restarts, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id)
     try:
         launched = launch_run(request, wait_seconds=args.wait)
     except TrainerExited as exc:

@@ -5,9 +5,12 @@ needs. A process launched alone (world size 1, see `tideborn.trainer.rank`) crea
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
+import hashlib
 import typing
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -98,6 +101,16 @@ class StopVote:
             self._read_oldest()
 
 
+def restart_count_of_job(env: DistEnv, device: torch.device) -> DistEnv:
+    """`env` with the job's restart count: the highest of the ranks'. An agent that joined later counts its own
+    restarts from 0, and rank 0 (which writes run_started) may be one of its workers."""
+    if not env.distributed:
+        return env
+    value = torch.tensor([float(env.restart_count)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return dataclasses.replace(env, restart_count=int(value.item()))
+
+
 def mean_over_ranks(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
     if env.distributed:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
@@ -154,3 +167,20 @@ def check_ranks_in_sync(model: torch.nn.Module, env: DistEnv) -> None:
     for rank, other in enumerate(gathered[1:], start=1):
         if not torch.equal(other, gathered[0]):
             raise RuntimeError(f"rank {rank}'s parameters differ from rank 0's after a step")
+
+
+def global_batch_digest(drawn: typing.Sequence[tuple[object, typing.Sequence[int]]], env: DistEnv) -> str:
+    """A digest of one step's global batch, the same on every rank: each rank's micro-batches `(key, record
+    indices)` gathered from all ranks and hashed in the order of their keys (their place in the global order),
+    so a step of any world size that trained the same positions in the same micro-batches has the same digest.
+    For `runtime.ddp_diagnostics`: one object all-gather a step."""
+    mine = [(key, np.asarray(ids, dtype=np.int64).tobytes()) for key, ids in drawn]
+    if env.distributed:
+        everyone: list = [None] * env.world_size
+        dist.all_gather_object(everyone, mine)
+        mine = [item for part in everyone for item in part]
+    digest = hashlib.sha256()
+    for _, ids in sorted(mine, key=lambda item: item[0]):
+        digest.update(len(ids).to_bytes(8, "little"))
+        digest.update(ids)
+    return digest.hexdigest()[:16]

@@ -8,6 +8,7 @@ reached some ranks, a non-finite loss) is agreed by all ranks before it is acted
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from tideborn.config import Resolved, Settings
+from tideborn.config import Resolved, SettingError, Settings
 from tideborn.data.targets import value_lambda_at
 from tideborn.errors import UserError
 from tideborn.humanize import duration
@@ -53,6 +54,7 @@ from tideborn.trainer.distributed import (
     failure_elsewhere,
     init_process_group,
     report_failure,
+    restart_count_of_job,
 )
 from tideborn.trainer.duties import Duties
 from tideborn.trainer.gpu_stats import gpu_snapshot
@@ -83,15 +85,12 @@ def prepare(resolved: Resolved, resume: Path | None = None, fresh: bool = False,
             stop_at_step: int | None = None, argv: list[str] | None = None,
             env: DistEnv = DistEnv()) -> Prepared | None:
     """Validate the request without writing anything. None means there is nothing to train."""
-    settings = resolved.settings
+    settings = per_process_settings(resolved.settings, env.world_size)
     run_dir = preflight(settings, resume, fresh, stop_at_step).absolute()  # events name absolute paths
     setup = resolve_device(settings.runtime, env.local_rank if env.distributed else None)
     start = choose_start(settings, run_dir, resume, fresh)
-    if start.payload is not None and int(start.payload.get("world_size", 1)) != env.world_size:
-        raise UserError(
-            f"cannot resume from {start.checkpoint}: it was written by {start.payload.get('world_size', 1)} "
-            f"process(es) and this run has {env.world_size}; the data order is laid out per rank, so resume "
-            "with the same number of processes (or start over with --fresh)")
+    if start.payload is not None:
+        start.warnings.extend(world_size_change(start.checkpoint, start.payload, settings, env.world_size))
     max_steps = settings.runtime.max_steps
     if stop_at_step is not None and not start.step < stop_at_step <= max_steps:
         raise UserError(stop_at_step_too_early(stop_at_step, start.step, max_steps))
@@ -100,6 +99,31 @@ def prepare(resolved: Resolved, resume: Path | None = None, fresh: bool = False,
             print(nothing_to_train(start.checkpoint, start.step, max_steps))
         return None
     return Prepared(settings, run_dir, setup, start, fresh, stop_at_step, list(argv or sys.argv), env)
+
+
+def per_process_settings(settings: Settings, world_size: int) -> Settings:
+    """The settings one of `world_size` processes trains with: `optim.global_batch_size` split among them
+    (`OptimSettings.split_among`), or the settings as they are; a world size that cannot split it is a user
+    error, before anything is written."""
+    try:
+        optim = settings.optim.split_among(world_size)
+    except SettingError as exc:
+        raise UserError(f"--set {exc}") from None
+    return settings if optim is settings.optim else dataclasses.replace(settings, optim=optim)
+
+
+def world_size_change(checkpoint: Path | None, payload: dict, settings: Settings, world_size: int) -> list[str]:
+    """The warning a resume at another world size owes when the batch is per process: the global batch changes
+    with it (the data order goes on where it was; nothing is scaled to make up for it)."""
+    before = int(payload.get("world_size", 1))
+    if before == world_size or settings.optim.global_batch_size:
+        return []
+    old_optim = (payload.get("settings") or {}).get("optim") or {}
+    per_rank = int(old_optim.get("batch_size", settings.optim.batch_size))
+    return [f"resumed from {checkpoint} at world size {world_size}, written at {before}: optim.batch_size is per "
+            f"process, so the global batch is now {settings.optim.batch_size * world_size} positions a step, not "
+            f"{per_rank * before}; the learning rate and schedule are not scaled for it (set "
+            "optim.global_batch_size to hold the global batch constant)"]
 
 
 class _NoEvents:
@@ -220,6 +244,8 @@ class Trainer:
                 "run_started", step=self.step, settings=s.to_dict(), device=self.setup.describe(),
                 precision=self.setup.precision, cpu_threads=self.state.cpu_threads,
                 cpu_threads_source=self.state.threads.source, world_size=self.env.world_size,
+                restart_count=self.env.restart_count, max_restarts=self.env.max_restarts,
+                global_batch_size=s.optim.batch_size * self.env.world_size,
                 versions=versions(),
                 resumed_from=str(p.start.checkpoint) if p.start.checkpoint else None,
                 changed_settings=p.start.changed_settings, fresh=p.fresh,
@@ -733,6 +759,7 @@ def run_training(resolved: Resolved, resume: Path | None = None, fresh: bool = F
     device = resolve_device(runtime, env.local_rank if env.distributed else None).device
     init_process_group(env, device, runtime.dist_timeout_seconds)
     try:
+        env = restart_count_of_job(env, device)
         if env.distributed:
             _build_data_caches_once(resolved, env)
         prepared = prepare(resolved, resume, fresh, stop_at_step, argv, env)

@@ -40,6 +40,7 @@ class MetricsWindow:
         self.value_lambda, self.allreduce_counter, self.clock = value_lambda, allreduce_counter, clock
         self.sums = torch.zeros(4, device=device)  # loss, policy, value, grad norm
         self.norms: list[torch.Tensor] = []  # each step's grad norm, read back with the sums
+        self.digests: list[str] = []  # runtime.ddp_diagnostics: each step's global batch digest
         self.steps = 0
         self.wait_seconds = 0.0
         self.lr = 0.0
@@ -51,6 +52,8 @@ class MetricsWindow:
         self.steps += 1
         self.wait_seconds += result.data_wait_seconds
         self.lr = result.lr
+        if result.batch_digest is not None:
+            self.digests.append(result.batch_digest)
 
     def means(self) -> list[float]:
         return mean_over_ranks(self.sums / self.steps, self.env).tolist()
@@ -78,11 +81,14 @@ class MetricsWindow:
         if self.allreduce_counter is not None:  # runtime.ddp_diagnostics: checked after every step
             record["allreduce_calls"] = self.allreduce_counter.calls
             record["ranks_in_sync"] = True
+        if self.digests:  # runtime.ddp_diagnostics: the window's global batches, a digest a step
+            record["batch_digests"] = list(self.digests)
         return WindowRead(record, means, elapsed)
 
     def reset(self) -> None:
         self.sums.zero_()
         self.norms.clear()
+        self.digests.clear()
         self.steps, self.wait_seconds, self.started = 0, 0.0, self.clock()
 
 

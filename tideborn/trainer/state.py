@@ -27,7 +27,7 @@ from tideborn.network.optim import (
     load_scheduler_state,
 )
 from tideborn.trainer.device import DeviceSetup, apply_global_switches
-from tideborn.trainer.distributed import AllReduceCounter, check_ranks_in_sync
+from tideborn.trainer.distributed import AllReduceCounter, check_ranks_in_sync, global_batch_digest
 from tideborn.trainer.ema import WeightAverage
 from tideborn.trainer.losses import policy_loss as policy_cross_entropy
 from tideborn.trainer.rank import DistEnv
@@ -63,6 +63,8 @@ class StepResult:
     grad_norm: torch.Tensor
     data_wait_seconds: float
     lr: float
+    batch_digest: str | None = None
+    """`runtime.ddp_diagnostics`: the digest of the step's global batch (`distributed.global_batch_digest`)."""
 
 
 class TrainingState:
@@ -88,6 +90,8 @@ class TrainingState:
             from tideborn.data.loader import TeacherBatches
 
             self.data = TeacherBatches(s, setup.device, env.rank, env.world_size)
+        # At any world size, so that a run's global batches can be compared with a single process's.
+        self.data.record_draws = s.runtime.ddp_diagnostics
         self.evaluator = None
         if env.is_main and s.data.resolved_kind != "synthetic" and s.data.test:
             from tideborn.trainer.evaluation import Evaluator
@@ -157,6 +161,7 @@ class TrainingState:
         micro_steps = s.optim.accumulation_steps
         totals = torch.zeros(3, device=setup.device)
         data_wait = 0.0
+        self.data.drawn.clear()
         for micro in range(micro_steps):
             if self.graphed:
                 # CUDA graphs replay into the same output memory: a new step begins, so the last one's outputs
@@ -200,7 +205,8 @@ class TrainingState:
             self.ema.update_parameters(self.model)
         if self.allreduce_counter is not None:
             check_ranks_in_sync(self.model, self.env)
-        return StepResult(totals, grad_norm.detach(), data_wait, lr)
+        digest = global_batch_digest(self.data.drawn, self.env) if self.data.record_draws else None
+        return StepResult(totals, grad_norm.detach(), data_wait, lr, digest)
 
     def close(self) -> None:
         self.data.close()

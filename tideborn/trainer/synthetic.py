@@ -1,9 +1,9 @@
 """Synthetic batches with the shapes, dtypes and value ranges of real ones, for smoke runs and tests.
 
 The stream is one global sequence of micro-batches; micro-batch `k` depends only on (seed, k). Rank `r`
-of `w` takes micro-batches `r, r + w, r + 2w, ...`, so the data cursor is just the number of micro-batches
-each rank has consumed, and a resumed run sees exactly the batches an uninterrupted one would. It also
-makes a step of 2 ranks x 1 micro-batch see the same positions as a step of 1 rank x 2 micro-batches. The
+of `w` takes micro-batches `c + r, c + w + r, ...` from the global cursor `c` (the micro-batches all ranks
+have consumed), so a resumed run sees exactly the batches an uninterrupted one would, at any world size. It
+also makes a step of 2 ranks x 1 micro-batch see the same positions as a step of 1 rank x 2 micro-batches. The
 data is weakly learnable, so a smoke run's loss visibly falls: each position's policy label is also
 written as a set bit on plane `label // 81` at square `label % 81`, and the value target is the fraction
 of set hand planes.
@@ -31,11 +31,21 @@ class SyntheticBatches:
         self.seed, self.batch_size, self.device = seed, batch_size, device
         self.rank, self.world_size = rank, world_size
         self.position = 0
+        """Micro-batches this rank has taken since step 0 (or since a resume at another world size)."""
+        self.global_position = 0
+        """The global cursor: micro-batches all ranks together have taken, the same on every rank."""
+        self.record_draws = False
+        self.drawn: list[tuple[int, list[int]]] = []
+        """With `record_draws`: this rank's micro-batches since last cleared, as (k, [k]) (k names its positions)."""
         self._generator = torch.Generator(device=device)
 
     def next_batch(self) -> Batch:
-        batch = self.make(self.position * self.world_size + self.rank)
+        index = self.global_position + self.rank
+        batch = self.make(index)
+        if self.record_draws:
+            self.drawn.append((index, [index]))
         self.position += 1
+        self.global_position += self.world_size
         return batch
 
     def make(self, index: int) -> Batch:
@@ -52,11 +62,16 @@ class SyntheticBatches:
                      policy, value)
 
     def state_dict(self) -> dict:
-        return {"kind": "synthetic", "position": self.position, "batch_size": self.batch_size,
-                "world_size": self.world_size}
+        return {"kind": "synthetic", "position": self.position, "global_position": self.global_position,
+                "batch_size": self.batch_size, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
-        self.position = int(state["position"])
+        if "global_position" in state:
+            self.global_position = int(state["global_position"])
+        else:  # written before the cursor was global: each rank's count, dealt in turns of the world size then
+            self.global_position = int(state["position"]) * int(state.get("world_size", 1))
+        same = int(state.get("world_size", 1)) == self.world_size
+        self.position = int(state["position"]) if same else self.global_position // self.world_size
 
     def close(self) -> None:
         """Nothing to release; the teacher-data loader's workers need it."""

@@ -1,5 +1,5 @@
-"""The run header: state, step / max_steps with ETA, positions/s, lr, time since the last event, and
-the last checkpoint with its age. Ages come from the app's clock (tests fix it)."""
+"""The run header: state, anomalies and restarts (an elastic job's), step / max_steps with ETA, positions/s, lr,
+time since the last event, and the last checkpoint with its age. Ages come from the app's clock (tests fix it)."""
 
 from __future__ import annotations
 
@@ -95,6 +95,10 @@ class RunHeader(Widget):
         line.append(f" {label} ", style=badge)
         if holding:
             line.append(f" {holding} {'anomaly' if holding == 1 else 'anomalies'} ", style=badge)
+        if s.restarts:  # an elastic job that torchrun's agent restarted is one run that goes on, not a new one
+            restarts = f" {s.restarts} {'restart' if s.restarts == 1 else 'restarts'}"
+            line.append(restarts + (f", world size {s.world_size} " if s.world_size is not None else " "),
+                        style=self._style("bold yellow") + (" reverse" if self.colour else ""))
         line.append(f" step {s.step:,}" + (f" / {s.max_steps:,}" if s.max_steps is not None else ""))
         if s.progress is not None:
             line.append(f" ({s.progress * 100:.1f}%)")

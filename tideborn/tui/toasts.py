@@ -17,7 +17,7 @@ RACK_ID = "textual-toastrack"
 def keep_off(screen: Screen, chart: Widget) -> None:
     """Fit the screen's notification rack to the larger free band above or below `chart`."""
     try:
-        rack = screen.query_one(f"#{RACK_ID}")
+        rack = screen.get_child_by_id(RACK_ID)
     except NoMatches:  # notifications disabled: nothing to place
         return
     region = chart.region

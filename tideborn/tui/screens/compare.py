@@ -190,11 +190,12 @@ class CompareScreen(Screen):
             "Elo chart shades the 95% interval. m smooths (raw values stay faint underneath), l switches to a "
             "log scale, h hides single runs, r reads the runs again, Esc goes back to the picker.")
     BINDINGS = [
-        Binding("n", "metric(1)", "Next metric"),
-        Binding("p", "metric(-1)", "Prev metric"),
-        Binding("g", "grid", "All metrics"),
-        Binding("h", "hide", "Hide runs"),
-        Binding("v", "cursor", "Cursor"),
+        # Short names: "? Help" still fits 80 columns after them (the help says the rest)
+        Binding("n", "metric(1)", "Next", tooltip="Next metric"),
+        Binding("p", "metric(-1)", "Prev", tooltip="Previous metric"),
+        Binding("g", "grid", "All", tooltip="All the metrics in a grid (where they fit), or one at a time"),
+        Binding("h", "hide", "Hide", tooltip="Hide or show single runs"),
+        Binding("v", "cursor", "Cursor", tooltip="Cursor: every run's value at a step"),
         Binding("t", "wall_time", "x: step / wall time", show=False),
         Binding("plus", "zoom_in", "Zoom in (x axis)", show=False),
         Binding("minus", "zoom_out", "Zoom out", show=False),

@@ -89,8 +89,10 @@ class HistoriesLoaded(Message):
 class RunsGrew(Message):
     """New events of the compared runs, by run (the follower's read since the last)."""
 
-    def __init__(self, events: list[list[dict]], restarted: bool) -> None:
+    def __init__(self, readers: list[EventReader], events: list[list[dict]], restarted: bool) -> None:
         super().__init__()
+        self.readers = readers
+        """Whose reads these are: the runs read again since (r, a replaced file) drop them."""
         self.events = events
         self.restarted = restarted
 
@@ -192,7 +194,7 @@ class CompareScreen(Screen):
     BINDINGS = [
         # Short names: "? Help" still fits 80 columns after them (the help says the rest)
         Binding("n", "metric(1)", "Next", tooltip="Next metric"),
-        Binding("p", "metric(-1)", "Prev", tooltip="Previous metric"),
+        Binding("p", "metric(-1)", "Prev", tooltip="Prev metric"),
         Binding("g", "grid", "All", tooltip="All the metrics in a grid (where they fit), or one at a time"),
         Binding("h", "hide", "Hide", tooltip="Hide or show single runs"),
         Binding("v", "cursor", "Cursor", tooltip="Cursor: every run's value at a step"),
@@ -261,7 +263,7 @@ class CompareScreen(Screen):
         restarts = [reader.restarts for reader in readers]
         events = [reader.read_new() for reader in readers]
         restarted = any(reader.restarts != before for reader, before in zip(readers, restarts))
-        self.post_message(RunsGrew(events, restarted))
+        self.post_message(RunsGrew(readers, events, restarted))
 
     def on_histories_loaded(self, message: HistoriesLoaded) -> None:
         self.loaded, self.readers = message.loaded, message.readers
@@ -273,6 +275,8 @@ class CompareScreen(Screen):
         self.ready = True
 
     def on_runs_grew(self, message: RunsGrew) -> None:
+        if message.readers != self.readers:
+            return  # read before the runs were read again from the top: those events are in the new read
         self.polls += 1
         if message.restarted:  # a file replaced or truncated: read them again from the top
             self._load()

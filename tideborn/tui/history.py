@@ -21,7 +21,7 @@ from tideborn.rundir.anomaly import Anomaly, nonfinite_loss
 from tideborn.rundir.events import as_float, loads_bounded
 from tideborn.rundir.files import first_event
 from tideborn.safefile import open_regular
-from tideborn.tui.plotting import Marker
+from tideborn.tui.plotting import Band, Marker
 from tideborn.tui.series import Column, ColumnSpec, Series, StepTable
 
 STEP_SERIES = ("loss", "policy_loss", "value_loss")
@@ -33,7 +33,11 @@ STEP_COLUMNS = (ColumnSpec("loss"), ColumnSpec("policy_loss"), ColumnSpec("value
 COLUMN_NAMES = tuple(spec.name for spec in STEP_COLUMNS)
 EVAL_SERIES = ("policy_loss", "value_loss", "policy_accuracy", "value_accuracy", "policy_accuracy_legal")
 SERIES_NAMES = COLUMN_NAMES + tuple(f"eval_{name}" for name in EVAL_SERIES)
-_WANTED = (b'"kind":"step"', b'"kind":"eval"', b'"kind":"run_started"', b'"kind":"checkpoint_saved"')
+ELO_SERIES = "elo"
+"""The `match` events' Elo against the reference: a Series, with its 95% interval in `RunHistory.elo_interval`."""
+SERIES_NAMES += (ELO_SERIES,)
+_WANTED = (b'"kind":"step"', b'"kind":"eval"', b'"kind":"run_started"', b'"kind":"checkpoint_saved"',
+           b'"kind":"match"')
 CHUNK_BYTES = 1024 * 1024
 """Small enough that the loader, holding the GIL in one regex pass, never stalls the UI for long."""
 
@@ -61,9 +65,13 @@ class RunHistory:
         self.series: dict[str, Series | Column] = dict(self.steps.columns)
         for name in EVAL_SERIES:
             self.series[f"eval_{name}"] = Series(f"eval_{name}", weight, smoothed=False)
+        self.series[ELO_SERIES] = Series(ELO_SERIES, weight, smoothed=False)
+        self.elo_interval = Interval()
         self.markers: list[Marker] = []
         self.sessions = 0
         self.last_step: int | None = None
+        self.read_to = 0
+        """Where the complete lines `load_history` folded end (a follower goes on from there)."""
         self._rows: list[tuple[int, float, list[float | None]]] = []
         self._pending: dict[str, tuple[list[float], list[float], list[float]]] = {}
 
@@ -96,6 +104,11 @@ class RunHistory:
                 if event.get("resumed_from") or (self.last_step is not None and start <= self.last_step):
                     self.markers.append(Marker(float(start), "resume", _time(event)))
                 self.last_step = start
+                changed = True
+            elif kind == "match" and isinstance(step, int):
+                self._queue(ELO_SERIES, step, event.get("elo"), _time(event))
+                bounds = [as_float(event.get(name)) for name in ("elo_low", "elo_high")]
+                self.elo_interval.add(step, _time(event), *(math.nan if b is None else b for b in bounds))
                 changed = True
             elif kind == "checkpoint_saved" and isinstance(step, int):
                 self.markers.append(Marker(float(step), "checkpoint", _time(event)))
@@ -149,6 +162,7 @@ class RunHistory:
             if isinstance(series, Series):
                 series.prepend(earlier.series[name], continues)
         self.markers = earlier.markers + self.markers
+        self.elo_interval.prepend(earlier.elo_interval)
         self.sessions += earlier.sessions
 
     def set_weight(self, weight: float) -> None:
@@ -178,6 +192,33 @@ class RunHistory:
                 bad.setdefault(step, {})[name] = {0: "nan", 1: "inf", -1: "-inf"}.get(int(sign), "nan")
         found = [nonfinite_loss({"kind": "step", "step": step, **values}) for step, values in sorted(bad.items())]
         return [a for a in found if a is not None][-limit:]
+
+
+class Interval:
+    """The Elo's 95% interval at each `match` (few points: plain lists). A bound stays +-inf where the
+    score was 100% or 0% (the chart draws the band to its edge); NaN where the event lacks it."""
+
+    def __init__(self) -> None:
+        self.steps: list[float] = []
+        self.times: list[float] = []
+        self.low: list[float] = []
+        self.high: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def add(self, step: int, time: float, low: float, high: float) -> None:
+        self.steps.append(float(step))
+        self.times.append(time)
+        self.low.append(low)
+        self.high.append(high)
+
+    def band(self) -> Band:
+        return Band(np.array(self.steps), np.array(self.times), np.array(self.low), np.array(self.high))
+
+    def prepend(self, earlier: Interval) -> None:
+        self.steps[:0], self.times[:0] = earlier.steps, earlier.times
+        self.low[:0], self.high[:0] = earlier.low, earlier.high
 
 
 def starts_a_new_run(first: dict) -> bool:
@@ -274,7 +315,7 @@ _FAST_FIELDS = ("loss", "policy_loss", "value_loss", "grad_norm", "lr", "positio
                 "data_wait_seconds", "compute_seconds")
 _FAST_STEP = re.compile(rb'"time":' + _NUMBER + rb',"kind":"step","step":(\d+)'
                         + b"".join(b',"' + name.encode() + b'":' + _NUMBER for name in _FAST_FIELDS) + rb'[,}]')
-_OTHER_WANTED = re.compile(rb'"kind":"(?:run_started|eval|checkpoint_saved)"')
+_OTHER_WANTED = re.compile(rb'"kind":"(?:run_started|eval|checkpoint_saved|match)"')
 
 
 def _parse_lines(data: bytes) -> list[dict]:
@@ -357,6 +398,7 @@ def load_history(path: Path, end: int, weight: float,
             cut = data.rfind(b"\n") + 1
             carry = data[cut:]
             _add_chunk(history, data[:cut])
+            history.read_to = offset - len(carry)
             if progress is not None:
                 progress(offset / end if end else 1.0)
     return history

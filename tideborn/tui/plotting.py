@@ -22,11 +22,26 @@ from tideborn.tui.series import Series
 
 BRAILLE_BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.uint16)
 Y_LABEL_WIDTH = 9
+POINT_GLYPH = "●"
+"""A sparse curve's points (eval, match): a braille dot is too small to find on a line; in ASCII mode every
+cell is a glyph already."""
+BAND_SHADE = "dim"
 MARKER_GLYPHS = {  # kind: (unicode, ascii, style); a later kind wins a shared column
     "checkpoint": ("┼", "+", "cyan"),
     "resume": ("◀", "<", "bold magenta"),
     "anomaly": ("!", "!", "bold red"),
 }
+
+
+@dataclass(frozen=True)
+class Band:
+    """An interval drawn as a shaded band behind a curve (the Elo's 95% interval): per point its step,
+    wall time, low and high bound (+-inf: to the chart's edge; NaN: no band there)."""
+
+    x: np.ndarray
+    t: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,9 @@ class Curve:
     style: str
     glyph: str
     """Drawn with this character in ASCII mode (where colour may be missing)."""
+    points: bool = False
+    """Mark each point with POINT_GLYPH (sparse eval and match points), where few enough are in view."""
+    band: Band | None = None
 
 
 @dataclass(frozen=True)
@@ -186,8 +204,9 @@ class Canvas:
     def dot_height(self) -> int:
         return self.height * 4 if self.braille else self.height
 
-    def fill(self, columns: np.ndarray, top: np.ndarray, bottom: np.ndarray, layer: int) -> None:
-        """Set dots rows top..bottom (0 is the top) in each dot column."""
+    def fill(self, columns: np.ndarray, top: np.ndarray, bottom: np.ndarray, layer: int, shade: bool = False) -> None:
+        """Set dots rows top..bottom (0 is the top) in each dot column; `shade`: every other dot, a checker
+        (a band behind a curve, which stays solid over it)."""
         dh, dw = self.dot_height, self.dot_width
         keep = (columns >= 0) & (columns < dw)
         columns, top, bottom = columns[keep], np.clip(top[keep], 0, dh - 1), np.clip(bottom[keep], 0, dh - 1)
@@ -196,6 +215,8 @@ class Canvas:
         mask = np.zeros((dh, dw), dtype=bool)
         rows = np.arange(dh)[:, None]
         mask[:, columns] = (rows >= top[None, :]) & (rows <= bottom[None, :])
+        if shade and self.braille:
+            mask &= (rows + np.arange(dw)[None, :]) % 2 == 0
         self._merge(mask, layer)
 
     def _merge(self, mask: np.ndarray, layer: int) -> None:
@@ -316,9 +337,23 @@ def plot_lines(curves: list[Curve], markers: list[Marker], options: PlotOptions,
                     lows.append(cols.low)
                     highs.append(cols.high)
             layers.append((curve, bold, decimated))
+    bands = [curve for curve in curves if curve.band is not None and len(curve.band.x)]
+    for curve in bands:  # the interval counts for the y range where it is finite and in view
+        band = curve.band
+        xs = band.t if options.wall_time else band.x
+        inside = (xs >= x_lo) & (xs <= x_hi)
+        for bound in (band.low[inside], band.high[inside]):
+            finite = bound[np.isfinite(bound)]
+            lows.append(finite)
+            highs.append(finite)
     scale = YScale.fit(lows, highs, options.log)
     styles, glyphs = [], []
-    for number, (curve, bold, decimated) in enumerate(layers):
+    for curve in bands:  # first, so that curves are drawn over their band
+        styles.append(f"{BAND_SHADE} {curve.style}" if options.colour else BAND_SHADE)
+        glyphs.append(":")
+        columns, top, bottom = band_spans(curve.band, options.wall_time, x_lo, x_hi, canvas, scale)
+        canvas.fill(columns, top, bottom, len(styles) - 1, shade=True)
+    for curve, bold, decimated in layers:
         styles.append((curve.style if bold else f"dim {curve.style}") if options.colour else ("" if bold else "dim"))
         glyphs.append(curve.glyph if bold else ".")
         for cols, _x in decimated:
@@ -326,8 +361,10 @@ def plot_lines(curves: list[Curve], markers: list[Marker], options: PlotOptions,
             rows = (1.0 - scale.fraction(stacked)) * (canvas.dot_height - 1)
             rows = np.nan_to_num(rows, nan=0.0, posinf=canvas.dot_height - 1, neginf=0.0)
             all_c, top, bottom = column_spans(cols, rows)
-            canvas.fill(all_c, np.rint(top).astype(np.int64), np.rint(bottom).astype(np.int64), number)
+            canvas.fill(all_c, np.rint(top).astype(np.int64), np.rint(bottom).astype(np.int64), len(styles) - 1)
     lines = canvas.rows(styles, glyphs)
+    if not options.ascii:
+        _point_markers(lines, curves, x_lo, x_hi, canvas, scale, options)
     if not options.wall_time:
         _nonfinite_markers(lines, curves, x_lo, x_hi, plot_w, options)
     cursor_column = _cursor_column(options.cursor, x_lo, x_hi, plot_w)
@@ -336,6 +373,65 @@ def plot_lines(curves: list[Curve], markers: list[Marker], options: PlotOptions,
     labelled = _with_y_labels(lines, scale, options)
     axis, ticks = _x_axis(markers, x_lo, x_hi, plot_w, options, cursor_column)
     return [legend, *labelled, axis, ticks]
+
+
+def band_spans(band: Band, wall_time: bool, x_lo: float, x_hi: float, canvas: Canvas,
+               scale: YScale) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The dot columns of an interval band, each with its top and bottom dot row: the bounds joined by
+    straight lines from point to point (where x goes forward), an infinite bound at the chart's edge."""
+    xs = band.t if wall_time else band.x
+    dot_w, dot_h = canvas.dot_width, canvas.dot_height
+    usable = np.flatnonzero(np.isfinite(xs) & ~np.isnan(band.low) & ~np.isnan(band.high))
+    if usable.size == 0 or not x_hi > x_lo:
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+    column = (xs[usable] - x_lo) / (x_hi - x_lo) * (dot_w - 1)
+
+    def rows(values: np.ndarray) -> np.ndarray:
+        fraction = np.nan_to_num(scale.fraction(values), nan=0.5, posinf=1.0, neginf=0.0)
+        return (1.0 - np.clip(fraction, 0.0, 1.0)) * (dot_h - 1)
+
+    top, bottom = rows(band.high[usable]), rows(band.low[usable])
+    out_c, out_t, out_b = [np.rint(column)], [top], [bottom]
+    for a in range(usable.size - 1):
+        left, right = column[a], column[a + 1]
+        if not right > left:
+            continue  # a resume: the band starts again
+        between = np.arange(max(math.ceil(left), 0), min(math.floor(right), dot_w - 1) + 1)
+        if between.size == 0:
+            continue
+        share = (between - left) / (right - left)
+        out_c.append(between.astype(np.float64))
+        out_t.append(top[a] + (top[a + 1] - top[a]) * share)
+        out_b.append(bottom[a] + (bottom[a + 1] - bottom[a]) * share)
+    columns, tops, bottoms = (np.concatenate(parts) for parts in (out_c, out_t, out_b))
+    return (columns.astype(np.int64), np.rint(np.minimum(tops, bottoms)).astype(np.int64),
+            np.rint(np.maximum(tops, bottoms)).astype(np.int64))
+
+
+def _point_markers(lines: list[Text], curves: list[Curve], x_lo: float, x_hi: float, canvas: Canvas,
+                   scale: YScale, options: PlotOptions) -> None:
+    """POINT_GLYPH on each point of a sparse curve (eval, match), in its colour, where at most one point in
+    two cells is in view (more would draw a solid row of them)."""
+    plot_w = canvas.width
+    for curve in curves:
+        if not curve.points:
+            continue
+        xs = x_values(curve.series, options.wall_time)
+        if xs is None:
+            continue
+        ys = curve.series.y.view
+        inside = (xs >= x_lo) & (xs <= x_hi) & np.isfinite(ys) & np.isfinite(xs)
+        if not inside.any() or int(inside.sum()) * 2 > plot_w:
+            continue
+        columns = np.minimum(((xs[inside] - x_lo) / (x_hi - x_lo) * plot_w).astype(np.int64), plot_w - 1)
+        fraction = np.clip(np.nan_to_num(scale.fraction(ys[inside]), nan=0.5), 0.0, 1.0)
+        cell_rows = (np.rint((1.0 - fraction) * (canvas.dot_height - 1)).astype(np.int64) * canvas.height
+                     // canvas.dot_height)
+        style = f"bold {curve.style}" if options.colour else "bold"
+        for row, column in zip(cell_rows.tolist(), columns.tolist()):
+            line = lines[row]
+            lines[row] = Text.assemble(line[:column], Text(POINT_GLYPH, style=style), line[column + 1:],
+                                       no_wrap=True, overflow="crop")
 
 
 def grid_shape(count: int, width: int, height: int, min_width: int = 40, min_height: int = 9) -> tuple[int, int] | None:
@@ -364,10 +460,11 @@ def shared_x_range(charts: list[Chart], options: PlotOptions) -> tuple[float, fl
 
 
 def render_grid(charts: list[Chart], markers: list[Marker], options: PlotOptions, width: int, height: int,
-                shape: tuple[int, int]) -> Text:
-    """Charts in `shape` (columns, rows), each with its own y axis, all over the same x range."""
+                shape: tuple[int, int], own_ranges: bool = False) -> Text:
+    """Charts in `shape` (columns, rows), each with its own y axis, all over the same x range (with
+    `own_ranges` and no range given, each over its own data's: runs of different lengths compared)."""
     columns, rows = shape
-    span = shared_x_range(charts, options)
+    span = options.x_range if own_ranges else shared_x_range(charts, options)
     shared = replace(options, x_range=span) if span is not None else options
     cell_w = (width - (columns - 1)) // columns
     out: list[Text] = []

@@ -118,11 +118,13 @@ FIXTURE_NOW = FIXTURE_START + 296.0
 
 
 def write_small_run(run_dir: Path, last_step: int = 100, scale: float = 1.0, end: str | None = "run_stopped",
-                    checkpoints: tuple[int, ...] = (50, 100), start: float = FIXTURE_START) -> float:
+                    checkpoints: tuple[int, ...] = (50, 100), start: float = FIXTURE_START,
+                    match_every: int | None = None) -> float:
     """A one-session run on the fixture host for the run comparison and the checkpoint list: a loss that
     falls from about 8 * `scale`, an `eval` every 50 steps, checkpoints at `checkpoints` (files with the
     time of their step's event) and `end` as its terminal event (None: no
-    terminal event). Returns the time of its last event."""
+    terminal event); with `match_every`, a `match` against the first checkpoint every so many steps (an Elo
+    that climbs, with its interval). Returns the time of its last event."""
     run_dir.mkdir(parents=True, exist_ok=True)
     t = start
     lines = [encode_event("run_started", {
@@ -140,6 +142,8 @@ def write_small_run(run_dir: Path, last_step: int = 100, scale: float = 1.0, end
                                                "policy_accuracy": 0.2 + step / 2000.0 / scale,
                                                "value_accuracy": 0.6 + step / 4000.0, "positions": 8192,
                                                "skipped_records": 0}, now=t))
+        if match_every and step % match_every == 0:
+            lines.append(encode_event("match", match_fields(step, scale, match_every), now=t))
         if step in checkpoints:
             lines.append(encode_event("checkpoint_saved", {"step": step, "path": str(run_dir / f"step-{step:09d}.pt"),
                                                            "bytes": 1000 + step, "seconds": 0.5, "pruned": []}, now=t))
@@ -157,3 +161,16 @@ def write_small_run(run_dir: Path, last_step: int = 100, scale: float = 1.0, end
         os.utime(path, (saved, saved))
     os.utime(run_dir / "events.jsonl", (t, t))
     return t
+
+
+def match_fields(step: int, scale: float = 1.0, match_every: int = 50) -> dict:
+    """A `match` event's figures: the first is the reference against itself (Elo 0), then an Elo that climbs
+    with the step, its 95% interval about 60 Elo either side (wider for a weaker run: `scale`)."""
+    if step <= match_every:
+        elo, half = 0.0, 70.0
+    else:
+        elo, half = 120.0 * math.log1p(step / 50.0) / scale, 55.0 * scale
+    return {"step": step, "checkpoint": f"step-{step:09d}.pt", "reference": "match-reference.pt",
+            "reference_step": match_every, "games": 64, "wins": 30, "draws": 4, "losses": 30, "score": 0.5,
+            "elo": elo, "elo_low": elo - half, "elo_high": elo + half, "los": 0.5, "model": "pentanomial",
+            "seconds": 3.0, "games_per_second": 21.0}

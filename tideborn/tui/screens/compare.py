@@ -1,9 +1,12 @@
-"""Runs side by side: one metric of several runs overlaid on one plot (x is the step), each run its own
-colour (and, in ASCII mode, its own glyph), with a legend naming the runs. Opened from the run picker
-with the selected runs; each run's events.jsonl is folded by `tideborn.tui.history.load_history` in a worker."""
+"""Runs side by side: each metric of several runs overlaid (a chart a metric, one at a time or all in a
+grid), each run its own colour (and, in ASCII mode, its own glyph), with a legend naming the runs. Opened
+from the run picker with the selected runs; each run's events.jsonl is folded by
+`tideborn.tui.history.load_history` in a worker, then followed from where that read ended, so live runs
+grow on screen. The chart is the dashboard's (`LossPlot`): the same zoom, pan, cursor and wall-time keys."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -13,15 +16,27 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
-from textual.widget import Widget
 from textual.widgets import Footer, Static
 
 from tideborn.humanize import compact
 from tideborn.rundir import EVENTS_FILE
+from tideborn.rundir.events import EventReader
 from tideborn.rundir.files import file_size
-from tideborn.tui.history import RunHistory, load_history
+from tideborn.tui.history import ELO_SERIES, RunHistory, load_history
 from tideborn.tui.options import TuiOptions
-from tideborn.tui.plotting import Curve, PlotOptions, format_step, render_plot
+from tideborn.tui.plotting import (
+    Chart,
+    Curve,
+    PlotOptions,
+    format_x,
+    render_grid,
+    render_plot,
+    shared_x_range,
+    value_at,
+)
+from tideborn.tui.screens.curves import CurvePickerScreen
+from tideborn.tui.toasts import keep_off
+from tideborn.tui.widgets.loss_plot import SPARSE, ZOOM_FACTOR, LossPlot
 
 METRICS = (  # series name (tideborn.tui.history), what people call it
     ("loss", "loss"),
@@ -36,11 +51,17 @@ METRICS = (  # series name (tideborn.tui.history), what people call it
     ("grad_norm", "gradient norm"),
     ("positions_per_second", "positions/s"),
     ("data_wait_fraction", "data wait"),
+    (ELO_SERIES, "Elo vs reference"),
 )
-RUN_STYLES = ("#e5c07b", "#61afef", "#e06c75", "#98c379", "#c678dd", "#56b6c2", "#d19a66", "#abb2bf")
+RUN_STYLES = ("#e69f00", "#00d7ff", "#ff5f5f", "#87d700", "#cc79a7", "#3a7bff", "#ffffff", "#009e73")
+"""One per run, in order, far apart in CIELAB (tests/unit/test_tui_elo_chart.py): the earlier palette had a
+blue and a cyan a few units apart. Past eight runs they repeat: the legend still names each run."""
 RUN_GLYPHS = ("#", "o", "*", "@", "%", "&", "=", "$")
 """One per run, in order; none of them is a glyph the plot uses for something else (`.` raw values, `x`
 NaN, `^`/`v` infinities). Past eight runs they repeat: the legend still names each run."""
+FOLLOW_SECONDS = 2.0
+"""How often the runs' events files are read for new events (what the picker's refresh takes too)."""
+STATES_BY_END = {"run_finished": "finished", "run_stopped": "stopped", "run_failed": "failed"}
 
 
 @dataclass(frozen=True)
@@ -59,9 +80,21 @@ class LoadedRun:
 
 
 class HistoriesLoaded(Message):
-    def __init__(self, loaded: list[LoadedRun]) -> None:
+    def __init__(self, loaded: list[LoadedRun], readers: list[EventReader]) -> None:
         super().__init__()
         self.loaded = loaded
+        self.readers = readers
+
+
+class RunsGrew(Message):
+    """New events of the compared runs, by run (the follower's read since the last)."""
+
+    def __init__(self, readers: list[EventReader], events: list[list[dict]], restarted: bool) -> None:
+        super().__init__()
+        self.readers = readers
+        """Whose reads these are: the runs read again since (r, a replaced file) drop them."""
+        self.events = events
+        self.restarted = restarted
 
 
 def metrics_present(loaded: list[LoadedRun]) -> list[tuple[str, str]]:
@@ -69,39 +102,110 @@ def metrics_present(loaded: list[LoadedRun]) -> list[tuple[str, str]]:
     return [(name, label) for name, label in METRICS if any(len(r.history.series[name]) for r in loaded)]
 
 
-class CompareChart(Widget):
-    """One metric of every run, overlaid (`tideborn.tui.plotting.render_plot`, one curve a run)."""
+class CompareChart(LossPlot):
+    """A chart a metric, every run's curve in it: one metric at a time (`chart` its index), or all in a grid
+    (`chart` None) where they fit. Without a zoom, each chart's x range is its own data's (runs and metrics
+    of different lengths are not squashed into the longest's range)."""
 
     def __init__(self, options: PlotOptions, *, id: str | None = None) -> None:
-        super().__init__(id=id)
-        self.options = options
+        super().__init__(RunHistory(), options, id=id)
         self.loaded: list[LoadedRun] = []
-        self.metric: tuple[str, str] | None = None
+        self.chart = 0
+        self._metric_before_grid = 0
 
-    def curves(self) -> list[Curve]:
-        if self.metric is None:
-            return []
-        name = self.metric[0]
-        return [Curve(r.history.series[name], r.run.name, r.style, r.glyph) for r in self.loaded
-                if len(r.history.series[name])]
+    def groups(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        return tuple((label, (name,)) for name, label in metrics_present(self.loaded))
+
+    def run_curve(self, run: LoadedRun, name: str) -> Curve:
+        band = run.history.elo_interval.band() if name == ELO_SERIES else None
+        return Curve(run.history.series[name], run.run.name, run.style, run.glyph, points=name in SPARSE, band=band)
+
+    def charts(self) -> list[Chart]:
+        return [Chart(label, [self.run_curve(r, names[0]) for r in self.loaded
+                              if r.run.name not in self.hidden and len(r.history.series[names[0]])])
+                for label, names in self.groups()]
+
+    def curve_names(self) -> list[tuple[str, str]]:
+        return [(r.run.name, r.run.name) for r in self.loaded]
+
+    def full_range(self) -> tuple[float, float] | None:
+        return shared_x_range(self.shown_charts(), replace(self.options, window=None, x_range=None))
+
+    def span(self) -> tuple[float, float] | None:
+        return self.zoom or shared_x_range(self.shown_charts(), replace(self.options, x_range=None))
 
     def render(self) -> Text:
+        started = time.perf_counter()
         size = self.content_size
-        if self.metric is None:
-            return Text("reading the runs..." if not self.loaded else "no step or eval events in these runs")
-        return render_plot(self.curves(), [], self.options, size.width, size.height, title=self.metric[1])
+        if not self.groups():
+            return Text("reading the runs..." if not self.loaded else "no step, eval or match events in these runs")
+        options = self.draw_options()
+        shape = self.shape()
+        if self.showing_grid() and shape is not None:
+            if self.zoom is None:
+                options = replace(options, x_range=None)
+            self._layout = (shape, size.width, size.height)
+            text = render_grid(self.charts(), [], options, size.width, size.height, shape, own_ranges=True)
+        else:
+            charts = self.charts()
+            number = min(self.chart or 0, len(charts) - 1)
+            self._layout = (None, size.width, size.height)
+            text = render_plot(charts[number].curves, [], options, size.width, size.height, title=charts[number].title)
+        self.last_text = text
+        self.last_draw_seconds = time.perf_counter() - started
+        self._last_draw_at = time.monotonic()
+        self.draws += 1
+        self.drawn_points = sum(len(r.history.series["loss"]) for r in self.loaded)
+        return text
+
+    @property
+    def metric_index(self) -> int:
+        """The metric shown alone, or the one `n` and `p` go on from while the grid is shown."""
+        return self.chart if self.chart is not None else self._metric_before_grid
+
+    def step_metric(self, delta: int) -> str:
+        """The next (+1) or previous (-1) metric, shown alone."""
+        count = len(self.groups())
+        if count:
+            self.chart = (self.metric_index + delta) % count
+        self.refresh()
+        return self.chart_name()
+
+    def toggle_grid(self) -> bool:
+        """All the metrics in a grid (where they fit), or one at a time again. True: the grid is shown."""
+        if self.chart is None:
+            self.chart = self._metric_before_grid
+        elif self.shape() is not None:
+            self._metric_before_grid, self.chart = self.chart, None
+        self.refresh()
+        return self.showing_grid()
 
 
 class CompareScreen(Screen):
-    HELP = ("One metric of the selected runs, overlaid: x is the training step, each run its own colour (in "
-            "--ascii its own glyph), named in the legend below the plot with its state and its latest value. "
-            "n and p step through the metrics the runs have; m smooths (raw values stay faint underneath), l "
-            "switches to a log scale, r reads the runs again, Esc goes back to the picker.")
+    HELP = ("Each metric of the selected runs, overlaid: each run its own colour (in --ascii its own glyph), "
+            "named in the legend below the plot with its state and the metric's latest value (with the cursor "
+            "on: its value at the cursor). The runs are followed: live ones grow as they train. n and p step "
+            "through the metrics the runs have; g shows all of them in a grid (where they fit: about 160x40 and "
+            "up), each over its own data's steps. + and - zoom the x axis, [ and ] pan (the cursor, when on), 0 "
+            "shows everything, v puts a cursor on a logged point, t switches x between the step and the wall "
+            "time (runs that ran at the same time line up). Eval and match points are marked with a dot; the "
+            "Elo chart shades the 95% interval. m smooths (raw values stay faint underneath), l switches to a "
+            "log scale, h hides single runs, r reads the runs again, Esc goes back to the picker.")
     BINDINGS = [
-        Binding("n", "metric(1)", "Next metric"),
-        Binding("p", "metric(-1)", "Prev metric"),
-        Binding("m", "smooth", "Smooth"),
-        Binding("l", "log_scale", "Log"),
+        # Short names: "? Help" still fits 80 columns after them (the help says the rest)
+        Binding("n", "metric(1)", "Next", tooltip="Next metric"),
+        Binding("p", "metric(-1)", "Prev", tooltip="Prev metric"),
+        Binding("g", "grid", "All", tooltip="All the metrics in a grid (where they fit), or one at a time"),
+        Binding("h", "hide", "Hide", tooltip="Hide or show single runs"),
+        Binding("v", "cursor", "Cursor", tooltip="Cursor: every run's value at a step"),
+        Binding("t", "wall_time", "x: step / wall time", show=False),
+        Binding("plus", "zoom_in", "Zoom in (x axis)", show=False),
+        Binding("minus", "zoom_out", "Zoom out", show=False),
+        Binding("left_square_bracket", "pan(-1)", "Pan left (cursor left while it is on)", show=False),
+        Binding("right_square_bracket", "pan(1)", "Pan right (cursor right while it is on)", show=False),
+        Binding("0", "reset_zoom", "Zoom: all", show=False),
+        Binding("m", "smooth", "Smooth", show=False),
+        Binding("l", "log_scale", "Log", show=False),
         Binding("r", "reload", "Reload", show=False),
         Binding("escape", "back", "Runs"),
     ]
@@ -111,9 +215,11 @@ class CompareScreen(Screen):
         self.runs = runs
         self.options = options
         self.loaded: list[LoadedRun] = []
-        self.metric_index = 0
+        self.readers: list[EventReader] = []
         self.ready = False
         """The runs have been read (tests wait on it)."""
+        self.polls = 0
+        """Reads of the runs for new events since they were loaded (tests wait on it)."""
 
     def compose(self) -> ComposeResult:
         o = self.options
@@ -125,94 +231,186 @@ class CompareScreen(Screen):
     def on_mount(self) -> None:
         self._show_title()
         self._load()
+        if self.options.follow:
+            self.set_interval(FOLLOW_SECONDS, self._poll)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(keep_off, self, self.chart)
 
     @property
     def chart(self) -> CompareChart:
         return self.query_one("#compare-plot", CompareChart)
 
+    # -- reading and following the runs --------------------------------------------------------------
     @work(thread=True, group="compare", exclusive=True)
     def _load(self) -> None:
-        loaded = []
+        loaded, readers = [], []
         for index, run in enumerate(self.runs):
             events = run.run_dir / EVENTS_FILE
             weight = self.options.smoothing
             history = load_history(events, file_size(events), weight) or RunHistory(weight)
             loaded.append(LoadedRun(run, history, RUN_STYLES[index % len(RUN_STYLES)],
                                     RUN_GLYPHS[index % len(RUN_GLYPHS)]))
-        self.post_message(HistoriesLoaded(loaded))
+            readers.append(EventReader(events, history.read_to))  # on from the last complete line read
+        self.post_message(HistoriesLoaded(loaded, readers))
+
+    def _poll(self) -> None:
+        if self.ready and self.readers:
+            self._read_new(list(self.readers))
+
+    @work(thread=True, group="compare-follow", exclusive=True)
+    def _read_new(self, readers: list[EventReader]) -> None:
+        restarts = [reader.restarts for reader in readers]
+        events = [reader.read_new() for reader in readers]
+        restarted = any(reader.restarts != before for reader, before in zip(readers, restarts))
+        self.post_message(RunsGrew(readers, events, restarted))
 
     def on_histories_loaded(self, message: HistoriesLoaded) -> None:
-        current = self.metric
-        self.loaded = message.loaded
-        names = [name for name, _label in self.metrics()]
-        self.metric_index = names.index(current[0]) if current and current[0] in names else 0
+        self.loaded, self.readers = message.loaded, message.readers
+        chart = self.chart
+        chart.loaded = self.loaded
+        chart.refresh()
         self._show()
+        self.call_after_refresh(keep_off, self, chart)  # the legend's height is known now
         self.ready = True
+
+    def on_runs_grew(self, message: RunsGrew) -> None:
+        if message.readers != self.readers:
+            return  # read before the runs were read again from the top: those events are in the new read
+        self.polls += 1
+        if message.restarted:  # a file replaced or truncated: read them again from the top
+            self._load()
+            return
+        grew = False
+        for run, events in zip(self.loaded, message.events):
+            for event in events:
+                if event.get("kind") in STATES_BY_END:
+                    self._set_state(run, STATES_BY_END[str(event["kind"])])
+                elif event.get("kind") == "run_started":
+                    self._set_state(run, "running")
+            grew = run.history.add(events) or grew
+        if grew:
+            self.chart.data_changed()
+            self._show()
+
+    @staticmethod
+    def _set_state(run: LoadedRun, state: str) -> None:
+        run.run = replace(run.run, state=state)
+
+    # -- what is shown --------------------------------------------------------------------------------
+    def _show(self) -> None:
+        self.query_one("#compare-legend", Static).update(self.legend())
+        self._show_title()
 
     def metrics(self) -> list[tuple[str, str]]:
         return metrics_present(self.loaded)
 
     @property
     def metric(self) -> tuple[str, str] | None:
+        """The metric shown alone, or that `n` and `p` start from while the grid is shown."""
         metrics = self.metrics()
-        return metrics[self.metric_index % len(metrics)] if metrics else None
-
-    def _show(self) -> None:
-        chart = self.chart
-        chart.loaded = self.loaded
-        chart.metric = self.metric
-        chart.refresh()
-        self.query_one("#compare-legend", Static).update(self.legend())
-        self._show_title()
+        return metrics[min(self.chart.metric_index, len(metrics) - 1)] if metrics else None
 
     def _show_title(self) -> None:
-        metrics = self.metrics()
-        metric = self.metric
-        where = f"{metric[1]} ({self.metric_index % len(metrics) + 1}/{len(metrics)})" if metric else "-"
+        chart = self.chart
+        metrics, metric = self.metrics(), self.metric
+        if metric is None:
+            where = "-"
+        elif chart.showing_grid():
+            where = f"all {len(metrics)} metrics"
+        else:
+            where = f"{metric[1]} ({min(chart.metric_index, len(metrics) - 1) + 1}/{len(metrics)})"
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append(f" compare {len(self.runs)} runs", style="bold")
-        line.append(f": {where}   n/p metric, Esc back")
+        line.append(f": {where}   n/p metric, g all, Esc back")
         self.query_one("#compare-title", Static).update(line)
 
     def legend(self) -> Text:
-        """A line a run: its mark, name, state and latest value of the metric (or that it has none)."""
+        """A line a run: its mark, name, state and the metric's latest value, or its value at the cursor
+        (or that it has none)."""
         lines = []
-        metric = self.metric
+        chart = self.chart
+        metric = None if chart.showing_grid() else self.metric
         colour, ascii_mode = self.options.colour, self.options.ascii
         width = max((len(r.run.name) for r in self.loaded), default=0)
+        cursor, wall = chart.cursor, chart.options.wall_time
+        span = chart.span()
         for r in self.loaded:
             line = Text(no_wrap=True, overflow="ellipsis")
             mark = f"{r.glyph}{r.glyph}" if ascii_mode else "━━"
-            line.append(mark, style=r.style if colour else "")
+            line.append(mark, style=r.style if colour and r.run.name not in chart.hidden else "")
             line.append(f" {r.run.name:<{width}}  {r.run.state:<11}", style="bold" if colour else "")
+            if r.run.name in chart.hidden:
+                line.append(" hidden (h)")
+                lines.append(line)
+                continue
             series = r.history.series[metric[0]] if metric else None
-            if series is None or not len(series):
-                line.append(f" no {metric[1] if metric else 'points'}")
+            if metric is None:
+                line.append(f" {len(r.history.series['loss']):,} steps logged")
+            elif series is None or not len(series):
+                line.append(f" no {metric[1]}")
+            elif cursor is not None:
+                found = value_at(Curve(series, "", "", ""), cursor, wall)
+                if found is not None:
+                    at, value = found
+                    where = format_x(at, span[1] - span[0] if span else 0.0, wall)
+                    line.append(f" {compact(value)} at {'' if wall else 'step '}{where}")
             else:
                 step, value = float(series.x.view[-1]), float(series.y.view[-1])
-                line.append(f" {compact(value)} at step {format_step(step)} ({len(series):,} points)")
+                line.append(f" {compact(value)} at step {format_x(step, 0.0, False)} ({len(series):,} points)")
             lines.append(line)
         return Text("\n").join(lines) if lines else Text("reading the runs...")
 
     # -- keys -----------------------------------------------------------------------------------------
     def action_metric(self, delta: int) -> None:
-        metrics = self.metrics()
-        if not metrics:
-            return
-        self.metric_index = (self.metric_index + delta) % len(metrics)
+        self.chart.step_metric(delta)
         self._show()
 
-    def action_smooth(self) -> None:
+    def action_grid(self) -> None:
+        if not self.chart.toggle_grid() and self.chart.chart is not None and self.chart.shape() is None:
+            self.notify("all the metrics need a bigger terminal (about 160x40); n and p step through them",
+                        timeout=4)
+        self._show()
+
+    def action_hide(self) -> None:
         chart = self.chart
-        chart.options = replace(chart.options, smooth=not chart.options.smooth)
-        chart.refresh()
-        self.notify(f"smoothing {'on' if chart.options.smooth else 'off'}", timeout=2)
+
+        def chosen(hidden: set[str] | None) -> None:
+            if hidden is not None:
+                chart.set_hidden(hidden)
+                self._show()
+
+        self.app.push_screen(CurvePickerScreen("runs shown", chart.curve_names(), chart.hidden), chosen)
+
+    def action_cursor(self) -> None:
+        self.chart.toggle_cursor()
+        self._show()
+
+    def action_wall_time(self) -> None:
+        self.chart.toggle_wall_time()
+        self._show()
+
+    def action_zoom_in(self) -> None:
+        self.chart.zoom_by(ZOOM_FACTOR)
+
+    def action_zoom_out(self) -> None:
+        self.chart.zoom_by(1 / ZOOM_FACTOR)
+
+    def action_pan(self, direction: int) -> None:
+        if self.chart.cursor is not None:
+            self.chart.move_cursor(direction)
+        else:
+            self.chart.pan(direction)
+        self._show()
+
+    def action_reset_zoom(self) -> None:
+        self.chart.reset_zoom()
+
+    def action_smooth(self) -> None:
+        self.chart.toggle_smoothing()  # the legend's flags say EMA (or not): no notification over the chart
 
     def action_log_scale(self) -> None:
-        chart = self.chart
-        chart.options = replace(chart.options, log=not chart.options.log)
-        chart.refresh()
-        self.notify(f"{'log' if chart.options.log else 'linear'} scale", timeout=2)
+        self.chart.toggle_log()
 
     def action_reload(self) -> None:
         self._load()

@@ -45,6 +45,7 @@ from tideborn.tui.plan import LaunchPlan
 from tideborn.tui.plotting import Marker, PlotOptions
 from tideborn.tui.screens.confirm import ConfirmScreen
 from tideborn.tui.screens.help import PLOT_NOTES, TextScreen
+from tideborn.tui.toasts import keep_off
 from tideborn.tui.widgets.anomalies import AnomalyList, clock_text, evidence_text
 from tideborn.tui.widgets.gpu_panel import GpuPanel
 from tideborn.tui.widgets.header import RunHeader
@@ -99,6 +100,8 @@ class DashboardScreen(Screen):
         Binding("w", "wrap_log", "Wrap log", show=False),
         Binding("d", "anomaly_details", "Anomaly details", show=False),
         Binding("escape", "back", "Runs", show=False),
+        Binding("z", "maximise", "Maximise: the charts, the log, neither", show=False),
+        Binding("h", "hide_curves", "Hide or show single curves", show=False),
     ]
 
     def __init__(self, run_dir: Path, options: TuiOptions, from_picker: bool = False) -> None:
@@ -123,6 +126,8 @@ class DashboardScreen(Screen):
         self._seen = SeenEvents()
         self._launched: list[subprocess.Popen] = []
         self._offered: tuple[bool, bool, bool] | None = None
+        self.maximised: str | None = None
+        """What `z` shows alone: "chart", "log", or None (everything)."""
         """What the footer last offered: (the run live, a stop in progress, a plan to start)."""
 
     # -- layout ---------------------------------------------------------------------------------------
@@ -145,6 +150,9 @@ class DashboardScreen(Screen):
 
     def on_unmount(self) -> None:
         self._stop.set()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(keep_off, self, self.plot)
 
     @property
     def plot(self) -> LossPlot:
@@ -598,6 +606,26 @@ class DashboardScreen(Screen):
     def action_wrap_log(self) -> None:
         on = self.query_one("#log", LogPane).toggle_wrap()
         self.notify("long log lines wrap" if on else "long log lines scroll sideways (left/right)", timeout=2)
+
+    def action_maximise(self) -> None:
+        """The charts alone (header and footer stay), then the log alone, then both again."""
+        order = (None, "chart", "log")
+        self.maximised = order[(order.index(self.maximised) + 1) % len(order)]
+        self.set_class(self.maximised == "chart", "-max-chart")
+        self.set_class(self.maximised == "log", "-max-log")
+        if self.maximised == "log":
+            self.query_one("#log", LogPane).focus()
+        self.call_after_refresh(keep_off, self, self.plot)
+
+    def action_hide_curves(self) -> None:
+        from tideborn.tui.screens.curves import CurvePickerScreen
+
+        plot = self.plot
+        self.app.push_screen(CurvePickerScreen("curves shown", plot.curve_names(), plot.hidden), self._curves_chosen)
+
+    def _curves_chosen(self, hidden: set[str] | None) -> None:
+        if hidden is not None:
+            self.plot.set_hidden(hidden)
 
     def action_back(self) -> None:
         if self.from_picker:

@@ -14,10 +14,13 @@ from textual.widgets import Static
 
 PLOT_NOTES = """\
 The charts: losses (train and eval), accuracy (eval), learning rate, gradient norm, throughput
-(positions/s) and data wait (the share of each step window spent waiting for batches), each with its own
-y axis: the range's ends at the top and bottom, round values (1, 2 or 5 times a power of ten) between.
-Where the terminal has room (about 160x40 and up) all six are shown in a grid; else one at a time, titled
-with its place ("2/6 accuracy"); g shows the next (from the grid: each alone, then the grid again).
+(positions/s) and data wait (the share of each step window spent waiting for batches), and in a run that
+plays matches (runtime.match_every) the Elo against the reference, its 95% interval shaded behind the
+curve; each with its own y axis: the range's ends at the top and bottom, round values (1, 2 or 5 times a
+power of ten) between. Eval and match points are marked with a dot where few are in view. Where the
+terminal has room (about 160x40 and up) all are shown in a grid; else one at a time, titled with its
+place ("2/6 accuracy"); g shows the next (from the grid: each alone, then the grid again). z gives the
+charts the whole screen, then the log, then shows everything again; h lists the curves to hide or show.
 x is the training step, or with t the events' wall time. + and - zoom the x axis (about the cursor when
 it is on, else the middle; the mouse wheel zooms about the pointer), [ and ] pan (sideways scrolling
 too), 0 shows everything again; while zoomed the view stays put as steps arrive. v puts a cursor on a
@@ -72,7 +75,8 @@ def help_text(screen: Screen) -> Text:
     for binding in bindings:
         keys = ", ".join(key_name(screen, key.strip()) for key in binding.key.split(","))
         text.append(f"  {keys:<16}", style="bold")
-        text.append(f"{binding.description or binding.action}\n")
+        # A footer's short name ("Next") has its long form in the tooltip ("Next metric")
+        text.append(f"{binding.tooltip or binding.description or binding.action}\n")
     notes = getattr(screen, "HELP", "")
     if notes and screen.app.has_class("-ascii"):  # "+ / ┼ a checkpoint": only the ASCII glyph
         notes = re.sub(r" / [^\x00-\x7f]", "", notes)

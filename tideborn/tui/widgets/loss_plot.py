@@ -18,7 +18,7 @@ from rich.text import Text
 from textual import events
 from textual.widget import Widget
 
-from tideborn.tui.history import COLUMN_NAMES, RunHistory
+from tideborn.tui.history import COLUMN_NAMES, ELO_SERIES, RunHistory
 from tideborn.tui.plotting import (
     Y_LABEL_WIDTH,
     Chart,
@@ -30,22 +30,28 @@ from tideborn.tui.plotting import (
     render_grid,
     render_plot,
     shared_x_range,
+    x_values,
 )
 
 CURVES = (  # series name, label, colour, ASCII glyph
-    ("loss", "loss", "#e5c07b", "#"),
-    ("policy_loss", "policy", "#61afef", "p"),
-    ("value_loss", "value", "#c678dd", "v"),
-    ("eval_policy_loss", "eval-pol", "#56b6c2", "P"),
-    ("eval_value_loss", "eval-val", "#98c379", "V"),
-    ("eval_policy_accuracy", "acc-pol", "#d19a66", "a"),
-    ("eval_value_accuracy", "acc-val", "#e06c9f", "A"),
-    ("eval_policy_accuracy_legal", "acc-legal", "#c678dd", "L"),
-    ("lr", "lr", "#e5c07b", "r"),
-    ("grad_norm", "grad-norm", "#61afef", "g"),
-    ("positions_per_second", "pos/s", "#98c379", "s"),
-    ("data_wait_fraction", "wait-share", "#e06c9f", "w"),
+    # Colours far apart in CIELAB within each chart (tests/unit/test_tui_elo_chart.py checks it): the
+    # earlier palette had two blues and two pinks a few units apart in the same chart.
+    ("loss", "loss", "#f0e442", "#"),
+    ("policy_loss", "policy", "#56b4e9", "p"),
+    ("value_loss", "value", "#ff5fd7", "v"),
+    ("eval_policy_loss", "eval-pol", "#d55e00", "P"),
+    ("eval_value_loss", "eval-val", "#5fffaf", "V"),
+    ("eval_policy_accuracy", "acc-pol", "#d55e00", "a"),
+    ("eval_value_accuracy", "acc-val", "#5fffaf", "A"),
+    ("eval_policy_accuracy_legal", "acc-legal", "#3a7bff", "L"),
+    ("lr", "lr", "#f0e442", "r"),
+    ("grad_norm", "grad-norm", "#56b4e9", "g"),
+    ("positions_per_second", "pos/s", "#5fffaf", "s"),
+    ("data_wait_fraction", "wait-share", "#ff5fd7", "w"),
+    (ELO_SERIES, "elo", "#e69f00", "E"),
 )
+SPARSE = frozenset(name for name, *_ in CURVES if name.startswith("eval_") or name == ELO_SERIES)
+"""Curves of a point every so many steps (eval, match): each point drawn as a marker."""
 GROUPS = (  # title, series
     ("losses", ("loss", "policy_loss", "value_loss", "eval_policy_loss", "eval_value_loss")),
     ("accuracy", ("eval_policy_accuracy", "eval_value_accuracy", "eval_policy_accuracy_legal")),
@@ -54,10 +60,13 @@ GROUPS = (  # title, series
     ("throughput", ("positions_per_second",)),
     ("data wait", ("data_wait_fraction",)),
 )
+ELO_GROUP = ("Elo vs reference", (ELO_SERIES,))
+"""A chart of its own, after GROUPS, in runs that play matches (runtime.match_every): the line is the Elo, the
+shaded band its 95% interval."""
 VIEWS = {  # the `c` key: which curves the charts show
     "all": tuple(name for name, *_ in CURVES),
     "train": COLUMN_NAMES,
-    "eval": tuple(name for name, *_ in CURVES if name.startswith("eval_")),
+    "eval": tuple(name for name, *_ in CURVES if name.startswith("eval_") or name == ELO_SERIES),
 }
 MIN_CHART = (40, 9)
 """The smallest chart of a grid (cells); where six do not fit, one is shown at a time."""
@@ -82,6 +91,8 @@ class LossPlot(Widget):
         """The x range shown after zooming or panning; None: all (or the last N steps)."""
         self.cursor: float | None = None
         self.anomaly_markers: list[Marker] = []
+        self.hidden: set[str] = set()
+        """Curves hidden with `h` (series names)."""
         self.last_draw_seconds = 0.0
         self.draws = 0
         self.drawn_points = 0
@@ -92,21 +103,35 @@ class LossPlot(Widget):
         self.redraw_pending = False
 
     # -- what is drawn --------------------------------------------------------------------------------
+    def groups(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """The charts there are: GROUPS, and the Elo's once the run has played a match."""
+        return GROUPS + ((ELO_GROUP,) if len(self.history.series[ELO_SERIES]) else ())
+
+    def curve(self, name: str) -> Curve:
+        _name, label, colour, glyph = next(entry for entry in CURVES if entry[0] == name)
+        band = self.history.elo_interval.band() if name == ELO_SERIES else None
+        return Curve(self.history.series[name], label, colour, glyph, points=name in SPARSE, band=band)
+
+    def curve_names(self) -> list[tuple[str, str]]:
+        """(series name, label) of every curve with points, for the `h` list."""
+        labels = {name: label for name, label, *_ in CURVES}
+        return [(name, labels[name]) for _title, names in self.groups() for name in names
+                if len(self.history.series[name])]
+
     def charts(self) -> list[Chart]:
-        """Every group's chart, with the curves the view (`c`) shows that have points."""
+        """Every group's chart, with the curves the view (`c`) shows that have points and are not hidden (`h`)."""
         shown = VIEWS[self.view]
-        styles = {name: (label, colour, glyph) for name, label, colour, glyph in CURVES}
         charts = []
-        for title, names in GROUPS:
-            curves = [Curve(self.history.series[name], *styles[name]) for name in names
-                      if name in shown and len(self.history.series[name])]
+        for title, names in self.groups():
+            curves = [self.curve(name) for name in names
+                      if name in shown and name not in self.hidden and len(self.history.series[name])]
             charts.append(Chart(title, curves))
         return charts
 
     def shape(self, width: int | None = None, height: int | None = None) -> tuple[int, int] | None:
         """The grid's (columns, rows) at this size, or None where the charts do not fit together."""
         size = self.content_size
-        return grid_shape(len(GROUPS), size.width if width is None else width,
+        return grid_shape(len(self.groups()), size.width if width is None else width,
                           size.height if height is None else height, *MIN_CHART)
 
     def showing_grid(self) -> bool:
@@ -114,7 +139,7 @@ class LossPlot(Widget):
 
     def shown_charts(self) -> list[Chart]:
         charts = self.charts()
-        return charts if self.showing_grid() else [charts[self.chart or 0]]
+        return charts if self.showing_grid() else [charts[min(self.chart or 0, len(charts) - 1)]]
 
     def curves(self) -> list[Curve]:
         """The curves on screen, in every chart shown."""
@@ -124,8 +149,9 @@ class LossPlot(Widget):
         """"grid", or the chart shown alone with its place: "2/6 accuracy"."""
         if self.showing_grid():
             return "grid"
-        number = self.chart or 0
-        return f"{number + 1}/{len(GROUPS)} {GROUPS[number][0]}"
+        groups = self.groups()
+        number = min(self.chart or 0, len(groups) - 1)
+        return f"{number + 1}/{len(groups)} {groups[number][0]}"
 
     def full_range(self) -> tuple[float, float] | None:
         """The x range of all the data, every chart (zoom and pan stay inside it)."""
@@ -154,9 +180,10 @@ class LossPlot(Widget):
             text = render_grid(self.charts(), markers, options, size.width, size.height, shape)
             self._layout = (shape, size.width, size.height)
         else:
-            number = self.chart or 0
-            chart = self.charts()[number]
-            title = f"{number + 1}/{len(GROUPS)} {chart.title}"
+            charts = self.charts()
+            number = min(self.chart or 0, len(charts) - 1)
+            chart = charts[number]
+            title = f"{number + 1}/{len(charts)} {chart.title}"
             text = render_plot(chart.curves, markers, options, size.width, size.height, title=title)
             self._layout = (None, size.width, size.height)
         self.last_text = text
@@ -217,7 +244,7 @@ class LossPlot(Widget):
         """The grid, then each chart alone, then the grid again (where it fits; else chart after chart)."""
         if self.chart is None:
             self.chart = 1 if self.shape() is None else 0
-        elif self.chart + 1 < len(GROUPS):
+        elif self.chart + 1 < len(self.groups()):
             self.chart += 1
         else:
             self.chart = None if self.shape() is not None else 0
@@ -265,6 +292,11 @@ class LossPlot(Widget):
         lo = min(max(lo, full[0]), full[1] - width)
         return lo, lo + width
 
+    def set_hidden(self, hidden: set[str]) -> None:
+        """Hide these curves (`h`); the others show again."""
+        self.hidden = set(hidden)
+        self.refresh()
+
     def reset_zoom(self) -> None:
         self.zoom = None
         self.refresh()
@@ -293,24 +325,29 @@ class LossPlot(Widget):
         return self.cursor
 
     def _snap(self, at: float, beyond: int = 0) -> float:
-        """The x of the logged step nearest `at` (beyond: the first strictly right (+1) or left (-1) of
-        it), so the readout is of a real point; `at` itself where there is none."""
-        table = self.history.steps
-        xs = table.t.view if self.options.wall_time else table.x.view
+        """The x of the logged point nearest `at` (beyond: the first strictly right (+1) or left (-1) of
+        it), so the readout is of a real point; `at` itself where there is none. The points are those of the
+        curves shown (the step columns share one array, read once)."""
         found: list[float] = []
-        for begin, end in table.segment_bounds():
-            part = xs[begin:end]
-            if part.size == 0:
-                continue
-            if beyond > 0:
-                i = int(np.searchsorted(part, at, "right"))
-                found += [float(part[i])] if i < part.size else []
-            elif beyond < 0:
-                i = int(np.searchsorted(part, at, "left")) - 1
-                found += [float(part[i])] if i >= 0 else []
-            else:
-                i = int(np.searchsorted(part, at))
-                found += [float(part[j]) for j in (i - 1, i) if 0 <= j < part.size]
+        arrays: dict[int, tuple[np.ndarray, list[tuple[int, int]]]] = {}
+        for curve in self.curves() or [Curve(self.history.steps.columns["loss"], "", "", "")]:
+            xs = x_values(curve.series, self.options.wall_time)
+            if xs is not None:
+                arrays.setdefault(id(xs.base if xs.base is not None else xs), (xs, curve.series.segment_bounds()))
+        for xs, bounds in arrays.values():
+            for begin, end in bounds:
+                part = xs[begin:end]
+                if part.size == 0:
+                    continue
+                if beyond > 0:
+                    i = int(np.searchsorted(part, at, "right"))
+                    found += [float(part[i])] if i < part.size else []
+                elif beyond < 0:
+                    i = int(np.searchsorted(part, at, "left")) - 1
+                    found += [float(part[i])] if i >= 0 else []
+                else:
+                    i = int(np.searchsorted(part, at))
+                    found += [float(part[j]) for j in (i - 1, i) if 0 <= j < part.size]
         found = [x for x in found if np.isfinite(x)]
         if not found:
             return at

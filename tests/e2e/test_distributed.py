@@ -18,10 +18,10 @@ from tests.helpers.common import (
     child_env,
     describe,
     events_of,
-    run_trainer,
     settings_args,
     step_events,
     terminal_events,
+    trainer_in_process,
 )
 from tests.helpers.torchrun import SMALL, parameters, torchrun, torchrun_args
 from tideborn.network.checkpoint import load_checkpoint
@@ -69,8 +69,8 @@ def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path):
     two, one = tmp_path / "two", tmp_path / "one"
     result = torchrun(two, "runtime.max_steps=5", cwd=tmp_path)
     assert result.returncode == 0, describe(result)
-    single = run_trainer("train", *settings_args(one, "optim.batch_size=32", "optim.accumulation_steps=2",
-                                                  "runtime.log_every=1", "runtime.max_steps=5"), cwd=tmp_path)
+    single = trainer_in_process("train", *settings_args(one, "optim.batch_size=32", "optim.accumulation_steps=2",
+                                                        "runtime.log_every=1", "runtime.max_steps=5"), cwd=tmp_path)
     assert single.returncode == 0, describe(single)
     a, b = losses(two), losses(one)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
@@ -90,7 +90,7 @@ def test_resume_under_ddp_continues_exactly_and_another_world_size_goes_on_with_
     # One process resumes what 2 wrote (the data order is global); the batch is per process, so it says the
     # global batch changed (tests/unit/test_global_order.py checks the order itself).
     shutil.copytree(pieces, other)
-    single = run_trainer("train", *settings_args(other, *SMALL, *sets), "--stop-at-step", "4", cwd=tmp_path)
+    single = trainer_in_process("train", *settings_args(other, *SMALL, *sets), "--stop-at-step", "4", cwd=tmp_path)
     assert single.returncode == 0, describe(single)
     warnings = [e["message"] for e in events_of(other) if e["kind"] == "warning"]
     assert any("at world size 1, written at 2" in text for text in warnings), warnings

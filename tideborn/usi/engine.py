@@ -92,14 +92,13 @@ def parse_go(tokens: list[str]) -> Go:
 
 
 class Engine:
-    """One USI session. `think_with(playouts)` returns the thinker for a Playouts value (or raises UserError
-    when it cannot, e.g. a search this build lacks); `latency_ms` is one evaluation's measured time."""
+    """One USI session. `think_with(playouts)` returns the thinker for a Playouts value: 0 or 1 the policy,
+    more a search."""
 
-    def __init__(self, name: str, think_with: Callable[[int], Thinker], *, playouts: int, latency_ms: float,
+    def __init__(self, name: str, think_with: Callable[[int], Thinker], *, playouts: int,
                  out: TextIO = sys.stdout, err: TextIO = sys.stderr):
         self.name = name
         self.think_with = think_with
-        self.latency_ms = latency_ms
         self.out, self.err = out, err
         self.options = {option.name.lower(): option for option in (
             Option("USI_Ponder", "check", False),
@@ -171,7 +170,7 @@ class Engine:
 
     def on_isready(self, rest, line) -> None:
         self.finish_thinking()
-        self.say(f"info string {self.thinker.name}, one evaluation {self.latency_ms:.1f} ms")
+        self.say(f"info string {self.thinker.name}, measured latency {self.thinker.latency_ms:.1f} ms")
         self.say("readyok")
 
     def on_setoption(self, rest, line) -> None:
@@ -237,7 +236,7 @@ class Engine:
 
     def _limits(self, go: Go, turn: int, started: float) -> Limits:
         playouts = go.nodes
-        budget = move_budget_ms(go.clock, turn, self.values["networkdelay"] + 2 * self.latency_ms)
+        budget = move_budget_ms(go.clock, turn, self.values["networkdelay"] + 2 * self.thinker.latency_ms)
         deadline = None if budget is None else started + budget / 1000
         return Limits(deadline=deadline, playouts=playouts)
 
@@ -262,13 +261,14 @@ class Engine:
             # Ponder until the GUI says which: `stop` (the guess was wrong; any answer will do) or `ponderhit`
             # (think again on the real clock, which starts now).
             either = _Either(self.stop_event, self.ponderhit_event)
-            thought = self._run(board, Limits(playouts=go.nodes), either, started)
+            thought = self._run(board, Limits(playouts=go.nodes, until_stopped=True), either, started)
             either.wait()
             if self.stop_event.is_set() or self.ponderhit_time is None:
                 return self._answer(thought)
             started = self.ponderhit_time
             go = Go(go.clock, go.nodes)
-        limits = Limits(playouts=go.nodes) if go.infinite else self._limits(go, board.turn, received)
+        limits = (Limits(playouts=go.nodes, until_stopped=True) if go.infinite
+                  else self._limits(go, board.turn, received))
         thought = self._run(board, limits, self.stop_event, started)
         if go.infinite:
             self.stop_event.wait()  # USI: after `go infinite`, bestmove only once `stop` comes

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tideborn.errors import UserError
+from tideborn.match.search import DEFAULT_BATCH, Searcher
 from tideborn.usi.engine import Engine
-from tideborn.usi.thinking import PolicyThinker, Thinker, measure_latency_ms
+from tideborn.usi.thinking import PolicyThinker, SearchThinker, Thinker, measure_latency_ms
 
 
 def open_engine(model: Path, *, playouts: int = 1, threads: int | None = None, device: str = "cpu",
@@ -22,17 +22,14 @@ def open_engine(model: Path, *, playouts: int = 1, threads: int | None = None, d
         torch.set_num_threads(threads)
     player = load_player(model, weights=weights, device=choose_device(device), onnx_value=onnx_value,
                          threads=threads)
-    policy = PolicyThinker(player)
-    latency_ms = measure_latency_ms(policy)
+    policy = PolicyThinker(player, measure_latency_ms(player))
+    searcher = Searcher(player)
+    batch_latency_ms = measure_latency_ms(player, DEFAULT_BATCH)
 
     def think_with(count: int) -> Thinker:
-        if count <= 1:
-            return policy
-        raise UserError(f"Playouts {count}: this build has no search; use 0 or 1 (policy play)")
+        return policy if count <= 1 else SearchThinker(searcher, count, batch_latency_ms)
 
-    if playouts > 1:
-        raise UserError(f"--playouts {playouts}: this build has no search; use 0 or 1 (policy play)")
-    return Engine(_name(model, player.info), think_with, playouts=playouts, latency_ms=latency_ms)
+    return Engine(_name(model, player.info), think_with, playouts=playouts)
 
 
 def _name(model: Path, info: dict) -> str:

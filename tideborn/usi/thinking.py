@@ -2,7 +2,7 @@
 
 `PolicyThinker` plays the net's policy alone (`--playouts 0` or `1`): the legal move with the largest policy
 logit, its value as the score; a mate in one (cshogi's `mate_move_in_1ply`) is always taken. `SearchThinker`
-runs the PUCT search of `tideborn.match.search` when a build has it. `move_budget_ms` is the time rule the
+runs the PUCT search of `tideborn.match.search` (`--playouts N` > 1). `move_budget_ms` is the time rule the
 engine keeps to (docs/match.md, "In a shogi GUI (USI)").
 """
 
@@ -50,11 +50,14 @@ class Limits:
     deadline: float | None = None
     """`time.monotonic()` by which the answer must be ready; None: no clock (nodes, infinite, ponder)."""
     playouts: int | None = None
-    """The most playouts (`go nodes`, or the Playouts option); None: until the deadline or stop."""
+    """The most playouts (`go nodes`); the Playouts option caps them too, unless `until_stopped`."""
+    until_stopped: bool = False
+    """`go infinite` and `go ponder`: search until `stop` (or the search's node limit), not the Playouts option."""
 
 
 class Thinker(Protocol):
     name: str
+    latency_ms: float
 
     def think(self, board: cshogi.Board, limits: Limits, stop: threading.Event,
               on_info: Callable[[Thought], None]) -> Thought:
@@ -66,6 +69,8 @@ class Thinker(Protocol):
 class PolicyThinker:
     player: object
     """A `tideborn.match.players.Player`."""
+    latency_ms: float = 0.0
+    """One move's measured time (`measure_latency_ms`), kept back from each deadline."""
     name: str = "policy"
     features1: np.ndarray = field(default_factory=lambda: np.zeros((1, FEATURES1_NUM, 9, 9), dtype=np.float32))
     features2: np.ndarray = field(default_factory=lambda: np.zeros((1, FEATURES2_NUM, 9, 9), dtype=np.float32))
@@ -91,6 +96,8 @@ class SearchThinker:
     """The PUCT search (`tideborn.match.search.Searcher`), playouts bounded by the limits."""
     searcher: object
     playouts: int
+    latency_ms: float = 0.0
+    """One batch of the search's leaves, measured: a search looks at the clock between batches."""
     name: str = "search"
 
     def think(self, board, limits, stop, on_info) -> Thought:
@@ -99,19 +106,22 @@ class SearchThinker:
             return Thought(mate, MAX_CP, 1, 1, (mate,), mate=1)
 
         def relay(info) -> None:
-            on_info(_thought_of(info))
+            if info.pv:
+                on_info(_thought_of(info, info.pv[0]))
 
-        playouts = self.playouts if limits.playouts is None else min(self.playouts, limits.playouts)
-        if limits.deadline is None and stop is None:
-            raise ValueError("a search needs a bound")
+        if limits.until_stopped:
+            playouts = limits.playouts
+        else:
+            playouts = self.playouts if limits.playouts is None else min(self.playouts, limits.playouts)
         result = self.searcher.think(board.copy(), playouts=playouts, deadline=limits.deadline, stop=stop,
                                      on_info=relay)
-        return _thought_of(result)
+        return _thought_of(result, result.move)
 
 
-def _thought_of(result) -> Thought:
-    pv = tuple(getattr(result, "pv", ()) or (result.move,))
-    return Thought(result.move, value_to_cp(_as_logit(result.value)), int(result.nodes), int(result.depth), pv)
+def _thought_of(info, move: int) -> Thought:
+    """A search's figures (`tideborn.match.search.SearchInfo` or `SearchResult`) as the engine reports them."""
+    pv = tuple(info.pv) or (move,)
+    return Thought(move, value_to_cp(_as_logit(info.value)), int(info.nodes), max(1, int(info.depth)), pv)
 
 
 def _as_logit(value: float) -> float:
@@ -146,14 +156,19 @@ def move_budget_ms(clock: Clock, turn: int, margin_ms: float) -> float | None:
     return max(0.0, budget - margin_ms)
 
 
-def measure_latency_ms(thinker: PolicyThinker, repeats: int = 5) -> float:
-    """The median of a few evaluations of the start position (features, the net, the move pick), warm: the
-    median, since a shared machine's odd slow run says little about the next."""
+def measure_latency_ms(player, batch: int = 1, repeats: int = 5) -> float:
+    """One forward pass of `batch` start positions with their features made (what a move costs the policy, or
+    what a search may overrun its deadline by: it looks at the clock between batches), warm, in milliseconds:
+    the median of a few, since a shared machine's odd slow run says little about the next."""
     board = cshogi.Board()
-    thinker.evaluate(board)  # the first run pays for allocations and lazy initialisation
+    features1 = np.zeros((batch, FEATURES1_NUM, 9, 9), dtype=np.float32)
+    features2 = np.zeros((batch, FEATURES2_NUM, 9, 9), dtype=np.float32)
+    player.evaluate(features1, features2)  # the first run pays for allocations and lazy initialisation
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        thinker.think(board, Limits(), threading.Event(), lambda thought: None)
+        for row in range(batch):
+            make_input_features(board, features1[row], features2[row])
+        player.evaluate(features1, features2)
         times.append((time.perf_counter() - started) * 1000)
     return sorted(times)[len(times) // 2]

@@ -14,7 +14,10 @@ from cshogi.usi import Engine as CshogiEngine
 
 from tests.helpers.common import assert_user_error
 from tests.helpers.usi import UsiPipe, engine_script, tiny_checkpoint
+from tideborn.errors import UserError
 from tideborn.usi.cli import main as usi_main
+from tideborn.usi.engine import parse_go
+from tideborn.usi.thinking import Clock, move_budget_ms, value_to_cp
 
 MAX_PLIES = 256
 
@@ -183,3 +186,25 @@ def test_a_bad_model_or_argument_is_one_line_and_exit_2(model: Path, tmp_path: P
         usi_main([str(model), "--playouts", "-1"])
     assert exited.value.code == 2
     assert_user_error(capsys.readouterr().err, r"--playouts: must be 0 or more")
+
+
+def test_time_rule_keeps_the_margin_and_never_spends_more_than_is_left():
+    black, white = cshogi.BLACK, cshogi.WHITE
+    assert move_budget_ms(Clock(byoyomi=100), black, margin_ms=120) == 0  # one evaluation at once
+    assert move_budget_ms(Clock(byoyomi=1000), black, margin_ms=120) == 880
+    assert move_budget_ms(Clock(btime=40_000, wtime=0, byoyomi=0), black, margin_ms=100) == 900
+    assert move_budget_ms(Clock(btime=40_000, wtime=0, byoyomi=0), white, margin_ms=100) == 0
+    assert move_budget_ms(Clock(btime=0, wtime=60_000, binc=0, winc=2000), white, margin_ms=100) == 3400
+    assert move_budget_ms(Clock(btime=200, wtime=200, byoyomi=0), black, margin_ms=100) == 0  # 5 ms - margin
+    assert move_budget_ms(Clock(), black, margin_ms=100) is None  # go nodes / infinite: no clock
+    assert value_to_cp(0.0) == 0 and value_to_cp(1.0) == 756 and value_to_cp(-1e9) == -30000
+
+
+def test_go_fields_are_read_or_refused_by_name():
+    go = parse_go("btime 1000 wtime 2000 binc 10 winc 20 byoyomi 100 nodes 64".split())
+    assert go.clock == Clock(1000, 2000, 10, 20, 100) and go.nodes == 64 and not go.infinite
+    assert parse_go(["infinite"]).infinite and parse_go("ponder byoyomi 5".split()).ponder
+    for words, message in ((["byoyomi"], "byoyomi without a number"), (["nodes", "x"], "'x' is not a whole"),
+                           (["mate", "1000"], "go mate"), (["depth", "3"], "unknown field 'depth'")):
+        with pytest.raises(UserError, match=message):
+            parse_go(words)

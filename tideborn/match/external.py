@@ -9,7 +9,7 @@ Before any game each engine is started and checked (`usi` answered with `id`/`op
 options it is given among those it declares, `isready` answered `readyok`): anything else is a `UserError` naming
 the engine, one line and exit status 2. During a game an engine that exits, gives no `bestmove` within its limit,
 resigns or plays an illegal move loses that game (a `Forfeit` with the reason); a dead or killed engine is started
-again for its next move, and the match goes on. docs/match.md, "Against other engines (USI)".
+again for its next move, and the match goes on. docs/match.md, "Your engine itself: `usi:PATH`".
 """
 
 from __future__ import annotations

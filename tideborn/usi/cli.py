@@ -9,6 +9,7 @@ The end of input is `quit`: exit status 0.
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from pathlib import Path
 
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None, prog: str = "tideborn usi") -> int:
         return report_user_error(exc, prog)
     except KeyboardInterrupt:
         return report_interrupted(prog)
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        sys.stdin.reconfigure(errors="replace")  # a GUI's stray bytes make an unknown command, not a crash
     try:
         return engine.run(sys.stdin)
     except (BrokenPipeError, KeyboardInterrupt):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable, TextIO
 
@@ -242,9 +243,18 @@ class Engine:
 
     def _think(self, board: cshogi.Board | None, go: Go, received: float) -> None:
         try:
-            self.say(self._bestmove(board, go, received))
+            answer = self._bestmove(board, go, received)
         except BrokenPipeError:
             self.stop_event.set()  # the GUI is gone; the main thread sees the end of input
+            return
+        except Exception:  # noqa: BLE001 - a bug: its traceback on stderr, and still a bestmove so the GUI is not left waiting
+            traceback.print_exc(file=self.err)
+            self.complain("thinking failed (a bug: the traceback is on stderr); resigning")
+            answer = "bestmove resign"
+        try:
+            self.say(answer)
+        except BrokenPipeError:
+            self.stop_event.set()
 
     def _bestmove(self, board: cshogi.Board | None, go: Go, received: float) -> str:
         if board is None:

@@ -17,7 +17,14 @@ from pathlib import Path
 
 from tideborn.cliparser import OneLineParser, positive_int
 from tideborn.errors import UserError, report_interrupted, report_user_error
-from tideborn.match.run import DEFAULT_GAMES, DEFAULT_MAX_MOVES, DEFAULT_PARALLEL, run_match, run_round_robin
+from tideborn.match.run import (
+    DEFAULT_GAMES,
+    DEFAULT_MAX_MOVES,
+    DEFAULT_PARALLEL,
+    DEFAULT_PLAYOUTS,
+    run_match,
+    run_round_robin,
+)
 
 MAX_GAMES = 1_000_000
 """Every game is kept in memory until the report (its moves); a million is hours even on a GPU."""
@@ -27,6 +34,18 @@ def _games(text: str) -> int:
     value = positive_int(text)
     if value > MAX_GAMES:
         raise argparse.ArgumentTypeError(f"at most {MAX_GAMES:,}; got {value:,}")
+    return value
+
+
+MAX_PLAYOUTS = 100_000
+"""A tree of Python nodes grows about a kilobyte a playout, one tree per game in flight: 100,000 playouts for
+100 games is some 10 GB; and at a few thousand playouts a second on a CPU, more would take hours a move."""
+
+
+def _playouts(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_PLAYOUTS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_PLAYOUTS:,}; got {value:,}")
     return value
 
 
@@ -104,9 +123,13 @@ def build_parser(prog: str = "tideborn match") -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=_temperature, default=0.0,
                         help="0 plays the legal move with the largest policy logit (default); T > 0 draws "
                              "moves from softmax(logits / T) over the legal moves")
-    parser.add_argument("--mode", choices=("policy", "value"), default="policy",
+    parser.add_argument("--mode", choices=("policy", "value", "search"), default="policy",
                         help="policy: move by the policy head (default); value: a 1-ply search, every legal move "
-                             "tried and the one leaving the opponent the lowest value taken (slower)")
+                             "tried and the one leaving the opponent the lowest value taken (slower); search: a "
+                             "PUCT tree search of --playouts per move guided by policy and value, as dlshogi's")
+    parser.add_argument("--playouts", type=_playouts, metavar="N",
+                        help=f"with --mode search: playouts per move (default {DEFAULT_PLAYOUTS}; at most "
+                             f"{MAX_PLAYOUTS:,})")
     parser.add_argument("--max-moves", type=positive_int, default=DEFAULT_MAX_MOVES,
                         help=f"plies from the opening after which a game is a draw (default {DEFAULT_MAX_MOVES})")
     parser.add_argument("--parallel", type=positive_int, default=DEFAULT_PARALLEL,
@@ -233,6 +256,8 @@ def main(argv: list[str] | None = None, prog: str = "tideborn match") -> int:
     args = parser.parse_args(argv)
     if args.others and not args.round_robin:
         parser.error(f"{2 + len(args.others)} players named: name two, or add --round-robin to play every pair")
+    if args.playouts is not None and args.mode != "search":
+        parser.error(f"--playouts {args.playouts}: playouts are for --mode search (the mode is {args.mode})")
     try:
         if args.threads:
             import torch
@@ -241,7 +266,7 @@ def main(argv: list[str] | None = None, prog: str = "tideborn match") -> int:
         common = dict(games=args.games, openings=args.openings, seed=args.seed, temperature=args.temperature,
                       max_moves=args.max_moves, parallel=args.parallel, device=args.device, weights=args.weights,
                       save_games=args.save_games, mode=args.mode, onnx_value=args.onnx_value, threads=args.threads,
-                      engines=_engine_settings(args))
+                      playouts=args.playouts or DEFAULT_PLAYOUTS, engines=_engine_settings(args))
         if args.round_robin:
             report = run_round_robin([args.first, args.second, *args.others], **common)
         else:

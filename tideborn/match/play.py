@@ -1,4 +1,5 @@
-"""Many games at once between two players, each move chosen by the side to move's policy.
+"""Many games at once between two players, each move chosen by the side to move's policy, its value after
+each legal move (value mode) or a PUCT search (search mode, `tideborn.match.search`).
 
 All unfinished games advance together: the boards whose side to move belongs to player A are encoded
 into one batch (`cshogi.dlshogi.make_input_features`) and go through A in one forward pass (a checkpoint's
@@ -31,6 +32,7 @@ import torch
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features, make_move_label
 
 from tideborn.match.players import Player, as_player
+from tideborn.match.search import Searcher
 
 BLACK_WINS, WHITE_WINS, DRAW = "black", "white", "draw"
 REPETITIONS_TO_END = 4
@@ -177,14 +179,35 @@ def new_games(openings: list[str], pairs: int, seed: int) -> list[Game]:
     return games
 
 
+def _search_moves(searcher, group: list[Game], playouts: int, max_moves: int) -> list[int]:
+    """Search mode: a PUCT search of `playouts` from every game of the group, all the trees' leaves in each
+    forward pass (`tideborn.match.search`); with a temperature, the move is drawn from the visits by the game's
+    own generator."""
+    results = searcher.search_many([game.board for game in group], playouts=playouts,
+                                   plies_to_draw=[max_moves - len(game.moves) for game in group],
+                                   rngs=[game.rng for game in group])
+    return [result.move for result in results]
+
+
+MODES = ("policy", "value", "search")
+
+
 @torch.inference_mode()
 def play(nets: tuple[Player | torch.nn.Module, Player | torch.nn.Module], games: list[Game], *,
          parallel: int = 100, max_moves: int = 320, temperature: float = 0.0, device: torch.device | str = "cpu",
-         on_finished: Callable[[Game], None] | None = None, mode: str = "policy") -> float:
+         on_finished: Callable[[Game], None] | None = None, mode: str | tuple[str, str] = "policy",
+         playouts: int = 64) -> float:
     """Play `games` to the end, at most `parallel` at a time; returns the seconds it took. `nets` are players
-    (`tideborn.match.players`: a checkpoint's network or an ONNX model) or bare networks on `device`."""
+    (`tideborn.match.players`: a checkpoint's network or an ONNX model) or bare networks on `device`. `mode`
+    is both sides' (policy, value or search with `playouts` per move), or a pair: each side's own."""
     start = time.monotonic()
     players = tuple(as_player(net, device) for net in nets)
+    modes = (mode, mode) if isinstance(mode, str) else tuple(mode)
+    unknown = [side_mode for side_mode in modes if side_mode not in MODES]
+    if unknown:
+        raise ValueError(f"mode {unknown[0]!r}: one of {', '.join(MODES)}")
+    searchers = tuple(Searcher(player, temperature=temperature) if side_mode == "search" else None
+                      for player, side_mode in zip(players, modes))
     queue = list(reversed(games))
     active: list[Game] = []
     capacity = max(1, min(parallel, len(games)))  # no buffer larger than the games need
@@ -202,8 +225,10 @@ def play(nets: tuple[Player | torch.nn.Module, Player | torch.nn.Module], games:
                 continue
             if getattr(players[player], "external", False):
                 moves = [players[player].choose(game) for game in group]  # one process: a move at a time
-            elif mode == "value":
+            elif modes[player] == "value":
                 moves = _value_moves(players[player], group, temperature, device)
+            elif modes[player] == "search":
+                moves = _search_moves(searchers[player], group, playouts, max_moves)
             else:
                 for row, game in enumerate(group):
                     make_input_features(game.board, features1[row], features2[row])

@@ -13,6 +13,7 @@ from tideborn.errors import UserError
 DEFAULT_GAMES = 200
 DEFAULT_PARALLEL = 100
 DEFAULT_MAX_MOVES = 320
+DEFAULT_PLAYOUTS = 64
 
 
 def _check_save_dir(path: Path) -> None:
@@ -35,10 +36,11 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
               parallel: int = DEFAULT_PARALLEL, device: str = "cpu", weights: str = "auto",
               save_games: Path | None = None, mode: str = "policy",
               run_files: tuple[bool, bool] = (False, False), onnx_value: str = "auto",
-              threads: int | None = None, engines=None) -> dict:
+              threads: int | None = None, playouts: int = DEFAULT_PLAYOUTS, engines=None) -> dict:
     """Play the match and return its report (what --json prints). Raises UserError for bad input.
     Each side is a checkpoint or an ONNX model (`tideborn.match.players`). `run_files`: which of the two is a
     file of a run directory (`runtime.match_every`), read without following a link (always a checkpoint).
+    `playouts`: per move, in search mode.
     A side `usi:PATH` is an external USI engine (`tideborn.match.external`), run as `engines`
     (`EngineSettings`) say; it is started and checked before the first game and asked to quit after the last."""
     from tideborn.match.openings import load_openings
@@ -54,7 +56,7 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
             players.append(_load(path, weights, chosen_device, run_file, onnx_value, threads, number, engines))
         return _play_pair(players, positions, games=games, openings=openings, seed=seed, temperature=temperature,
                           max_moves=max_moves, parallel=parallel, device=chosen_device, save_games=save_games,
-                          mode=mode, engines=engines)
+                          mode=mode, playouts=playouts, engines=engines)
     finally:
         _close(players)
 
@@ -63,7 +65,7 @@ def run_round_robin(paths: list[Path], *, games: int = DEFAULT_GAMES, openings: 
                     seed: int = 0, temperature: float = 0.0, max_moves: int = DEFAULT_MAX_MOVES,
                     parallel: int = DEFAULT_PARALLEL, device: str = "cpu", weights: str = "auto",
                     save_games: Path | None = None, mode: str = "policy", onnx_value: str = "auto",
-                    threads: int | None = None, engines=None) -> dict:
+                    threads: int | None = None, playouts: int = DEFAULT_PLAYOUTS, engines=None) -> dict:
     """Every pair of `paths` plays a match of `games` games (the same openings for each pair); the report
     holds each pair's and the ratings fitted over all games (`tideborn.match.ratings`), the first player
     the anchor at 0. Every player is loaded, and every input checked, before the first game."""
@@ -82,14 +84,14 @@ def run_round_robin(paths: list[Path], *, games: int = DEFAULT_GAMES, openings: 
             players.append(_load(path, weights, chosen_device, False, onnx_value, threads, number, engines))
         return _round_robin(players, paths, positions, games=games, openings=openings, seed=seed,
                             temperature=temperature, max_moves=max_moves, parallel=parallel, device=chosen_device,
-                            save_games=save_games, mode=mode, engines=engines)
+                            save_games=save_games, mode=mode, playouts=playouts, engines=engines)
     finally:
         _close(players)
 
 
 def _round_robin(players: list, paths: list[Path], positions: list[str], *, games: int, openings: Path | None,
                  seed: int, temperature: float, max_moves: int, parallel: int, device, save_games: Path | None,
-                 mode: str, engines) -> dict:
+                 mode: str, playouts: int, engines) -> dict:
     import numpy as np
 
     from tideborn.match.ratings import fit_ratings
@@ -105,7 +107,7 @@ def _round_robin(players: list, paths: list[Path], positions: list[str], *, game
             report = _play_pair([players[i], players[j]], positions, games=games, openings=openings, seed=seed,
                                 temperature=temperature, max_moves=max_moves, parallel=parallel,
                                 device=chosen_device, save_games=None if save_error else folder, mode=mode,
-                                engines=engines)
+                                playouts=playouts, engines=engines)
             save_error = save_error or report["save_error"]
             report.update(first_index=i, second_index=j)
             pairs.append(report)
@@ -125,6 +127,7 @@ def _round_robin(players: list, paths: list[Path], positions: list[str], *, game
         "rating_model": "Bradley-Terry on the Elo scale, maximum likelihood over all games, draws as half points; "
                         "95% intervals from the Hessian, relative to the anchor",
         "games": total, "games_per_pair": pairs[0]["games"], "policy": pairs[0]["policy"], "mode": mode,
+        "playouts": pairs[0]["playouts"],
         "temperature": temperature, "seed": seed, "max_moves": max_moves, "parallel": parallel,
         "openings": pairs[0]["openings"], "device": str(chosen_device), "threads": pairs[0]["threads"],
         "seconds": round(seconds, 3), "games_per_second": round(total / max(seconds, 1e-9), 3),
@@ -169,7 +172,7 @@ def _load(path: Path, weights: str, device, run_file: bool, onnx_value: str, thr
 
 def _play_pair(players: list, positions: list[str], *, games: int, openings: Path | None, seed: int,
                temperature: float, max_moves: int, parallel: int, device, save_games: Path | None,
-               mode: str, engines=None) -> dict:
+               mode: str, playouts: int = DEFAULT_PLAYOUTS, engines=None) -> dict:
     """One match between two loaded players, and its report."""
     import random
 
@@ -209,16 +212,15 @@ def _play_pair(players: list, positions: list[str], *, games: int, openings: Pat
             save_failed.append(f"--save-games {save_games}: could not write {path.name} ({why})")
 
     seconds = play((players[0], players[1]), match_games, parallel=parallel, max_moves=max_moves,
-                   temperature=temperature, device=device, on_finished=finished, mode=mode)
+                   temperature=temperature, device=device, on_finished=finished, mode=mode, playouts=playouts)
     scores = [game.score_of_first() for game in match_games]
     result = estimate(scores, list(zip(scores[0::2], scores[1::2])))
     moves = sum(len(game.moves) for game in match_games)
     return {
         "first": players[0].info, "second": players[1].info, **result.as_dict(),
         "openings": str(openings or DEFAULT_OPENINGS), "distinct_openings": min(pairs, len(positions)),
-        "mode": mode, "temperature": temperature,
-        "policy": (("argmax" if temperature == 0 else f"softmax T={temperature:g}")
-                   + (" policy" if mode == "policy" else " value (1 ply)")),
+        "mode": mode, "temperature": temperature, "playouts": playouts if mode == "search" else None,
+        "policy": _how_moves_are_chosen(mode, temperature, playouts),
         "seed": seed, "max_moves": max_moves, "parallel": parallel, "device": str(device),
         "threads": torch.get_num_threads(),
         "seconds": round(seconds, 3), "games_per_second": round(len(match_games) / max(seconds, 1e-9), 3),
@@ -232,6 +234,14 @@ def _play_pair(players: list, positions: list[str], *, games: int, openings: Pat
         "save_error": (f"{save_failed[0]}; {len(saved)} of {len(match_games)} games saved, the score above "
                        "counts all of them") if save_failed else None,
     }
+
+
+def _how_moves_are_chosen(mode: str, temperature: float, playouts: int) -> str:
+    if mode == "search":
+        chosen = "most visited" if temperature == 0 else f"drawn by visits^(1/{temperature:g})"
+        return f"PUCT search, {playouts} playouts a move, {chosen}"
+    return (("argmax" if temperature == 0 else f"softmax T={temperature:g}")
+            + (" policy" if mode == "policy" else " value (1 ply)"))
 
 
 def _device(text: str):

@@ -39,7 +39,8 @@ class Node:
     """A position in the tree. Its children's statistics live in arrays here (one slot per legal move), the
     child `Node`s only where a selection has gone."""
 
-    __slots__ = ("moves", "labels", "priors", "visits", "wins", "child_proven", "children", "n", "w",
+    __slots__ = ("moves", "labels", "priors", "visits", "wins", "child_proven", "any_proven", "visited_prior",
+                 "children", "n", "w",
                  "proven", "terminal", "mate_move", "evaluated")
 
     def __init__(self) -> None:
@@ -49,6 +50,10 @@ class Node:
         self.visits: np.ndarray | None = None
         self.wins: np.ndarray | None = None
         self.child_proven: np.ndarray | None = None
+        self.any_proven = False
+        """Whether a child is proven: selection looks for proven children only then."""
+        self.visited_prior = 0.0
+        """The priors of the children visited so far, for the FPU reduction."""
         self.children: list[Node | None] = []
         self.n = 0
         self.w = 0.0
@@ -162,11 +167,16 @@ def _with_moves(node: Node, board: cshogi.Board, moves: list[int]) -> Node:
 def select_child(node: Node, root: bool, settings: PuctSettings) -> int:
     """dlshogi's `SelectMaxUcbChild`: q + c(N) * u * prior, a proven win taken at once, proven losses skipped.
     Marks `node` proven when its children decide it."""
-    proven = node.child_proven
-    winning = np.flatnonzero(proven == LOSS)  # the child's side to move loses: we win
-    if winning.size:
-        node.proven = WIN
-        return int(winning[np.argmax(node.priors[winning])])
+    if node.any_proven:
+        proven = node.child_proven
+        winning = np.flatnonzero(proven == LOSS)  # the child's side to move loses: we win
+        if winning.size:
+            node.proven = WIN
+            return int(winning[np.argmax(node.priors[winning])])
+        losing = proven == WIN
+        if losing.all():
+            node.proven = LOSS
+            return best_child(node)
     if root:
         c_init, c_base, fpu_reduction = settings.c_init_root, settings.c_base_root, settings.fpu_reduction_root
     else:
@@ -174,21 +184,26 @@ def select_child(node: Node, root: bool, settings: PuctSettings) -> int:
     total = node.n
     sqrt_total = math.sqrt(total)
     c = math.log((total + c_base + 1.0) / c_base) + c_init
+    if total == 0 and not node.any_proven:  # every child unvisited: the same q and u for all
+        return int(np.argmax(node.priors))
     visits = node.visits
     visited = visits > 0
     # FPU: the parent's mean less a reduction growing with the policy mass already visited (as lc0; dlshogi
     # adds the chosen child's prior on every selection, a sum that outgrows 1)
-    reduction = fpu_reduction * math.sqrt(float(node.priors[visited].sum()))
+    reduction = fpu_reduction * math.sqrt(max(node.visited_prior, 0.0))  # a sum that went up and down may be -1e-17
     parent_q = max(0.0, node.w / total - reduction) if node.w > 0 else 0.0
     q = np.where(visited, node.wins / np.maximum(visits, 1), parent_q)
-    u = np.where(visited, sqrt_total / (1.0 + visits), 1.0 if total == 0 else sqrt_total)
+    u = np.where(visited, sqrt_total / (1.0 + visits), sqrt_total)
     ucb = q + c * u * node.priors
-    losing = proven == WIN
-    if losing.all():
-        node.proven = LOSS
-        return best_child(node)
-    ucb[losing] = -np.inf
+    if node.any_proven:
+        ucb[node.child_proven == WIN] = -np.inf
     return int(np.argmax(ucb))
+
+
+def set_child_proven(node: Node, index: int, proven: int) -> None:
+    if proven != UNPROVEN:
+        node.child_proven[index] = proven
+        node.any_proven = True
 
 
 def best_child(node: Node) -> int:
@@ -258,8 +273,10 @@ class Tree:
                     node.terminal = 1.0 if node.proven == WIN else 0.0
                     if path:
                         parent, parent_index = path[-1]
-                        parent.child_proven[parent_index] = node.proven
+                        set_child_proven(parent, parent_index, node.proven)
                 node.n += 1
+                if node.visits[index] == 0:
+                    node.visited_prior += node.priors[index]
                 node.visits[index] += 1
                 path.append((node, index))
                 board.push(node.moves[index])
@@ -268,7 +285,7 @@ class Tree:
                     plies_left = None if self.plies_to_draw is None else self.plies_to_draw - len(path)
                     child = node.children[index] = new_node(board, plies_left, settings.draw_value)
                     self.nodes += 1
-                    node.child_proven[index] = child.proven
+                    set_child_proven(node, index, child.proven)
                     if child.terminal is None:
                         self.max_depth = max(self.max_depth, len(path))
                         batch.add(board, Leaf(self, child, path))
@@ -280,6 +297,8 @@ class Tree:
                     for parent, parent_index in path:
                         parent.n -= 1
                         parent.visits[parent_index] -= 1
+                        if parent.visits[parent_index] == 0:
+                            parent.visited_prior -= parent.priors[parent_index]
                     return DISCARDED
                 node = child
         finally:

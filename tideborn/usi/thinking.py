@@ -163,7 +163,8 @@ def measure_latency_ms(player, batch: int = 1, repeats: int = 5) -> float:
     board = cshogi.Board()
     features1 = np.zeros((batch, FEATURES1_NUM, 9, 9), dtype=np.float32)
     features2 = np.zeros((batch, FEATURES2_NUM, 9, 9), dtype=np.float32)
-    player.evaluate(features1, features2)  # the first run pays for allocations and lazy initialisation
+    for _ in range(2):  # the first runs pay for allocations and the backends' lazy initialisation
+        player.evaluate(features1, features2)
     times = []
     for _ in range(repeats):
         started = time.perf_counter()

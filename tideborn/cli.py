@@ -32,6 +32,7 @@ COMMANDS = (
     Command("data", "tideborn.data.cli", "tideborn data inspect data/teacher/train.hcpe"),
     Command("export", "tideborn.export.cli", "tideborn export --checkpoint CKPT --out model.onnx"),
     Command("match", "tideborn.match.cli", "tideborn match A.pt B.pt --games 200"),
+    Command("usi", "tideborn.usi.cli", "tideborn usi model.onnx"),
 )
 BY_NAME = {command.name: command for command in COMMANDS}
 USAGE_WIDTH = 100

@@ -69,6 +69,31 @@ def _temperature(text: str) -> float:
     return value
 
 
+def _engine_option(text: str) -> tuple[int | None, str, str]:
+    """`NAME=VALUE` for every engine, `N:NAME=VALUE` for player N only (numbered from 1 as named)."""
+    who = None
+    head, sep, value = text.partition("=")
+    if not sep or not head.strip():
+        raise argparse.ArgumentTypeError(f"expected [N:]NAME=VALUE; got {text!r}")
+    number, colon, name = head.partition(":")
+    if colon:
+        if not number.isdigit() or int(number) < 1:
+            raise argparse.ArgumentTypeError(f"expected a player number from 1 before ':'; got {text!r}")
+        who = int(number)
+    else:
+        name = head
+    if not name.strip() or any(ch in name + value for ch in "\n\r"):
+        raise argparse.ArgumentTypeError(f"expected [N:]NAME=VALUE; got {text!r}")
+    return who, name.strip(), value.strip()
+
+
+def _milliseconds(text: str) -> int:
+    value = positive_int(text)
+    if value > 24 * 3600 * 1000:
+        raise argparse.ArgumentTypeError(f"at most a day (86400000 ms); got {value}")
+    return value
+
+
 def build_parser(prog: str = "tideborn match") -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description="Play two networks (checkpoints or ONNX models) against each "
                                                   "other and report the score as Elo (first vs second), or "
@@ -76,7 +101,9 @@ def build_parser(prog: str = "tideborn match") -> argparse.ArgumentParser:
     parser.add_argument("first", type=Path, metavar="A",
                         help="the player whose score is reported: a checkpoint (.pt) or an ONNX model with "
                              "dlshogi's inputs and outputs (.onnx, e.g. from tideborn export)")
-    parser.add_argument("second", type=Path, metavar="B", help="its opponent, a checkpoint or an ONNX model")
+    parser.add_argument("second", type=Path, metavar="B",
+                        help="its opponent, a checkpoint or an ONNX model; any player may also be usi:PATH, the "
+                             "USI engine at PATH (an executable) run as a subprocess")
     parser.add_argument("others", type=Path, nargs="*", metavar="C",
                         help="more players, with --round-robin")
     parser.add_argument("--round-robin", action="store_true",
@@ -115,6 +142,20 @@ def build_parser(prog: str = "tideborn match") -> argparse.ArgumentParser:
                              "has them)")
     parser.add_argument("--save-games", type=Path, metavar="DIR",
                         help="write every game as DIR/game-NNNN.csa (CSA, read by cshogi and shogi GUIs)")
+    parser.add_argument("--engine-option", type=_engine_option, action="append", default=[],
+                        metavar="[N:]NAME=VALUE",
+                        help="set a USI option of every usi: engine, or with N: of player N only (numbered from 1 "
+                             "as named); repeatable")
+    parser.add_argument("--engine-byoyomi", type=_milliseconds, metavar="MS",
+                        help="usi: engines think each move with this byoyomi and no main time (default 1000 "
+                             "unless --engine-nodes is given)")
+    parser.add_argument("--engine-nodes", type=positive_int, metavar="N",
+                        help="usi: engines search at most N nodes a move (go nodes N)")
+    parser.add_argument("--engine-timeout", type=_milliseconds, metavar="MS",
+                        help="a usi: engine with no bestmove after MS loses the game on time and is restarted "
+                             "(default: the byoyomi + 1000, or 30000 with --engine-nodes alone)")
+    parser.add_argument("--engine-start-timeout", type=_milliseconds, metavar="MS",
+                        help="time for a usi: engine to answer usiok and readyok at start (default 30000)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     return parser
 
@@ -125,6 +166,9 @@ class SaveFailed(UserError):
 
 def player_text(side: dict) -> str:
     """A player as the reports name it: the path, and what it is."""
+    if side.get("kind") == "usi":
+        restarts = f", restarted {side['restarts']}x" if side.get("restarts") else ""
+        return f"{side['path']} (USI engine {side.get('engine') or '?'}, {side['go']}{restarts})"
     if side.get("kind") == "onnx":
         made = f", step {side['step']}" if side.get("step") is not None else ""
         how = {"option": "--onnx-value", "metadata": "its metadata", "graph": "its graph",
@@ -149,6 +193,8 @@ def describe(report: dict) -> str:
         f"  {report['games']} games, {report['moves']} moves in {report['seconds']:.1f} s: "
         f"{report['games_per_second']:.1f} games/s on {report['device']} ({report['threads']} threads)",
     ]
+    for incident in report.get("incidents") or []:
+        lines.append(f"  game {incident['game']}: {incident['reason']}: {incident['detail']}")
     if report["saved_games"] and not report.get("save_error"):
         lines.append(f"  games saved as CSA in {report['saved_games']}/")
     return "\n".join(lines)
@@ -197,6 +243,14 @@ def _elo_text(value: float | None, score: float) -> str:
     return format_elo(value)
 
 
+def _engine_settings(args: argparse.Namespace):
+    from tideborn.match.external import DEFAULT_START_TIMEOUT_MS, EngineSettings
+
+    return EngineSettings(byoyomi_ms=args.engine_byoyomi, nodes=args.engine_nodes, timeout_ms=args.engine_timeout,
+                          start_timeout_ms=args.engine_start_timeout or DEFAULT_START_TIMEOUT_MS,
+                          options=tuple(args.engine_option))
+
+
 def main(argv: list[str] | None = None, prog: str = "tideborn match") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
@@ -212,7 +266,7 @@ def main(argv: list[str] | None = None, prog: str = "tideborn match") -> int:
         common = dict(games=args.games, openings=args.openings, seed=args.seed, temperature=args.temperature,
                       max_moves=args.max_moves, parallel=args.parallel, device=args.device, weights=args.weights,
                       save_games=args.save_games, mode=args.mode, onnx_value=args.onnx_value, threads=args.threads,
-                      playouts=args.playouts or DEFAULT_PLAYOUTS)
+                      playouts=args.playouts or DEFAULT_PLAYOUTS, engines=_engine_settings(args))
         if args.round_robin:
             report = run_round_robin([args.first, args.second, *args.others], **common)
         else:

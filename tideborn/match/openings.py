@@ -125,6 +125,14 @@ def _position_of_line(line: str, where: str) -> str:
     """The SFEN of an openings line: `[position] startpos [moves M...]` or `[position] [sfen] SFEN [moves M...]`,
     its moves (USI) played and checked legal one by one. Anything else after `startpos`, or a move that is not
     legal where it is played, is refused naming `where` and the move."""
+    return _check_playable(board_of_position(line, where), where, line.strip())
+
+
+def board_of_position(line: str, where: str) -> cshogi.Board:
+    """The board of a USI `position` line (or an openings line, as `_position_of_line` reads it) with its moves
+    played on it, so the board keeps their history (repetitions); `UserError` naming `where` for anything that
+    is not a legal position and legal moves. The USI engine reads its GUI's `position` commands with it: the
+    checks come before cshogi sees the text, whose C++ parser aborts the process on malformed SFEN."""
     tokens = line.split()
     if tokens[0] == "position":
         tokens = tokens[1:]
@@ -149,7 +157,7 @@ def _position_of_line(line: str, where: str) -> str:
             raise UserError(f"{where}: move {number}, {usi!r}, is not a legal move in the position it is played "
                             f"in ({board.sfen()})")
         board.push(move)
-    return _check_playable(board, where, line.strip())
+    return board
 
 
 def load_openings(path: Path | None = None) -> list[str]:

@@ -8,6 +8,10 @@ is the legal move with the largest policy logit (`make_move_label` picks each le
 a temperature T > 0, drawn from the softmax of the legal logits / T with a random generator seeded per game,
 so a game does not depend on which others share its batch.
 
+A side may also be an external USI engine (`tideborn.match.external`): it is asked for each move of its games
+one at a time, and an answer that is no move (a crash, a timeout, a resignation, an illegal move) loses the
+game for it (`Forfeit`).
+
 A game ends by the rules cshogi implements (docs/match.md): no legal move (mate; a pawn-drop mate is not
 among cshogi's legal moves), the same position (board, hands, side to move) a fourth time (a draw, or a
 loss for the side that gave check on every move of the cycle: `Board.is_draw`), an entering-king
@@ -48,6 +52,8 @@ class Game:
     board: cshogi.Board | None = None
     seen: Counter = field(default_factory=Counter)
     rng: np.random.Generator | None = None
+    detail: str | None = None
+    """What happened, where the reason alone does not say (an external engine's crash, timeout, illegal move)."""
 
     def score_of_first(self) -> float:
         """The first network's points: 1 win, 0.5 draw, 0 loss."""
@@ -59,6 +65,14 @@ class Game:
     def player_to_move(self) -> int:
         assert self.board is not None
         return self.black if self.board.turn == cshogi.BLACK else 1 - self.black
+
+
+@dataclass(frozen=True)
+class Forfeit:
+    """An external engine's answer that loses the game for its side (`tideborn.match.external`): `reason` is
+    the game's end (`engine crashed`, `engine timed out`, `resign`, `illegal move`, `false win declaration`)."""
+    reason: str
+    detail: str
 
 
 def _side_wins(color: int) -> str:
@@ -209,7 +223,9 @@ def play(nets: tuple[Player | torch.nn.Module, Player | torch.nn.Module], games:
             group = [game for game in active if game.result is None and game.player_to_move() == player]
             if not group:
                 continue
-            if modes[player] == "value":
+            if getattr(players[player], "external", False):
+                moves = [players[player].choose(game) for game in group]  # one process: a move at a time
+            elif modes[player] == "value":
                 moves = _value_moves(players[player], group, temperature, device)
             elif modes[player] == "search":
                 moves = _search_moves(searchers[player], group, playouts, max_moves)
@@ -220,6 +236,10 @@ def play(nets: tuple[Player | torch.nn.Module, Player | torch.nn.Module], games:
                 moves = [_choose(logits[row], game, temperature) for row, game in enumerate(group)]
             for row, game in enumerate(group):
                 move = moves[row]
+                if isinstance(move, Forfeit):
+                    game.detail = move.detail
+                    _finish(game, _side_wins(1 - game.board.turn), move.reason)
+                    continue
                 game.board.push(move)
                 game.moves.append(move)
                 _judge(game, max_moves)

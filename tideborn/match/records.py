@@ -11,10 +11,14 @@ from cshogi import CSA
 from tideborn.match.play import DRAW, WHITE_WINS, Game
 from tideborn.safefile import write_atomically
 
-_ENDINGS = {"mate": "%TORYO", "repetition": "%SENNICHITE", "entering king": "%KACHI", "max moves": "%JISHOGI"}
+_ENDINGS = {"mate": "%TORYO", "repetition": "%SENNICHITE", "entering king": "%KACHI", "max moves": "%JISHOGI",
+            "resign": "%TORYO", "engine timed out": "%TIME_UP", "illegal move": "%ILLEGAL_MOVE",
+            "false win declaration": "%ILLEGAL_MOVE", "engine crashed": "%CHUDAN"}
 """The CSA (V2.2) end-of-game line for each way a game ends. A mated side resigns (%TORYO), as in CSA
 records; a move cap is recorded as %JISHOGI (an impasse draw), which every CSA reader knows; a perpetual
-check is the checking side's illegal action (%+ILLEGAL_ACTION when black checked), see `ending`."""
+check is the checking side's illegal action (%+ILLEGAL_ACTION when black checked), see `ending`. An external
+engine that resigns, runs out of its time or plays an illegal move gets CSA's line for it; one that crashed gets
+%CHUDAN (the game broken off), and the comments after it say who won and why."""
 
 
 def ending(game: Game) -> str:
@@ -34,6 +38,8 @@ def csa_text(game: Game, names: tuple[str, str]) -> str:
         exporter.move(move)
     exporter.endgame(ending(game))
     exporter.f.write(f"'result {game.result}{'' if game.result == DRAW else ' wins'} by {game.reason}\n")
+    if game.detail:
+        exporter.f.write(f"'detail {' '.join(game.detail.split())}\n")
     return exporter.f.getvalue()
 
 

@@ -36,36 +36,40 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
               parallel: int = DEFAULT_PARALLEL, device: str = "cpu", weights: str = "auto",
               save_games: Path | None = None, mode: str = "policy",
               run_files: tuple[bool, bool] = (False, False), onnx_value: str = "auto",
-              threads: int | None = None, playouts: int = DEFAULT_PLAYOUTS) -> dict:
+              threads: int | None = None, playouts: int = DEFAULT_PLAYOUTS, engines=None) -> dict:
     """Play the match and return its report (what --json prints). Raises UserError for bad input.
     Each side is a checkpoint or an ONNX model (`tideborn.match.players`). `run_files`: which of the two is a
     file of a run directory (`runtime.match_every`), read without following a link (always a checkpoint).
-    `playouts`: per move, in search mode."""
+    `playouts`: per move, in search mode.
+    A side `usi:PATH` is an external USI engine (`tideborn.match.external`), run as `engines`
+    (`EngineSettings`) say; it is started and checked before the first game and asked to quit after the last."""
     from tideborn.match.openings import load_openings
 
     if save_games is not None:
         _check_save_dir(save_games)
     positions = load_openings(openings)
     chosen_device = _device(device)
-    players = [_load(path, weights, chosen_device, run_file, onnx_value, threads)
-               for path, run_file in zip((first, second), run_files)]
-    return _play_pair(players, positions, games=games, openings=openings, seed=seed, temperature=temperature,
-                      max_moves=max_moves, parallel=parallel, device=chosen_device, save_games=save_games,
-                      mode=mode, playouts=playouts)
+    engines = _check_engines([first, second], engines)
+    players: list = []
+    try:
+        for number, (path, run_file) in enumerate(zip((first, second), run_files), start=1):
+            players.append(_load(path, weights, chosen_device, run_file, onnx_value, threads, number, engines))
+        return _play_pair(players, positions, games=games, openings=openings, seed=seed, temperature=temperature,
+                          max_moves=max_moves, parallel=parallel, device=chosen_device, save_games=save_games,
+                          mode=mode, playouts=playouts, engines=engines)
+    finally:
+        _close(players)
 
 
 def run_round_robin(paths: list[Path], *, games: int = DEFAULT_GAMES, openings: Path | None = None,
                     seed: int = 0, temperature: float = 0.0, max_moves: int = DEFAULT_MAX_MOVES,
                     parallel: int = DEFAULT_PARALLEL, device: str = "cpu", weights: str = "auto",
                     save_games: Path | None = None, mode: str = "policy", onnx_value: str = "auto",
-                    threads: int | None = None, playouts: int = DEFAULT_PLAYOUTS) -> dict:
+                    threads: int | None = None, playouts: int = DEFAULT_PLAYOUTS, engines=None) -> dict:
     """Every pair of `paths` plays a match of `games` games (the same openings for each pair); the report
     holds each pair's and the ratings fitted over all games (`tideborn.match.ratings`), the first player
     the anchor at 0. Every player is loaded, and every input checked, before the first game."""
-    import numpy as np
-
     from tideborn.match.openings import load_openings
-    from tideborn.match.ratings import fit_ratings
 
     if len(paths) < 2:
         raise UserError(f"a round robin needs two players or more; got {len(paths)}")
@@ -73,7 +77,26 @@ def run_round_robin(paths: list[Path], *, games: int = DEFAULT_GAMES, openings: 
         _check_save_dir(save_games)
     positions = load_openings(openings)
     chosen_device = _device(device)
-    players = [_load(path, weights, chosen_device, False, onnx_value, threads) for path in paths]
+    engines = _check_engines(paths, engines)
+    players: list = []
+    try:
+        for number, path in enumerate(paths, start=1):
+            players.append(_load(path, weights, chosen_device, False, onnx_value, threads, number, engines))
+        return _round_robin(players, paths, positions, games=games, openings=openings, seed=seed,
+                            temperature=temperature, max_moves=max_moves, parallel=parallel, device=chosen_device,
+                            save_games=save_games, mode=mode, playouts=playouts, engines=engines)
+    finally:
+        _close(players)
+
+
+def _round_robin(players: list, paths: list[Path], positions: list[str], *, games: int, openings: Path | None,
+                 seed: int, temperature: float, max_moves: int, parallel: int, device, save_games: Path | None,
+                 mode: str, playouts: int, engines) -> dict:
+    import numpy as np
+
+    from tideborn.match.ratings import fit_ratings
+
+    chosen_device = device
     count = len(players)
     points, played = np.zeros((count, count)), np.zeros((count, count))
     pairs = []
@@ -84,7 +107,7 @@ def run_round_robin(paths: list[Path], *, games: int = DEFAULT_GAMES, openings: 
             report = _play_pair([players[i], players[j]], positions, games=games, openings=openings, seed=seed,
                                 temperature=temperature, max_moves=max_moves, parallel=parallel,
                                 device=chosen_device, save_games=None if save_error else folder, mode=mode,
-                                playouts=playouts)
+                                playouts=playouts, engines=engines)
             save_error = save_error or report["save_error"]
             report.update(first_index=i, second_index=j)
             pairs.append(report)
@@ -113,16 +136,43 @@ def run_round_robin(paths: list[Path], *, games: int = DEFAULT_GAMES, openings: 
     }
 
 
-def _load(path: Path, weights: str, device, run_file: bool, onnx_value: str, threads: int | None):
+def _check_engines(paths: list[Path], engines):
+    """The engine settings, checked against the sides: an option for a player that is not a `usi:` engine, or
+    options with no engine at all, are refused."""
+    from tideborn.match.external import EngineSettings, is_engine_side
+
+    engines = engines or EngineSettings()
+    sides = {number for number, path in enumerate(paths, start=1) if is_engine_side(path)}
+    for who, name, value in engines.options:
+        if who is None and not sides:
+            raise UserError(f"--engine-option {name}={value}: no player is a usi:PATH engine")
+        if who is not None and who not in sides:
+            raise UserError(f"--engine-option {who}:{name}={value}: player {who} is not a usi:PATH engine "
+                            f"(engines: {', '.join(map(str, sorted(sides))) or 'none'})")
+    return engines
+
+
+def _close(players: list) -> None:
+    for player in players:
+        close = getattr(player, "close", None)
+        if close is not None:
+            close()
+
+
+def _load(path: Path, weights: str, device, run_file: bool, onnx_value: str, threads: int | None,
+          number: int = 1, engines=None):
+    from tideborn.match.external import EngineSettings, is_engine_side, load_engine
     from tideborn.match.players import load_player
 
+    if not run_file and is_engine_side(path):
+        return load_engine(str(path), number, engines or EngineSettings())
     return load_player(path, weights=weights, device=device, run_file=run_file, onnx_value=onnx_value,
                        threads=threads)
 
 
 def _play_pair(players: list, positions: list[str], *, games: int, openings: Path | None, seed: int,
                temperature: float, max_moves: int, parallel: int, device, save_games: Path | None,
-               mode: str, playouts: int = DEFAULT_PLAYOUTS) -> dict:
+               mode: str, playouts: int = DEFAULT_PLAYOUTS, engines=None) -> dict:
     """One match between two loaded players, and its report."""
     import random
 
@@ -176,6 +226,9 @@ def _play_pair(players: list, positions: list[str], *, games: int, openings: Pat
         "seconds": round(seconds, 3), "games_per_second": round(len(match_games) / max(seconds, 1e-9), 3),
         "moves": moves, "ends": dict(Counter(game.reason for game in match_games).most_common()),
         "first_as_black_score": sum(scores[0::2]) / pairs, "first_as_white_score": sum(scores[1::2]) / pairs,
+        "engines": engines.as_dict() if any(getattr(p, "external", False) for p in players) else None,
+        "incidents": [{"game": game.index + 1, "reason": game.reason, "detail": game.detail}
+                      for game in match_games if game.detail],
         "saved_games": str(save_games) if save_games is not None else None,
         "games_saved": len(saved) if save_games is not None else None,
         "save_error": (f"{save_failed[0]}; {len(saved)} of {len(match_games)} games saved, the score above "
@@ -205,3 +258,8 @@ def _device(text: str):
     if device.type not in ("cpu", "cuda"):
         raise UserError(f"--device {text}: only cpu and cuda are supported")
     return device
+
+
+def choose_device(text: str):
+    """The torch device `--device TEXT` names (cpu, cuda, cuda:N, auto); `UserError` for one that cannot be used."""
+    return _device(text)

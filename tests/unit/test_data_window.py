@@ -259,3 +259,36 @@ def test_runs_given_the_same_files_in_the_same_arrival_order_train_identically(t
         finals.append(_final(tmp_path / name / "run", 9))
     assert_same_tensors(finals[0]["model"], finals[1]["model"], "model")
     assert finals[0]["data_cursor"]["watch"]["generation"] == 2
+
+
+def test_status_and_the_monitor_say_the_run_waits_for_data(tmp_path):
+    import dataclasses
+
+    from tideborn.rundir.events import encode_event
+    from tideborn.rundir.report import status_text
+    from tideborn.rundir.state import RunTracker
+    from tideborn.tui.widgets.header import RunHeader
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    now = time.time()
+    waiting = {"step": 0, "reason": "waiting", "positions": 120, "files": 1, "waiting": True, "min_positions": 500,
+               "arrival_positions_per_hour": 3600.0, "newest_age_seconds": 90.0}
+    (run_dir / "events.jsonl").write_bytes(
+        encode_event("run_started", {"step": 0, "max_steps": 100, "batch_size": 16}, now=now - 30)
+        + encode_event("data_window", waiting, now=now - 1))
+    tracker = RunTracker(run_dir)
+    tracker.refresh(now=now, keep_events=False)
+    status = tracker.status(now)
+    assert status.data_window is not None and status.data_window.waiting
+    assert status.to_json()["data_window"]["positions"] == 120
+    # as the live trainer's status reads it (this test has no trainer process to ask about)
+    live = dataclasses.replace(status, state="running", waiting_for_data=True, anomalies=())
+    text = status_text(live)
+    assert "state       running (waiting for data)" in text
+    assert ("data        waiting for data (500 positions needed); window 120 positions in 1 file(s); arriving "
+            "3,600 positions/h; newest file 1m30s old") in text
+    header = RunHeader(run_dir, lambda: now)
+    header.status, header.checked_at = live, now
+    shown = header.text().plain
+    assert shown.startswith(" RUNNING (waiting for data) ") and "window 120 positions in 1 file(s)" in shown

@@ -51,6 +51,7 @@ from tideborn.rundir.files import (
 )
 from tideborn.rundir.kinds import (
     CheckpointSaved,
+    DataWindow,
     Eval,
     Match,
     RunEnded,
@@ -127,6 +128,8 @@ class RunTracker:
         self.last_event: dict | None = None
         """The newest event of any kind (a newer writer's too)."""
         self.last_step: Step | None = None
+        self.data_window: DataWindow | None = None
+        """The session's newest `data_window` event (`data.watch`)."""
         self.last_eval: Eval | None = None
         self.gradient: Anomaly | None = None
         """The session's gradient watchdog trip (a `watchdog` event), if any."""
@@ -224,6 +227,7 @@ class RunTracker:
             self.gradient = None
             self.events_rotated = False
             self.recent_steps.clear()
+            self.data_window = None
             self.loss.new_session()
         elif isinstance(record, Step):
             found += self.loss.observe(event)
@@ -232,6 +236,8 @@ class RunTracker:
                 self.recent_steps.append((record.time, record.step))
         elif isinstance(record, Eval):
             self.last_eval = record
+        elif isinstance(record, DataWindow):
+            self.data_window = record
         elif isinstance(record, Watchdog):
             self.gradient = gradient(event)
             if self.gradient is not None:
@@ -524,7 +530,17 @@ class RunTracker:
             tail_only=self.tail_read, log_error_counts={rule: n for rule, n in self.log_counts.items() if n},
             events_rotated=self.events_rotated, run_started_missing=lost_start,
             anomalies=tuple(self.anomalies(now)),
+            data_window=self.data_window, waiting_for_data=self.waiting_for_data(),
         )
+
+    def waiting_for_data(self) -> bool:
+        """The live trainer's newest word on its data is that it waits (`data_window` with `waiting`), and no step
+        has been trained since."""
+        window = self.data_window
+        if window is None or not window.waiting or self.state not in ("running", "stalled"):
+            return False
+        step = self.last_step
+        return step is None or step.time is None or window.time is None or window.time >= step.time
 
     def _steps_per_second(self) -> float | None:
         if len(self.recent_steps) >= 2:

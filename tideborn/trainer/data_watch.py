@@ -40,7 +40,7 @@ class WatchDuty:
             self._say(f"data.watch: resumed the window recorded in {resumed_from.name} ({len(data.watch.joined)} "
                       f"file(s), {data.window_positions:,} positions)"
                       + (f"; {len(unseen)} file(s) that arrived since join at the next rescan" if unseen else ""))
-            self.emit("resumed", arrived_since=len(unseen))
+            self.window_event("resumed", arrived_since=len(unseen))
         elif data.first_scan is not None:
             self.report(data.first_scan, "start")
 
@@ -58,7 +58,7 @@ class WatchDuty:
                 self._say(f"waiting for data: {fields['positions']:,} position(s) in the window, "
                           f"{max(1, fields['min_positions']):,} needed (data.window_min_positions)")
             if self.heartbeat.should_run():
-                self.emit("waiting")
+                self.window_event("waiting")
             self.sleep(POLL_SECONDS)
             if self.rescan_due.should_run():
                 self.rescan()
@@ -78,15 +78,15 @@ class WatchDuty:
         growing_news = result.growing != self.growing_said
         self.growing_said = result.growing
         if result.changed or why == "start" or growing_news:
-            self.emit(why, joined=[j.path for j in result.joined][:NAMES_IN_EVENT], joined_count=len(result.joined),
-                      left=[p for p, _ in result.left][:NAMES_IN_EVENT], left_count=len(result.left),
-                      growing=result.growing[:NAMES_IN_EVENT])
+            self.window_event(why, joined=[j.path for j in result.joined][:NAMES_IN_EVENT],
+                              joined_count=len(result.joined), left=[p for p, _ in result.left][:NAMES_IN_EVENT],
+                              left_count=len(result.left), growing=result.growing[:NAMES_IN_EVENT])
             if result.joined:
                 self._say(f"data.watch: {len(result.joined)} file(s) joined "
                           f"({sum(j.positions for j in result.joined):,} positions); the window holds "
                           f"{self.data.window_positions:,} positions")
 
-    def emit(self, why: str, **fields: object) -> None:
+    def window_event(self, why: str, **fields: object) -> None:
         self.events.emit("data_window", step=self.step(), reason=why,
                          **{"joined": [], "joined_count": 0, "left": [], "left_count": 0, "growing": [], **fields},
                          **self.data.window_fields())

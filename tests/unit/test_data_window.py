@@ -292,3 +292,37 @@ def test_status_and_the_monitor_say_the_run_waits_for_data(tmp_path):
     header.status, header.checked_at = live, now
     shown = header.text().plain
     assert shown.startswith(" RUNNING (waiting for data) ") and "window 120 positions in 1 file(s)" in shown
+
+
+def test_averaging_works_inside_the_window(tmp_path, selfplay):
+    """With `data.use_average` the window takes the newest whole files (averaged positions keep no file order) and
+    merges the duplicates among them: the window holds the merged positions."""
+    run_dir = tmp_path / "run"
+    train(run_dir, *_watched(selfplay, "data.use_average=true", "data.window_positions=200", "runtime.max_steps=3"),
+          cwd=tmp_path)
+    events = events_of(run_dir)
+    window = next(e for e in events if e["kind"] == "data_window")
+    average = next(e for e in events if e["kind"] == "run_started")["data"]["average"]
+    joined = torch.load(run_dir / "step-000000003.pt", weights_only=True)["data_cursor"]["watch"]["joined"]
+    newest = [j["positions"] for j in joined][::-1]
+    whole_files = next(n for n in range(1, len(newest) + 1) if sum(newest[:n]) >= 200)
+    assert average["inputs"] == sum(newest[:whole_files])  # the newest whole files that hold 200 positions
+    assert window["positions"] == average["positions"] <= average["inputs"]
+
+
+def test_a_file_that_is_not_training_data_is_one_warning_and_the_run_goes_on(tmp_path, selfplay):
+    folder = tmp_path / "selfplay"
+    folder.mkdir()
+    for path in sorted(selfplay.glob("*.hcpe3")):
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "notes.txt").write_text("the producer's notes\n")
+    for path in folder.iterdir():
+        _aged(path)
+    run_dir = tmp_path / "run"
+    sets = _watched(folder, "runtime.max_steps=3")
+    # a glob with no extension: the kind is said (an unknown one would be refused before the start)
+    train(run_dir, f"data.train=[{json.dumps(str(folder / '*'))}]", *sets[1:], 'data.kind="hcpe3"', cwd=tmp_path)
+    warnings = [e["message"] for e in events_of(run_dir) if e["kind"] == "warning"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"data.watch: {folder / 'notes.txt'} not joined: ")
+    assert "\n" not in warnings[0]
+    assert [e["kind"] for e in events_of(run_dir)][-1] == "run_finished"

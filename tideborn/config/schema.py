@@ -149,7 +149,8 @@ class DataSettings:
     rescan_seconds: float = 60.0
     """With `data.watch`: seconds between rescans of the `data.train` globs."""
     window_positions: int = 0
-    """Train on the newest this many positions (newest by arrival order), sampled uniformly; 0: every position."""
+    """Train on the newest this many positions, sampled uniformly (newest: by arrival order with `data.watch`, else
+    the last of `data.train` in its order); 0: every position."""
     window_min_positions: int = 0
     """With `data.watch`: wait (state `waiting for data`) until the window holds at least this many positions."""
 

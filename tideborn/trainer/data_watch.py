@@ -30,7 +30,7 @@ class WatchDuty:
         rescan = data.settings.data.rescan_seconds
         self.rescan_due = Interval(rescan, clock=clock)
         self.rescan_due.should_run()  # the start's own scan was the first
-        self.heartbeat = Interval(min(HEARTBEAT_SECONDS, rescan), clock=clock)
+        self.heartbeat = Interval(HEARTBEAT_SECONDS, clock=clock)
         self.waiting_said = False
         self.growing_said: list[str] = []
         if resumed_from is not None:

@@ -326,3 +326,35 @@ def test_a_file_that_is_not_training_data_is_one_warning_and_the_run_goes_on(tmp
     assert len(warnings) == 1 and warnings[0].startswith(f"data.watch: {folder / 'notes.txt'} not joined: ")
     assert "\n" not in warnings[0]
     assert [e["kind"] for e in events_of(run_dir)][-1] == "run_finished"
+
+
+def test_a_long_wait_for_data_keeps_writing_heartbeats_and_ends_on_a_stop(tmp_path):
+    """Twenty minutes without data (on a clock the wait's own sleeps move on): a `data_window` event at least every
+    minute, so the run never looks stalled (15 minutes without output), and a stop ends the wait."""
+    from tideborn.data.loader import TeacherBatches
+    from tideborn.rundir.events import EventWriter
+    from tideborn.trainer.data_watch import HEARTBEAT_SECONDS, WatchDuty
+    from tideborn.trainer.progress import StepProgress
+    from tideborn.trainer.signals import StopRequest
+
+    folder = tmp_path / "selfplay"
+    folder.mkdir()
+    settings = load_settings(overrides=[f"data.train=[{json.dumps(str(folder / '*.hcpe3'))}]", "data.watch=true",
+                                        "data.workers=0", "data.rescan_seconds=60"], environ={}, cwd=tmp_path).settings
+    now = [0.0]
+    stop = StopRequest()
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        if now[0] >= 20 * 60:
+            stop.reason = "SIGTERM"
+
+    events = EventWriter(tmp_path / "events.jsonl")
+    with TeacherBatches(settings, torch.device("cpu")) as data:
+        duty = WatchDuty(data, events, StepProgress("off"), stop, None, lambda: 0, clock=lambda: now[0], sleep=sleep)
+        assert data.waiting and duty.ready() is False
+    events.close()
+    written = [e for e in events_of(tmp_path) if e["kind"] == "data_window"]
+    assert written[0]["reason"] == "start" and all(e["waiting"] for e in written)
+    # the events' own times are real ones: count the heartbeats instead, one a minute of the wait's clock
+    assert sum(e["reason"] == "waiting" for e in written) == 20 * 60 / HEARTBEAT_SECONDS

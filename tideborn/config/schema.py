@@ -143,6 +143,16 @@ class DataSettings:
     use_average: bool = False
     """Merge identical positions across all `data.train` files into one, averaging policy distributions, value
     and result (dlshogi's `--use_average`); the merged set is cached beside the first file."""
+    watch: bool = False
+    """Re-expand the `data.train` globs every `data.rescan_seconds` and at every checkpoint while training: complete
+    new files join (docs/training.md, "Training inside a self-play loop"); one process only."""
+    rescan_seconds: float = 60.0
+    """With `data.watch`: seconds between rescans of the `data.train` globs."""
+    window_positions: int = 0
+    """Train on the newest this many positions, sampled uniformly (newest: by arrival order with `data.watch`, else
+    the last of `data.train` in its order); 0: every position."""
+    window_min_positions: int = 0
+    """With `data.watch`: wait (state `waiting for data`) until the window holds at least this many positions."""
 
     def __post_init__(self) -> None:
         _one_of(self.kind, DATA_KINDS, "data.kind")
@@ -159,6 +169,16 @@ class DataSettings:
                "hcpe3); set data.kind=\"hcpe\", \"psv\" or \"hcpe3\"")
         if self.kind in ("hcpe", "psv", "hcpe3"):
             _check(bool(self.train), "data.train", f"must list at least one file when data.kind is {self.kind!r}")
+        _check(self.rescan_seconds > 0 and self.rescan_seconds != float("inf"), "data.rescan_seconds",
+               f"must be a finite number > 0; got {self.rescan_seconds}")
+        _check(self.window_positions >= 0, "data.window_positions", f"must be >= 0; got {self.window_positions}")
+        _check(self.window_min_positions >= 0, "data.window_min_positions",
+               f"must be >= 0; got {self.window_min_positions}")
+        if self.watch:
+            _check(bool(self.train) and self.kind != "synthetic", "data.watch",
+                   "needs teacher data: data.train globs to watch (and data.kind not \"synthetic\")")
+            _check(self.eval_scale_fit == "off", "data.watch",
+                   "cannot be combined with data.eval_scale_fit = \"per_file\" (the scales are fitted once, at start)")
 
     @property
     def resolved_kind(self) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import typing
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,8 +31,18 @@ from tideborn.data.dataset import GlobalOrder
 from tideborn.data.evalfix import ScaleFit, fit_files, scales_by_file
 from tideborn.data.features import FEATURES1_NUM, BadRecord
 from tideborn.data.records import expand_paths
-from tideborn.data.sources import BatchDecoder, TeacherSource, file_kind, held_out_source, training_source
+from tideborn.data.sources import (
+    BatchDecoder,
+    TeacherSource,
+    count_file,
+    file_kind,
+    held_out_source,
+    open_source,
+    training_source,
+    watched_patterns,
+)
 from tideborn.data.targets import value_lambda_decays
+from tideborn.data.watch import DataWatch, ScanResult, window_seed
 from tideborn.errors import UserError
 
 SKIP_EXAMPLES = 5
@@ -42,9 +53,12 @@ class _DecodedBatches(Dataset):
     """Maps a cursor (epoch, batch) to that decoded batch; runs in the workers, which also work out the
     batch's record indices, so the training process does nothing per batch but receive it."""
 
-    def __init__(self, records: TeacherSource, order: GlobalOrder, decoder_args: tuple, pack_planes: bool = False):
+    def __init__(self, records: TeacherSource, order: GlobalOrder, decoder_args: tuple, pack_planes: bool = False,
+                 first: int = 0):
         self.records = records
         self.order = order
+        self.first = first
+        """The window's first position in `records` (`data.window_positions`): the order numbers the window."""
         self.decoder_args = decoder_args
         self.pack_planes = pack_planes
         self._decoder: BatchDecoder | None = None
@@ -56,7 +70,7 @@ class _DecodedBatches(Dataset):
         return len(self.records)
 
     def __getitem__(self, cursor: tuple[int, int]) -> dict:
-        indices = self.order.micro_indices(*cursor)
+        indices = self.order.micro_indices(*cursor) + self.first
         if self._decoder is None:
             self._decoder = BatchDecoder(*self.decoder_args)
         in_worker = torch.utils.data.get_worker_info() is not None
@@ -194,27 +208,38 @@ class TeacherBatches:
         """Workers pack the planes eight to a byte (module docstring): on CUDA, where the device unpacks them
         for nothing; on the CPU unpacking would cost more than the copy it saves. (An argument for the
         loader benchmark and the tests.)"""
-        self.records = training_source(settings)
-        # fitted on the files as they are (before any averaging, which then uses each file's scale)
-        self.scale_fits: list[ScaleFit] = (fit_files(self.records, data.eval_scale)
-                                           if data.eval_scale_fit == "per_file" else [])
+        self._iterator: typing.Iterator | None = None
+        self._loader: DataLoader | None = None
+        self.resume_left: list[tuple[str, str]] = []
+        """With `data.watch`: window files gone or changed since the checkpoint (they left; warnings)."""
+        self.kind = data.resolved_kind
+        self.batch_size = micro_batch_size or settings.optim.micro_batch_size
+        self.accumulation = accumulation or settings.optim.accumulation_steps
+        """Micro-batches a rank takes per step."""
+        self.rank, self.world_size = rank, world_size
+        self.scale_fits: list[ScaleFit] = []
         """`data.eval_scale_fit = "per_file"`: each training file's eval scale (dlshogi's evalfix)."""
         self.averaging: dict | None = None
         """With `data.use_average`: inputs, merged positions, skipped records and the cache file (see `average`)."""
-        if data.use_average:
-            from tideborn.data.average import averaged_source
-
-            self.records = averaged_source(self.records, settings, scales=scales_by_file(self.scale_fits))
-            self.averaging = self.records.note.get("average")
-        self.kind = data.resolved_kind
-        batch_size = micro_batch_size or settings.optim.micro_batch_size
-        accumulation = accumulation or settings.optim.accumulation_steps
-        if len(self.records) < world_size:
-            raise UserError(f"data.train: {len(self.records)} records cannot be shared among {world_size} ranks")
-        if len(self.records) < world_size * accumulation:
-            raise UserError(f"data.train: {len(self.records)} records cannot fill one step of {world_size} rank(s) "
-                            f"x {accumulation} micro-batches (optim.accumulation_steps)")
-        self.order = GlobalOrder(len(self.records), settings.runtime.seed, batch_size, world_size, accumulation, rank)
+        self.first = 0
+        """The window's first position in `records`: positions before it are older than the window."""
+        self.watch: DataWatch | None = None
+        """With `data.watch`: the joined files and the window (`data.watch`); `records` is the window's files."""
+        self.records: TeacherSource | None = None
+        self.order: GlobalOrder | None = None
+        self.first_scan: ScanResult | None = None
+        if data.watch:
+            if world_size > 1:
+                raise UserError("data.watch: a watched data set is trained by one process; run without torchrun")
+            self.watch = DataWatch(watched_patterns(settings), lambda path: count_file(path, data.kind),
+                                   data.window_positions, data.rescan_seconds)
+            self.first_scan = self.watch.scan()
+            self._open_window()
+        else:
+            records = training_source(settings)
+            # fitted on the files as they are (before any averaging, which then uses each file's scale)
+            self.scale_fits = fit_files(records, data.eval_scale) if data.eval_scale_fit == "per_file" else []
+            self._use_records(records, [])
         self.decoder_args = (data.eval_scale, settings.loss.value_lambda, data.bad_records, data.policy_temperature,
                              None if data.use_average else scales_by_file(self.scale_fits))
         self.value_parts = value_lambda_decays(settings.loss)
@@ -230,14 +255,84 @@ class TeacherBatches:
         self.drawn: list[tuple[tuple[int, int], np.ndarray]] = []
         """This rank's micro-batches since the list was last cleared: (epoch, global micro-batch), record indices."""
         """The latest skipped records as 'file: record N: reason', for the warning event."""
-        self._iterator: typing.Iterator | None = None
-        self._loader: DataLoader | None = None
+
+    def _use_records(self, records: TeacherSource, window: list) -> None:
+        """Train on `records` (averaged first with `data.use_average`), the window's last `data.window_positions`
+        of them, in a data order keyed by the seed and the watch's generation; the cursor starts over."""
+        settings, data = self.settings, self.settings.data
+        if data.use_average:
+            from tideborn.data.average import averaged_source
+
+            records = averaged_source(records, settings, scales=scales_by_file(self.scale_fits))
+            self.averaging = records.note.get("average")
+        self.records = records
+        # Averaged positions have no file order left: the window then holds the newest whole files (watch.window).
+        self.first = 0
+        if data.window_positions and len(records) > data.window_positions and not data.use_average:
+            self.first = len(records) - data.window_positions
+        positions = len(records) - self.first
+        if positions < self.world_size:
+            raise UserError(f"data.train: {positions} records cannot be shared among {self.world_size} ranks")
+        if positions < self.world_size * self.accumulation:
+            raise UserError(f"data.train: {positions} records cannot fill one step of {self.world_size} rank(s) "
+                            f"x {self.accumulation} micro-batches (optim.accumulation_steps)")
+        generation = self.watch.generation if self.watch is not None else 0
+        seed = self.settings.runtime.seed if generation == 0 else window_seed(self.settings.runtime.seed, generation)
+        self.order = GlobalOrder(positions, seed, self.batch_size, self.world_size, self.accumulation, self.rank)
+        if window:
+            self.records.note["window"] = {"files": len(window), "positions": positions, "generation": generation}
+        self.epoch, self.micro, self.micro_in_step = 0, 0, 0
+
+    def _open_window(self) -> None:
+        """The watch's window as the records (none while no file has joined); the cursor starts over."""
+        assert self.watch is not None
+        self._stop_workers()
+        if self.records is not None:
+            self.records.close()
+        self.records, self.order = None, None
+        self.epoch, self.micro, self.micro_in_step = 0, 0, 0
+        files, _ = self.watch.window()  # the cut is the same as `_use_records` makes
+        if not files:
+            return
+        records = open_source([Path(f.path) for f in files], self.settings.data.kind)
+        self._use_records(records, files)
+
+    def rescan(self) -> ScanResult:
+        """A rescan of the watched globs; a change of the window opens it anew (the data order starts over)."""
+        assert self.watch is not None
+        result = self.watch.scan()
+        if result.changed:
+            self._open_window()
+        return result
+
+    @property
+    def window_positions(self) -> int:
+        return 0 if self.order is None else self.order.records
+
+    @property
+    def waiting(self) -> bool:
+        """With `data.watch`: too few positions to train on yet (`data.window_min_positions`, or none at all)."""
+        return self.order is None or self.window_positions < max(1, self.settings.data.window_min_positions)
+
+    def window_fields(self) -> dict:
+        """The `data_window` event's facts about the window now."""
+        assert self.watch is not None
+        files, _ = self.watch.window()
+        age = self.watch.newest_age_seconds()
+        return {"files": len(self.watch.joined), "window_files": len(files), "positions": self.window_positions,
+                "joined_positions": self.watch.total_positions, "window_limit": self.settings.data.window_positions,
+                "min_positions": self.settings.data.window_min_positions, "waiting": self.waiting,
+                "generation": self.watch.generation,
+                "arrival_positions_per_hour": self.watch.arrival_positions_per_hour(),
+                "newest_age_seconds": age}
 
     @property
     def summary(self) -> dict:
         """What the training positions are, for `run_started`'s `data`: positions, files, kinds, hcpe3 games and
         repetitions left out, and with `data.use_average` the averaging's inputs and merged count."""
-        return dict(self.records.note)
+        if self.records is None:
+            return {"positions": 0, "files": 0, "kinds": [], "watch": True}
+        return {**self.records.note, **({"watch": True} if self.watch is not None else {})}
 
     @property
     def position(self) -> int:
@@ -245,8 +340,10 @@ class TeacherBatches:
         return self.batches_delivered
 
     def _start(self) -> None:
+        if self.records is None or self.order is None:
+            raise UserError("data.train: the watched window holds no position yet (data.watch)")
         workers = self.settings.data.workers
-        dataset = _DecodedBatches(self.records, self.order, self.decoder_args, self.pack_planes)
+        dataset = _DecodedBatches(self.records, self.order, self.decoder_args, self.pack_planes, self.first)
         extra = {"prefetch_factor": self.settings.data.prefetch_batches} if workers else {}
         self._loader = DataLoader(
             dataset, batch_size=None, sampler=_CursorSampler(self.order, self.epoch, self.micro),
@@ -297,19 +394,32 @@ class TeacherBatches:
 
     def state_dict(self) -> dict:
         """The global cursor, taken at a step boundary (where the trainer saves)."""
-        return {
+        state = {
             "kind": self.kind, "order": "global", "epoch": self.epoch, "batch_in_epoch": self.micro,
             "position": self.batches_delivered, "skipped_records": self.skipped_records,
-            "records": len(self.records), "batch_size": self.order.micro_batch,
-            "world_size": self.order.world_size, "global_batch": self.order.global_batch, "seed": self.order.seed,
-            "use_average": self.averaging is not None,
+            "records": self.window_positions, "batch_size": self.batch_size,
+            "world_size": self.world_size, "global_batch": self.batch_size * self.world_size * self.accumulation,
+            "seed": self.settings.runtime.seed, "use_average": self.settings.data.use_average,
         }
+        if self.watch is not None:
+            state["watch"] = self.watch.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a saved cursor, at any world size. The order is only the same for the same records,
         seed and micro-batch size, so a change in any of them is an error rather than a silent reshuffle."""
-        expected = {"kind": self.kind, "use_average": self.averaging is not None, "records": len(self.records),
-                    "batch_size": self.order.micro_batch, "seed": self.order.seed}
+        if self.watch is not None:
+            if "watch" not in state:
+                raise UserError("cannot resume the data order: the checkpoint was written without data.watch; train "
+                                "the watched set in a new run directory (--mode finetune with run.init_checkpoint)")
+            self.resume_left = self.watch.load_state_dict(state["watch"])
+            self._open_window()
+            if self.resume_left:  # the window changed: its order starts over, as at any change
+                self.batches_delivered = int(state.get("position", 0))
+                self.skipped_records = int(state.get("skipped_records", 0))
+                return
+        expected = {"kind": self.kind, "use_average": self.settings.data.use_average,
+                    "records": self.window_positions, "batch_size": self.batch_size, "seed": self.settings.runtime.seed}
         names = {"kind": "data.kind", "use_average": "data.use_average", "records": "data.train's record count",
                  "batch_size": "the micro-batch size", "seed": "runtime.seed"}
         for key, now in expected.items():
@@ -319,24 +429,30 @@ class TeacherBatches:
                         "run.init_checkpoint)") if key == "records" else ""
                 raise UserError(f"cannot resume the data order: {names[key]} was {state[key]!r} when the "
                                 f"checkpoint was written and is {now!r} now{hint}")
-        self.close()
+        self._stop_workers()
         micro = int(state["batch_in_epoch"])
         if state.get("order") != "global":
             # Written before the order was global: its cursor counted each rank's micro-batches, and micro-batch j
             # of all its ranks together covered global micro-batches j * world_size ... on.
             micro *= int(state.get("world_size", 1))
-        self.epoch, self.micro = self.order.step_start(int(state["epoch"]), micro)
+        self.epoch, self.micro = int(state["epoch"]), micro
+        if self.order is not None:
+            self.epoch, self.micro = self.order.step_start(self.epoch, self.micro)
         self.micro_in_step = 0
         self.batches_delivered = int(state.get("position", 0))
         self.skipped_records = int(state.get("skipped_records", 0))
 
-    def close(self) -> None:
-        """Stop the worker processes (safe to call more than once; the next `next_batch` restarts them)."""
+    def _stop_workers(self) -> None:
         iterator, self._iterator, self._loader = self._iterator, None, None
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
-        self.records.close()
+
+    def close(self) -> None:
+        """Stop the worker processes (safe to call more than once; the next `next_batch` restarts them)."""
+        self._stop_workers()
+        if self.records is not None:
+            self.records.close()
 
     def __enter__(self) -> TeacherBatches:
         return self

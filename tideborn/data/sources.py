@@ -314,13 +314,50 @@ def training_source(settings: Settings, warn: typing.Callable[[str], None] | Non
     return open_source(paths, data.kind, warn, decode=decode)
 
 
+def watched_patterns(settings: Settings) -> list[str]:
+    """`data.train` as absolute paths or globs (relative ones against `paths.data_root`), for `data.watch`."""
+    root = Path(settings.paths.data_root)
+    return [str(Path(p).expanduser() if Path(p).expanduser().is_absolute() else root / p) for p in settings.data.train]
+
+
+def count_file(path: Path, kind: str = "auto") -> tuple[int, str]:
+    """(positions, hash of the whole content) of one training file, read whole: an hcpe3 file decoded into its
+    positions cache, a record file checked to hold whole records. What `data.watch` asks before a file joins;
+    `UserError` for a file that does not parse (a game cut short, a partial record, an unknown extension)."""
+    from tideborn.data.hcpe3 import Hcpe3File, content_hash
+
+    found = file_kind(path, kind, "data.kind")
+    if found == "hcpe3":
+        positions = Hcpe3File(path).positions()
+        try:
+            return len(positions), str(positions.header["content"])
+        finally:
+            positions_close(positions)
+    records = RecordSet([path], found)
+    try:
+        return len(records), content_hash(path, found)
+    finally:
+        records.close()
+
+
+def positions_close(positions: Hcpe3Positions) -> None:
+    from tideborn.data.cachefile import close_arrays
+
+    close_arrays(positions.arrays.values())
+
+
 def held_out_source(settings: Settings, warn: typing.Callable[[str], None] | None = None,
                     decode: bool = True) -> TeacherSource | None:
     data = settings.data
     if not data.test:
         return None
     paths = expand_paths(data.test, settings.paths.data_root, "data.test")
-    train = {p.resolve() for p in expand_paths(data.train, settings.paths.data_root, "data.train")}
+    if data.watch:  # the watched globs may match nothing yet: compare with what they match now
+        import glob
+
+        train = {Path(m).resolve() for pattern in watched_patterns(settings) for m in glob.glob(pattern)}
+    else:
+        train = {p.resolve() for p in expand_paths(data.train, settings.paths.data_root, "data.train")}
     for path in paths:
         if path.resolve() in train:
             raise UserError(f"data.test: {path} is also in data.train; held-out data must not be trained on")

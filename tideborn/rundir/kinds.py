@@ -230,6 +230,34 @@ class RunWarning(EventRecord):
 
 
 @dataclass(frozen=True)
+class DataWindow(EventRecord):
+    """`data.watch`: the window of training files changed, or the trainer waits for data (a heartbeat)."""
+
+    reason: str | None
+    """`start`, `rescan`, `resumed` or `waiting`."""
+    positions: int | None
+    """Positions in the window now."""
+    files: int | None
+    """Files joined (the window reaches into the newest of them)."""
+    waiting: bool
+    """Too few positions to train (`data.window_min_positions`): the trainer waits, which is no anomaly."""
+    min_positions: int | None
+    arrival_positions_per_hour: float | None
+    newest_age_seconds: float | None
+    joined_count: int | None
+    left_count: int | None
+
+    @classmethod
+    def parse(cls, event: typing.Mapping[str, object]) -> DataWindow:
+        return cls(**_base(event), reason=_str(event.get("reason")), positions=_int(event.get("positions")),
+                   files=_int(event.get("files")), waiting=event.get("waiting") is True,
+                   min_positions=_int(event.get("min_positions")),
+                   arrival_positions_per_hour=as_float(event.get("arrival_positions_per_hour")),
+                   newest_age_seconds=as_float(event.get("newest_age_seconds")),
+                   joined_count=_int(event.get("joined_count")), left_count=_int(event.get("left_count")))
+
+
+@dataclass(frozen=True)
 class RunEnded(EventRecord):
     """`run_finished`, `run_stopped` or `run_failed`: the attempt's one terminal event."""
 
@@ -250,7 +278,7 @@ class RunEnded(EventRecord):
 RECORDS: dict[str, type[EventRecord]] = {
     "run_started": RunStarted, "step": Step, "eval": Eval, "match": Match, "compile": Compile, "export": Export,
     "watchdog": Watchdog, "checkpoint_saved": CheckpointSaved, "gpu": Gpu, "stop_requested": StopRequested,
-    "warning": RunWarning, **dict.fromkeys(TERMINAL_KINDS, RunEnded),
+    "warning": RunWarning, "data_window": DataWindow, **dict.fromkeys(TERMINAL_KINDS, RunEnded),
 }
 """Every kind the trainer writes, and its record (docs/events.md has a section for each)."""
 

@@ -11,7 +11,7 @@ from tideborn.humanize import clock, compact, duration, number, percent
 from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.anomaly import EVENTS_GONE
 from tideborn.rundir.events import as_float
-from tideborn.rundir.kinds import Eval
+from tideborn.rundir.kinds import DataWindow, Eval
 from tideborn.rundir.status import RunStatus
 
 
@@ -19,7 +19,7 @@ def status_text(status: RunStatus) -> str:
     s = status
     lines = [f"run dir     {s.run_dir}"]
     who = f" (pid {s.pid} on {s.host})" if s.pid is not None else ""
-    lines.append(f"state       {s.state}{who}")
+    lines.append(f"state       {s.state}{' (waiting for data)' if s.waiting_for_data else ''}{who}")
     if s.stop_requested is not None:
         asked = s.stop_requested
         when = asked.since()
@@ -48,6 +48,8 @@ def status_text(status: RunStatus) -> str:
     if s.restarts:
         lines.append(f"restarts    {s.restarts} by torchrun's elastic agent; now at world size {s.world_size} "
                      "(each restart is listed under anomalies)")
+    if s.data_window is not None:
+        lines.append("data        " + data_window_text(s.data_window, s.waiting_for_data))
     ck = s.last_checkpoint
     lines.append(f"checkpoint  {Path(ck.path).name} (step {ck.step}), {duration(ck.age_seconds)} ago"
                  if ck else "checkpoint  none yet")
@@ -88,6 +90,21 @@ def status_text(status: RunStatus) -> str:
         if count > shown:
             lines.append(f"  ({count - shown} earlier {rule} lines in train.log not shown)")
     return "\n".join(lines)
+
+
+def data_window_text(window: DataWindow, waiting: bool) -> str:
+    """`data.watch`'s window in words, as status and the monitor say it: "window 12,000 positions in 8 files;
+    arriving 40,000 positions/h; newest file 3m old", with "waiting for data (N needed)" first while it waits."""
+    positions = f"{window.positions:,}" if window.positions is not None else "?"
+    files = f" in {window.files:,} file(s)" if window.files is not None else ""
+    parts = [f"window {positions} positions{files}"]
+    if waiting:
+        parts.insert(0, f"waiting for data ({max(1, window.min_positions or 0):,} positions needed)")
+    if window.arrival_positions_per_hour is not None:
+        parts.append(f"arriving {window.arrival_positions_per_hour:,.0f} positions/h")
+    if window.newest_age_seconds is not None:
+        parts.append(f"newest file {duration(window.newest_age_seconds)} old")
+    return "; ".join(parts)
 
 
 EVAL_SHOWN_APART = {"step", "seconds", "skipped_records"}

@@ -53,6 +53,7 @@ from tideborn.rundir.files import (
 )
 from tideborn.rundir.kinds import (
     CheckpointSaved,
+    DataWindow,
     Eval,
     Match,
     RunEnded,
@@ -129,12 +130,14 @@ class RunTracker:
         self.last_event: dict | None = None
         """The newest event of any kind (a newer writer's too)."""
         self.last_step: Step | None = None
+        self.data_window: DataWindow | None = None
+        """The session's newest `data_window` event (`data.watch`)."""
         self.last_eval: Eval | None = None
         self.gradient: Anomaly | None = None
+        """The session's gradient watchdog trip (a `watchdog` event), if any."""
         self.restarts: list[Anomaly] = []
         """A `restarted` anomaly for each time torchrun's elastic agent restarted the run's workers (a run that
         goes on after a lost worker or node is one run with restarts, not a new one)."""
-        """The session's gradient watchdog trip (a `watchdog` event), if any."""
         self.elo_curve: collections.deque[EloPoint] = collections.deque(maxlen=ELO_CURVE_POINTS)
         """Each `match` event's result (runtime.match_every)."""
         self.elo_rebaselines: collections.deque[Rebaseline] = collections.deque(maxlen=ELO_CURVE_POINTS)
@@ -240,6 +243,7 @@ class RunTracker:
             self.gradient = None
             self.events_rotated = False
             self.recent_steps.clear()
+            self.data_window = None
             self.loss.new_session()
         elif isinstance(record, Step):
             found += self.loss.observe(event)
@@ -248,6 +252,8 @@ class RunTracker:
                 self.recent_steps.append((record.time, record.step))
         elif isinstance(record, Eval):
             self.last_eval = record
+        elif isinstance(record, DataWindow):
+            self.data_window = record
         elif isinstance(record, Watchdog):
             self.gradient = gradient(event)
             if self.gradient is not None:
@@ -555,7 +561,17 @@ class RunTracker:
             # (the restarts before a tail-only read).
             restarts=max(len(self.restarts), (started.restart_count or 0) if started is not None else 0),
             world_size=started.world_size if started is not None else None,
+            data_window=self.data_window, waiting_for_data=self.waiting_for_data(),
         )
+
+    def waiting_for_data(self) -> bool:
+        """The live trainer's newest word on its data is that it waits (`data_window` with `waiting`), and no step
+        has been trained since."""
+        window = self.data_window
+        if window is None or not window.waiting or self.state not in ("running", "stalled"):
+            return False
+        step = self.last_step
+        return step is None or step.time is None or window.time is None or window.time >= step.time
 
     def _steps_per_second(self) -> float | None:
         if len(self.recent_steps) >= 2:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from tideborn.rundir.anomaly import Anomaly
 from tideborn.rundir.events import jsonable
-from tideborn.rundir.kinds import Eval, RunEnded, StopRequested
+from tideborn.rundir.kinds import DataWindow, Eval, RunEnded, StopRequested
 
 
 @dataclass(frozen=True)
@@ -117,9 +117,15 @@ class RunStatus:
     (one `restarted` anomaly each; at least torchrun's own count, which leaves out changes of nodes)."""
     world_size: int | None = None
     """The processes the latest attempt trains with."""
+    data_window: DataWindow | None = None
+    """`data.watch`: the session's newest `data_window` event (window size, arrival rate, newest file's age)."""
+    waiting_for_data: bool = False
+    """The live trainer waits for data (`data.window_min_positions`): no steps, and no anomaly either."""
 
     def to_json(self) -> dict:
         """Plain JSON data, as `status --json` prints it (non-finite numbers as "nan"/"inf"/"-inf")."""
+        watched = {} if self.data_window is None else {  # only a watched run's (data.watch) status has them
+            "data_window": self.data_window.public(), "waiting_for_data": self.waiting_for_data}
         return typing.cast(dict, jsonable({
             "run_dir": self.run_dir, "state": self.state, "pid": self.pid, "host": self.host,
             "pid_file": self.pid_file, "launch_started": self.launch_started,
@@ -144,4 +150,5 @@ class RunStatus:
             "events_rotated": self.events_rotated, "run_started_missing": self.run_started_missing,
             "anomalies": [a.to_dict() for a in self.anomalies],
             "restarts": self.restarts, "world_size": self.world_size,
+            **watched,
         }))

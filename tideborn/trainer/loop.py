@@ -163,6 +163,8 @@ class Trainer:
         # and the steps since the last step event.
         self.duties: Duties | None = None
         self.window: MetricsWindow | None = None
+        self.data_watch = None
+        """With `data.watch`: rescans, the `data_window` events and the wait for data (trainer/data_watch.py)."""
         self.last_saved: Path | None = prepared.start.checkpoint
         """The checkpoint of the newest save (None on ranks other than 0), or the one the attempt resumed from."""
         self.saved_step = prepared.start.step
@@ -316,11 +318,18 @@ class Trainer:
         self.duties = Duties.of(s.runtime, self.p.stop_at_step, evaluating=state.evaluator is not None,
                                 main=env.is_main, cuda=self.setup.is_cuda)
         stop_vote = StopVote(env, self.setup.device)
+        if getattr(state.data, "watch", None) is not None:
+            from tideborn.trainer.data_watch import WatchDuty
+
+            self.data_watch = WatchDuty(state.data, self.events, self.progress, self.stop, self.p.start.checkpoint,
+                                        lambda: self.step)
         try:
             while True:
                 signalled = stop_vote(self.stop.reason is not None)
                 if signalled or self.duties.horizon.reached(self.step):
                     break
+                if self.data_watch is not None and not self.data_watch.ready():
+                    continue  # waited for data and was stopped meanwhile: the vote above ends the loop
                 self._train_step()
                 self._periodic_duties(final=self.duties.horizon.is_final(self.step))
             stop_vote.drain()
@@ -384,6 +393,8 @@ class Trainer:
         self._halt_if_tripped(flush=self._log if self.window.steps else None)
         if not self.window.finite_on_every_rank():
             raise _Halted(self._fail_nonfinite(self.window.means()))
+        if self.data_watch is not None:  # before the save, so that it records the window the run goes on with
+            self.data_watch.rescan()
         with self.stop.saving():  # a repeated Ctrl-C never cuts a save short (trainer/signals.py)
             self.last_saved, self.saved_step = self._save(), self.step
         if self.last_saved is None:  # ranks other than 0 save nothing, so keep no reference and play no match

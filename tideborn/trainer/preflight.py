@@ -53,11 +53,13 @@ def check_teacher_data(settings: Settings, decode: bool = True) -> None:
 
     # hcpe3 files are decoded into their caches here (a malformed game is named before anything starts);
     # `decode=False` (train_run start, summary) only checks them: decoding a large one takes minutes.
-    train, test = training_source(settings, decode=decode), held_out_source(settings, decode=decode)
+    # With data.watch the training files come and go while the run goes on (data/watch.py): none is needed now.
+    train = None if settings.data.watch else training_source(settings, decode=decode)
+    test = held_out_source(settings, decode=decode)
     for records in (train, test):
         if records is not None:
             records.close()
-    check_pairs(train.paths, test.paths if test is not None else [])
+    check_pairs(train.paths if train is not None else [], test.paths if test is not None else [])
 
 
 def nothing_to_train(checkpoint: Path, step: int, max_steps: int) -> str:

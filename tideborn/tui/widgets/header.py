@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tideborn.humanize import duration, number
+from tideborn.rundir.report import data_window_text
 from tideborn.rundir.status import RunStatus
 
 STATE_STYLES = {
@@ -89,6 +90,8 @@ class RunHeader(Widget):
         stopping = self.stopping()
         if stopping is not None:
             label += f" (stopping, {stopping[0]} {duration(now - stopping[1])} ago)"
+        elif s.waiting_for_data and not self.gone:
+            label += " (waiting for data)"
         holding = len(s.anomalies)
         style = "bold red" if holding else STATE_STYLES.get(state, "bold")  # never a green RUNNING over a NaN
         badge = self._style(style) + (" reverse" if self.colour else "")
@@ -127,6 +130,8 @@ class RunHeader(Widget):
             second.append(f"  checkpoint step {checkpoint.step:,} ({duration(age)} ago)")
         else:
             second.append("  no checkpoint")
+        if s.data_window is not None:
+            second.append("  " + data_window_text(s.data_window, False))
         elo = elo_curve_text([point.as_list() for point in s.elo_curve], self.ascii,
                              [point.as_list() for point in s.elo_rebaselines])
         if elo:

@@ -1,0 +1,317 @@
+"""A watched training set (`data.watch`): which files of the `data.train` globs have joined, in arrival order, and
+the sliding window of the newest positions (`data.window_positions`) the data order draws from.
+
+A scan sees each matching file. A file joins only when it is complete: it appeared by a rename (its inode
+changed after its last write: ctime later than mtime, at first sight), or its size and mtime are the same at two
+scans in a row (or it has not been written for a whole rescan interval), and then it parses whole (`count`: an
+hcpe3 file decoded into its positions cache, an hcpe/psv file whole records). A file still changing is reported
+as growing and not read. A joined file that vanishes or changes leaves the window with a warning and never
+rejoins under that path (its positions may have been trained on: a changed file is not read again). A file that
+does not parse is reported once and tried again only when it changes. A directory of the globs that vanishes
+leaves the window as it is, with one warning: a deleted directory looks the same as an unmounted one.
+
+Arrival order is the order files joined; files joining at one scan in sorted path order. The window is the last
+`window_positions` positions of the joined files in that order (the oldest file in it may be cut: its newest
+positions stay). No torch here; everything is plain data so that the checkpoint records it (`state_dict`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tideborn.errors import UserError
+
+RATE_SPAN_SECONDS = 3600.0
+"""The arrival rate is the positions joined over this span (or since the watch began, when that is shorter)."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a scan saw of a file: enough to tell it changed."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+
+    @classmethod
+    def of(cls, facts: os.stat_result) -> Seen:
+        return cls(facts.st_size, facts.st_mtime_ns, facts.st_ino)
+
+
+@dataclass(frozen=True)
+class JoinedFile:
+    path: str
+    seen: Seen
+    positions: int
+    content: str
+    """The hash of the whole file when it joined: its content identity in the checkpoint."""
+    joined_at: float
+    """Unix time of the scan it joined at."""
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "seen": asdict(self.seen)}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> JoinedFile:
+        return cls(str(raw["path"]), Seen(**raw["seen"]), int(raw["positions"]), str(raw["content"]),
+                   float(raw["joined_at"]))
+
+
+@dataclass
+class ScanResult:
+    joined: list[JoinedFile] = field(default_factory=list)
+    left: list[tuple[str, str]] = field(default_factory=list)
+    """(path, why) of files that left the window."""
+    growing: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    """(path, why) of complete-looking files that do not parse, said once per version of the file."""
+    vanished_dirs: list[str] = field(default_factory=list)
+    """Directories of the globs that are gone now (said once, when they go)."""
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.joined or self.left)
+
+    def warnings(self) -> list[str]:
+        texts = [f"data.watch: {path} left the window: {why}; it is not read again under that name"
+                 for path, why in self.left]
+        texts += [f"data.watch: {path} not joined: {why}" for path, why in self.refused]
+        texts += [f"data.watch: {folder} is gone; the window stays as it is until it is back" for folder in
+                  self.vanished_dirs]
+        return texts
+
+
+Counter = typing.Callable[[Path], tuple[int, str]]
+"""A file's (positions, content hash), parsing it whole; raises `UserError` for a file that does not parse."""
+
+
+class DataWatch:
+    """The joined files of `patterns` (absolute globs or paths) and the window over them."""
+
+    def __init__(self, patterns: typing.Sequence[str], count: Counter, window_positions: int = 0,
+                 rescan_seconds: float = 60.0, clock: typing.Callable[[], float] = time.time):
+        self.patterns = list(patterns)
+        self.count = count
+        self.window_positions = window_positions
+        self.rescan_seconds = rescan_seconds
+        self.clock = clock
+        self.joined: list[JoinedFile] = []
+        self.pending: dict[str, Seen] = {}
+        """Files seen at the last scan, not joined yet: what they looked like then."""
+        self.refused: dict[str, Seen] = {}
+        """Files that did not parse, as they were then (tried again when they change)."""
+        self.barred: set[str] = set()
+        """Paths that left the window: never read again under that name."""
+        self.gone_dirs: set[str] = set()
+        self.generation = 0
+        """Counts window changes: each gives the data order a new key."""
+
+    # -- scanning -------------------------------------------------------------------------------------------
+    def _matches(self) -> tuple[list[str], list[str]]:
+        """(files matching the globs in sorted order, the globs' directories that do not exist)."""
+        found: list[str] = []
+        missing: list[str] = []
+        for pattern in self.patterns:
+            folder = _fixed_folder(pattern)
+            if not os.path.isdir(folder):
+                missing.append(folder)
+                continue
+            if glob.has_magic(pattern):
+                found += sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))
+            elif os.path.isfile(pattern):
+                found.append(pattern)
+        return list(dict.fromkeys(found)), missing
+
+    def scan(self) -> ScanResult:
+        """One rescan: files join, leave, or are reported growing (see the module docstring)."""
+        now = self.clock()
+        result = ScanResult()
+        paths, missing = self._matches()
+        result.vanished_dirs = sorted(set(missing) - self.gone_dirs)
+        self.gone_dirs = set(missing)
+        present = set(paths)
+        kept: list[JoinedFile] = []
+        for joined in self.joined:
+            if joined.path not in present:
+                if _fixed_folder_of(joined.path, missing):
+                    kept.append(joined)  # its directory is gone: kept, said once above
+                    continue
+                result.left.append((joined.path, "the file is gone"))
+                self.barred.add(joined.path)
+                continue
+            try:
+                seen = Seen.of(os.stat(joined.path))
+            except OSError as exc:
+                result.left.append((joined.path, f"cannot be read ({exc.strerror or exc})"))
+                self.barred.add(joined.path)
+                continue
+            if seen != joined.seen:
+                result.left.append((joined.path, f"it changed after joining (size {joined.seen.size:,} -> "
+                                                 f"{seen.size:,} bytes)"))
+                self.barred.add(joined.path)
+                continue
+            kept.append(joined)
+        self.joined = kept
+        in_window = {j.path for j in kept}
+        pending: dict[str, Seen] = {}
+        for path in paths:
+            if path in in_window or path in self.barred:
+                continue
+            try:
+                facts = os.stat(path)
+            except OSError:
+                continue  # gone between the listing and now: the next scan sees what is there
+            seen = Seen.of(facts)
+            if self.refused.get(path) == seen:
+                continue
+            before = self.pending.get(path)
+            renamed_in = before is None and facts.st_ctime_ns > facts.st_mtime_ns
+            quiet = now - facts.st_mtime_ns / 1e9 >= self.rescan_seconds
+            if not (renamed_in or quiet or before == seen):
+                pending[path] = seen
+                result.growing.append(path)
+                continue
+            try:
+                positions, content = self.count(Path(path))
+            except UserError as exc:
+                self.refused[path] = seen
+                result.refused.append((path, str(exc).removeprefix(f"{path}: ")))
+                continue
+            try:
+                after = Seen.of(os.stat(path))
+            except OSError:
+                continue
+            if after != seen:  # written to while it was parsed: not complete after all
+                pending[path] = after
+                result.growing.append(path)
+                continue
+            if positions == 0:
+                self.refused[path] = seen
+                result.refused.append((path, "holds no training position"))
+                continue
+            self.refused.pop(path, None)
+            joined = JoinedFile(path, seen, positions, content, now)
+            self.joined.append(joined)
+            result.joined.append(joined)
+        self.pending = pending
+        if result.changed:
+            self.generation += 1
+        return result
+
+    # -- the window -----------------------------------------------------------------------------------------
+    @property
+    def total_positions(self) -> int:
+        return sum(j.positions for j in self.joined)
+
+    def window(self) -> tuple[list[JoinedFile], int]:
+        """(the files the window reaches into, oldest first; how many positions of the first are left out)."""
+        total = self.total_positions
+        if not self.window_positions or total <= self.window_positions:
+            return list(self.joined), 0
+        files: list[JoinedFile] = []
+        held = 0
+        for joined in reversed(self.joined):
+            files.append(joined)
+            held += joined.positions
+            if held >= self.window_positions:
+                break
+        return files[::-1], held - self.window_positions
+
+    @property
+    def window_size(self) -> int:
+        files, cut = self.window()
+        return sum(j.positions for j in files) - cut
+
+    def arrival_positions_per_hour(self) -> float:
+        """Positions joined per hour over the last `RATE_SPAN_SECONDS` (since the first join, when sooner)."""
+        if not self.joined:
+            return 0.0
+        now = self.clock()
+        since = max(now - RATE_SPAN_SECONDS, min(j.joined_at for j in self.joined))
+        recent = sum(j.positions for j in self.joined if j.joined_at >= since)
+        return recent * 3600.0 / max(now - since, self.rescan_seconds)
+
+    def newest_age_seconds(self) -> float | None:
+        """Seconds since the newest joined file was last written."""
+        if not self.joined:
+            return None
+        return max(0.0, self.clock() - max(j.seen.mtime_ns for j in self.joined) / 1e9)
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"joined": [j.to_dict() for j in self.joined],
+                "pending": {p: asdict(s) for p, s in self.pending.items()},
+                "refused": {p: asdict(s) for p, s in self.refused.items()},
+                "barred": sorted(self.barred), "generation": self.generation,
+                "window_positions": self.window_positions}
+
+    def load_state_dict(self, state: dict) -> list[tuple[str, str]]:
+        """The watch as the checkpoint recorded it. Each window file is checked against its content identity:
+        one that is gone or changed leaves (returned as (path, why), for warnings), and the window changes."""
+        self.joined = [JoinedFile.from_dict(raw) for raw in state["joined"]]
+        self.pending = {p: Seen(**s) for p, s in state.get("pending", {}).items()}
+        self.refused = {p: Seen(**s) for p, s in state.get("refused", {}).items()}
+        self.barred = set(state.get("barred", []))
+        self.generation = int(state["generation"])
+        left: list[tuple[str, str]] = []
+        kept: list[JoinedFile] = []
+        for joined in self.joined:
+            why = self._changed_since(joined)
+            if why is None:
+                kept.append(joined)
+            else:
+                left.append((joined.path, why))
+                self.barred.add(joined.path)
+        if left:
+            self.joined = kept
+            self.generation += 1
+        return left
+
+    def _changed_since(self, joined: JoinedFile) -> str | None:
+        try:
+            seen = Seen.of(os.stat(joined.path))
+        except OSError:
+            return "the file is gone since the checkpoint"
+        if seen == joined.seen:
+            return None
+        try:
+            positions, content = self.count(Path(joined.path))
+        except UserError as exc:
+            return f"it changed since the checkpoint and no longer parses ({exc})"
+        if content != joined.content:
+            return "its content changed since the checkpoint"
+        return None if positions == joined.positions else "its positions changed since the checkpoint"
+
+    def unseen_files(self) -> list[str]:
+        """Matching files that are neither in the window nor known to the watch (arrived since the state was
+        recorded): they join at the next rescan."""
+        known = {j.path for j in self.joined} | set(self.pending) | set(self.refused) | self.barred
+        return [p for p in self._matches()[0] if p not in known]
+
+
+def window_seed(seed: int, generation: int) -> int:
+    """The data order's key for the window's `generation`th change: a new order over the new window, the same in
+    every run that saw the same changes."""
+    import numpy as np  # the watch itself needs no numpy; the loader that calls this has it loaded
+
+    return int(np.random.SeedSequence([seed, generation, 0x57A7C4]).generate_state(1)[0])
+
+
+def _fixed_folder(pattern: str) -> str:
+    """The directory part of `pattern` before any glob character (what must exist for it to match)."""
+    parts = Path(pattern).parts
+    fixed: list[str] = []
+    for part in parts[:-1]:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    return str(Path(*fixed)) if fixed else "."
+
+
+def _fixed_folder_of(path: str, folders: list[str]) -> bool:
+    return any(Path(path).is_relative_to(folder) for folder in folders)

@@ -270,9 +270,11 @@ def content_hash(path: Path, kind: str = "hcpe3") -> str:
     return reader.digest.hexdigest()
 
 
-def write_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray], fmt: str) -> None:
+def write_arrays(path: Path, meta: dict, arrays: dict[str, typing.Any], fmt: str) -> None:
     """Write `arrays` in the cache layout (JSON header, aligned flat arrays) to `path`, atomically: a temp
-    file beside it, fsynced, renamed over it (`StagedOutputs`)."""
+    file beside it, fsynced, renamed over it (`StagedOutputs`). An array is a numpy array or one spooled on
+    disk (`average_merge.SpooledArray`: `dtype`, `shape`, `nbytes`, `checksum`, `write_into(handle)`),
+    copied in pieces so that a cache larger than memory can be written."""
     from tideborn.outputs import StagedOutputs
 
     layout, offset = {}, CACHE_HEADER_BYTES
@@ -280,7 +282,8 @@ def write_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray], fmt: str
         offset = -(-offset // _ALIGN) * _ALIGN
         layout[name] = [offset, array.dtype.str, list(array.shape)]
         offset += array.nbytes
-    checksums = {name: array_checksum(array) for name, array in arrays.items()}
+    checksums = {name: array_checksum(array) if isinstance(array, np.ndarray) else array.checksum
+                 for name, array in arrays.items()}
     header = json.dumps({"format": fmt, "version": CACHE_VERSION, **meta, "arrays": layout, "checksums": checksums,
                          "bytes": offset}).encode() + b"\n"
     if len(header) > CACHE_HEADER_BYTES:
@@ -292,7 +295,10 @@ def write_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray], fmt: str
         for name, array in arrays.items():
             start = layout[name][0]
             handle.write(b"\0" * (start - position))
-            handle.write(np.ascontiguousarray(array).tobytes())
+            if isinstance(array, np.ndarray):
+                handle.write(np.ascontiguousarray(array).tobytes())
+            else:
+                array.write_into(handle)
             position = start + array.nbytes
 
     with StagedOutputs() as staged:

@@ -57,6 +57,7 @@ from tideborn.data.hcpe3 import (
     trusted_owners,
     write_arrays,
 )
+from tideborn.data.hcpe3_compact import labels_of
 from tideborn.errors import UserError
 
 if typing.TYPE_CHECKING:
@@ -154,9 +155,9 @@ def _add_hcpe3(entries: _Entries, part, settings: Settings, scales: dict[str, fl
             bounds = np.asarray(positions.cand_offsets[index[0]:index[-1] + 2]).astype(np.int64)
             base = int(bounds[0])
             starts, counts = bounds[:-1] - base, np.diff(bounds)
-            cand_label = np.asarray(positions.cand_label[base:int(bounds[-1])])
             cand_visits = np.asarray(positions.cand_visits[base:int(bounds[-1])])
             cand_move16 = np.asarray(positions.cand_move16[base:int(bounds[-1])])
+            cand_label = labels_of(np.repeat(turn, counts), cand_move16)  # as the decoder labels them
             selected = np.asarray(positions.move16[index])
             try:
                 labels, probs, _ = policy_targets(starts, counts, cand_label, cand_visits.astype(np.float64),

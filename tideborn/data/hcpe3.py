@@ -67,6 +67,8 @@ from tideborn.data.cachefile import (
     warn_about_cache,
 )
 from tideborn.data.features import POLICY_CLASSES
+from tideborn.data.hcpe3_compact import CompactPositions, compact, labels_of
+from tideborn.data.hcpe3_compact import consistent as compact_consistent
 from tideborn.data.hcpe3_replay import WINDOW_BYTES, ReplayedPositions, truncated
 from tideborn.data.records import ChangedWhileRead, open_record_file, pread_full, readable_size, records_fingerprint
 from tideborn.errors import UserError
@@ -87,8 +89,9 @@ REPETITION_PLIES = 16
 """dlshogi's `moveIsDraw(move, 16)`: how far back a repetition is looked for."""
 
 CACHE_FORMAT = "tideborn-hcpe3-positions"
-CACHE_VERSION = 3
-"""3: a CRC-32 of each array in the header (caches of version 2 are rebuilt, never read without one)."""
+CACHE_VERSION = 4
+"""4: the compact layout (`hcpe3_compact`: an hcp every few positions); 3: a CRC-32 of each array in the header.
+A cache of another version is rebuilt, never read."""
 CACHE_HEADER_BYTES = 4096
 READ_CHUNK = 1 << 22
 """Bytes of an hcpe3 file read at a time while it is replayed (`pread`, never a memory map)."""
@@ -335,6 +338,9 @@ def _consistent(header: dict, arrays: dict[str, CacheArray]) -> bool:
     try:
         positions = int(header["positions"])
         offsets = arrays["cand_offsets"]
+        if header.get("format") == CACHE_FORMAT:  # the positions cache: its compact layout
+            return compact_consistent(header, arrays) and offsets.ndim == 1 and \
+                offsets_consistent(offsets, positions, len(arrays["cand_move16"]))
         per_position = [a for name, a in arrays.items() if name in ("hcp", "eval", "move16", "result", "label",
                                                                     "game", "ply", "winprob", "count")]
         per_candidate = [a for name, a in arrays.items() if name.startswith("cand_") and name != "cand_offsets"]
@@ -403,7 +409,7 @@ def load_or_build(path: Path, warn: typing.Callable[[str], None] | None = None,
                    f"{hostile}; it is not used or replaced); every run decodes it again until it is removed", warn)
         return in_memory
     try:
-        write_arrays(cache, meta, built["arrays"], CACHE_FORMAT)
+        write_arrays(cache, meta, compact(built["arrays"]), CACHE_FORMAT)
     except UserError as exc:
         _warn_once(str(cache), f"{path}: decoded in memory, the positions cache could not be written ({exc}); "
                    f"every run decodes it again", warn)
@@ -518,6 +524,10 @@ class Hcpe3Positions:
     def __init__(self, path: Path, header: dict, arrays: dict[str, np.ndarray | CacheArray]):
         self.path = Path(path)
         self.header = header
+        self.compact: CompactPositions | None = None
+        if "anchor" in arrays:  # a cache's compact layout: the full arrays computed from it when read
+            self.compact = CompactPositions(arrays, self.damaged)
+            arrays = self.compact.expand()
         self.arrays = arrays
         for name, array in arrays.items():
             setattr(self, name, array)
@@ -556,7 +566,7 @@ class Hcpe3Positions:
     @property
     def cached(self) -> bool:
         """Whether the positions are read from the cache file (not decoded in memory)."""
-        return isinstance(self.arrays.get("hcp"), CacheArray)
+        return isinstance(self.arrays.get("eval"), CacheArray)
 
     def damaged(self, reason: str, index: int | None = None) -> UserError:
         """The error for a position that fails a check although the file's games were all checked when they
@@ -573,10 +583,16 @@ class Hcpe3Positions:
         starts, counts = self.candidate_rows(indices)
         # only the candidates of these positions are read (a few thousand rows, not the whole arrays)
         local_starts = (np.cumsum(counts) - counts).astype(np.int64)
+        if self.compact is not None:  # labels from the moves and the side to move, by table
+            turns = self.compact.turns(indices)
+            cand_labels = labels_of(np.repeat(turns, counts), _rows(self.cand_move16, starts, counts))
+            fallback = labels_of(turns, np.asarray(self.move16[indices]))
+        else:
+            cand_labels, fallback = _rows(self.cand_label, starts, counts), np.asarray(self.label[indices])
         try:
-            return policy_targets(local_starts, counts, _rows(self.cand_label, starts, counts),
+            return policy_targets(local_starts, counts, cand_labels,
                                   _rows(self.cand_visits, starts, counts).astype(np.float64),
-                                  self.label[indices].astype(np.int64), temperature)
+                                  fallback.astype(np.int64), temperature)
         except LabelOutOfRange as bad:
             raise self.damaged(str(bad), int(indices[bad.row])) from None
 

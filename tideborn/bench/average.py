@@ -6,14 +6,14 @@
 
 `make-hcpe3` repeats the games of an hcpe3 file (`tideborn.bench.hcpe3 make`) N times: many inputs, few
 distinct positions. `make-distinct` writes hcpe records of random legal playouts from the start position:
-nearly every position distinct. `measure` runs, per repetition and code tree (alternating), a fresh child
-process that opens the files (the hcpe3 positions caches built: the first open, timed) and builds the merged
-set (the cache written: timed), and prints the peak RSS of that child and of any process it started (the
-largest process of the tree: `RUSAGE_CHILDREN` of a wrapper that starts nothing else; the merge runs in
-one process). `--code NAME=DIR` runs the same with
-`DIR` (a copy of another commit's `tideborn/` package's parent, e.g. from `git archive`) first on the path,
-so before and after are measured side by side in one run; only `open_source` and `averaged_source` are used,
-which both have.
+nearly every position distinct. `measure` runs, per repetition and code tree (alternating), with every
+derived file removed first: a fresh child process that opens the files (the hcpe3 positions caches built:
+the first open, timed), then another that opens them again (caches present) and builds the merged set (the
+cache written: timed); for each, the peak RSS of the child and of any process it started (the largest process
+of the tree: `RUSAGE_CHILDREN` of a wrapper that starts nothing else; the merge runs in one process).
+`--code NAME=DIR` runs the same with `DIR` (a copy of another commit's `tideborn/` package's parent, e.g. from `git
+archive`) first on the path, so before and after are measured side by side in one run; only `open_source` and
+`averaged_source` are used, which both have.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import numpy as np
 from tideborn.cliparser import OneLineParser, positive_int
 from tideborn.errors import UserError, report_user_error
 
+THIS_TREE = Path(__file__).resolve().parents[2]
+
 CHILD = r"""
 import json, sys, time
 from pathlib import Path
@@ -37,14 +39,16 @@ from tideborn.config.schema import DataSettings, Settings
 from tideborn.data.average import averaged_source
 from tideborn.data.sources import open_source
 
-paths = [Path(p) for p in sys.argv[1:]]
+mode, paths = sys.argv[1], [Path(p) for p in sys.argv[2:]]
 started = time.perf_counter()
 source = open_source(paths)
 opened = time.perf_counter()
+if mode == "open":
+    print(json.dumps({"seconds": opened - started}))
+    raise SystemExit(0)
 settings = Settings(data=DataSettings(train=tuple(map(str, paths)), use_average=True))
 averaged = averaged_source(source, settings)
-done = time.perf_counter()
-print(json.dumps({"open_s": opened - started, "average_s": done - opened, **averaged.note["average"]}))
+print(json.dumps({"seconds": time.perf_counter() - opened, **averaged.note["average"]}))
 """
 
 
@@ -72,22 +76,26 @@ def measure(files: list[Path], codes: dict[str, Path | None], repeats: int) -> N
             for name, code in codes.items():
                 for derived in _derived(folder):  # a first open and a first merge each time
                     derived.unlink()
-                env = dict(os.environ, OMP_NUM_THREADS="1")
-                if code is not None:
-                    env["PYTHONPATH"] = str(code)
+                # run from the scratch folder: `python -c` puts the working directory first on the path
+                env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(code or THIS_TREE))
                 load = os.getloadavg()[0]
-                done = subprocess.run([sys.executable, "-c", WRAPPER, sys.executable, "-c", CHILD, *map(str, inputs)],
-                                      env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-                if done.returncode != 0:
-                    print(f"{name}: failed ({done.returncode}): {done.stderr.strip()[-400:]}", flush=True)
+                measured = {}
+                for mode in ("open", "average"):
+                    done = subprocess.run([sys.executable, "-c", WRAPPER, sys.executable, "-c", CHILD, mode,
+                                           *map(str, inputs)], env=env, capture_output=True, text=True,
+                                          stdin=subprocess.DEVNULL, cwd=folder)
+                    if done.returncode != 0:
+                        print(f"{name} {mode}: failed ({done.returncode}): {done.stderr.strip()[-400:]}", flush=True)
+                        break
+                    peak = int(done.stderr.strip().splitlines()[-1].split()[1])
+                    measured[mode] = {**json.loads(done.stdout.strip().splitlines()[-1]), "peak_mb": peak / 1024}
+                if len(measured) < 2:
                     continue
-                peak = int(done.stderr.strip().splitlines()[-1].split()[1])
-                figures = json.loads(done.stdout.strip().splitlines()[-1])
-                print(f"repeat {repeat} {name}: inputs {figures['inputs']:,}, merged positions "
-                      f"{figures['positions']:,}; first open {figures['open_s']:.1f} s, merged set "
-                      f"{figures['average_s']:.1f} s ({figures['average_s'] / max(figures['open_s'], 1e-9):.2f}x "
-                      f"the first open); peak RSS {peak / 1024:,.0f} MB; "
-                      f"load {load:.1f}", flush=True)
+                opened, merged = measured["open"], measured["average"]
+                print(f"repeat {repeat} {name}: inputs {merged['inputs']:,}, merged positions {merged['positions']:,}; "
+                      f"first open {opened['seconds']:.1f} s (peak RSS {opened['peak_mb']:,.0f} MB), merged set "
+                      f"{merged['seconds']:.1f} s ({merged['seconds'] / max(opened['seconds'], 1e-9):.2f}x the first "
+                      f"open; peak RSS {merged['peak_mb']:,.0f} MB, caches present); load {load:.1f}", flush=True)
 
 
 def make_hcpe3(out: Path, source: Path, copies: int) -> None:

@@ -546,6 +546,21 @@ class Hcpe3Positions:
         records["gameResult"] = (self.result[indices] & RESULT_MASK).view(np.int8)
         return records
 
+    def decoder_input(self, indices: np.ndarray) -> tuple[np.ndarray, typing.Any]:
+        """(hcpe records, positions plan) of `indices` for `features.Decoder.decode`: from a compact cache the
+        records carry each position's anchor (the side to move set right) and the plan replays the moves
+        from there on the decoder's own board; else the records themselves and no plan."""
+        if self.compact is None:
+            return self.hcpe_records(indices), None
+        indices = np.asarray(indices, dtype=np.int64)
+        packed, plan = self.compact.replay_plan(indices)
+        records = np.zeros(len(indices), dtype=cshogi.HuffmanCodedPosAndEval)
+        records["hcp"] = packed
+        records["eval"] = self.eval[indices]
+        records["bestMove16"] = self.move16[indices].view(np.int16)
+        records["gameResult"] = (self.result[indices] & RESULT_MASK).view(np.int8)
+        return records, plan
+
     def candidates(self, index: int) -> np.ndarray:
         """Position `index`'s MoveVisits (move16, visitNum) as stored."""
         start, stop = int(self.cand_offsets[index]), int(self.cand_offsets[index + 1])

@@ -5,15 +5,15 @@ follow each other by one move. So the cache keeps the hcp of an **anchor** only:
 position, and any position that does not follow the one before it by one move (a game's first, the one after
 a repetition left out); the others are replayed from their anchor with cshogi (`set_hcp`, `push_move16`
 of the selected moves between, `to_hcp`: fewer than ANCHOR_EVERY moves). What follows from the position and
-its move (the policy labels, the side to move) is computed, what a game shares (its result) is stored once
-per game. At six candidates a position that is about 46 bytes instead of 89:
+its move (the policy labels, the side to move) is computed, what a game shares (its result, number) is
+stored with each anchor. At six candidates a position that is about 46 bytes instead of 89:
 
 | array | per | bytes |
 | --- | --- | --- |
-| `hcp` uint8 [32], `anchor_position` int64, `anchor_game` int32, `anchor_ply` uint16 | anchor | 46 |
+| `hcp` uint8 [32], `anchor_position` i8, `anchor_game` i4, `anchor_ply` u2, `anchor_result` u1 | anchor | 47 |
 | `anchor` uint32, `eval` int16, `move16` uint16, `cand_offsets` int64 | position | 16 |
 | `cand_move16`, `cand_visits` uint16 | candidate | 4 |
-| `game_offsets` int64, `game_result` uint8 | game | 9 |
+| `game_offsets` int64 | game | 8 |
 
 `expand` gives the readers the full layout's arrays (`hcp`, `label`, `result`, `game`, `ply`, `cand_label`
 ...) as `DerivedArray`s computed from these when indexed, so that nothing above the positions changes.
@@ -32,7 +32,7 @@ from tideborn.data.hcpe3_replay import NO_LABEL, move_labels
 
 ANCHOR_EVERY = 8
 """Positions per stored hcp: 32/8 bytes a position for the hcp, fewer than 8 moves replayed per read."""
-COMPACT_NAMES = ("game_offsets", "game_result", "hcp", "anchor_position", "anchor_game", "anchor_ply", "anchor",
+COMPACT_NAMES = ("game_offsets", "hcp", "anchor_position", "anchor_game", "anchor_ply", "anchor_result", "anchor",
                  "eval", "move16", "cand_offsets", "cand_move16", "cand_visits")
 
 
@@ -43,12 +43,11 @@ def compact(arrays: dict[str, np.ndarray], anchor_every: int = ANCHOR_EVERY) -> 
     starts = np.arange(n) % anchor_every == 0
     starts[1:] |= (game[1:] != game[:-1]) | (ply[1:] != ply[:-1] + 1)
     rows = np.flatnonzero(starts)
-    game_result = np.zeros(len(arrays["game_offsets"]), np.uint8)
-    game_result[game] = arrays["result"]
     return {
-        "game_offsets": arrays["game_offsets"], "game_result": game_result,
+        "game_offsets": arrays["game_offsets"],
         "hcp": arrays["hcp"][rows], "anchor_position": rows.astype(np.int64),
         "anchor_game": game[rows].astype(np.int32), "anchor_ply": ply[rows].astype(np.uint16),
+        "anchor_result": arrays["result"][rows],
         "anchor": (np.cumsum(starts) - 1).astype(np.uint32),
         "eval": arrays["eval"], "move16": arrays["move16"], "cand_offsets": arrays["cand_offsets"],
         "cand_move16": arrays["cand_move16"], "cand_visits": arrays["cand_visits"],
@@ -62,8 +61,8 @@ def consistent(header: dict, arrays: dict[str, typing.Any]) -> bool:
     anchors = len(arrays["hcp"])
     return set(arrays) == set(COMPACT_NAMES) and arrays["hcp"].shape[1:] == (32,) and \
         all(len(arrays[name]) == positions for name in ("anchor", "eval", "move16")) and \
-        all(len(arrays[name]) == anchors for name in ("anchor_position", "anchor_game", "anchor_ply")) and \
-        len(arrays["game_offsets"]) == games == len(arrays["game_result"]) and \
+        all(len(arrays[name]) == anchors for name in ("anchor_position", "anchor_game", "anchor_ply",
+                                                      "anchor_result")) and len(arrays["game_offsets"]) == games and \
         len(arrays["cand_move16"]) == len(arrays["cand_visits"]) and (positions == 0 or anchors > 0)
 
 
@@ -110,9 +109,10 @@ class CompactPositions:
         self.damaged = damaged
         self._board: cshogi.Board | None = None
         self._located: tuple[bytes, tuple[np.ndarray, np.ndarray]] | None = None
+        self._start_hcp: np.ndarray | None = None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_board": None, "_located": None}
+        return {**self.__dict__, "_board": None, "_located": None, "_start_hcp": None}
 
     def expand(self) -> dict[str, typing.Any]:
         s = self.stored
@@ -140,12 +140,20 @@ class CompactPositions:
         if len(steps) and (steps.min() < 0 or steps.max() > 255):
             raise self.damaged("anchor out of order")
         self._located = key, (anchor, steps)
+        self._start_hcp = None
         return anchor, steps
+
+    def start_hcp(self, indices: np.ndarray) -> np.ndarray:
+        """The hcp of each position's anchor (kept for the batch: its records, then its targets)."""
+        anchor, _ = self.locate(indices)
+        if self._start_hcp is None:
+            self._start_hcp = np.asarray(self.stored["hcp"][anchor])
+        return self._start_hcp
 
     def turns(self, indices: np.ndarray) -> np.ndarray:
         """The side to move of each position (0 black, 1 white): its anchor's, flipped every move."""
-        anchor, steps = self.locate(indices)
-        return (np.asarray(self.stored["hcp"][anchor])[:, 0] & 1).astype(np.int64) ^ (steps & 1)
+        _, steps = self.locate(indices)
+        return (self.start_hcp(indices)[:, 0] & 1).astype(np.int64) ^ (steps & 1)
 
     def fetch(self, name: str, indices: np.ndarray) -> np.ndarray:
         s = self.stored
@@ -158,14 +166,11 @@ class CompactPositions:
         if name == "label":
             return labels_of(self.turns(indices), np.asarray(s["move16"][indices]))
         anchor, steps = self.locate(indices)
-        game = np.asarray(s["anchor_game"][anchor]).astype(np.int64)
         if name == "game":
-            return game.astype(np.int32)
+            return np.asarray(s["anchor_game"][anchor]).astype(np.int32)
         if name == "ply":
             return (np.asarray(s["anchor_ply"][anchor]).astype(np.int64) + steps).astype(np.uint16)
-        if len(game) and (game.min() < 0 or game.max() >= len(s["game_result"])):
-            raise self.damaged("game number past the games")
-        return np.asarray(s["game_result"][game])  # result
+        return np.asarray(s["anchor_result"][anchor])  # result: the game's, as its anchor's
 
     def fetch_all(self, name: str) -> np.ndarray:
         length = len(self.stored["cand_move16"] if name == "cand_label" else self.stored["eval"])
@@ -176,11 +181,26 @@ class CompactPositions:
             return labels_of(turns, np.asarray(s["cand_move16"]))
         return self.fetch(name, np.arange(length))
 
+    def replay_plan(self, indices: np.ndarray) -> tuple[np.ndarray, ReplayPlan]:
+        """What the batch decoder needs to reach each position itself (`features.Decoder.decode`'s
+        `positions`): per position its anchor's hcp with the side-to-move bit set to the position's (what
+        the decoder reads the side to move and the kings from), and the plan that sets its board there. The
+        decoder sets a board per position anyway: from the anchor, it costs a few pushes more, not a second
+        `set_hcp` (which costs more than the features' own share of the decode)."""
+        _, steps = self.locate(indices)
+        start_hcp = self.start_hcp(indices)
+        counts = steps
+        flat = np.repeat(indices - counts - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        moves = np.asarray(self.stored["move16"][flat]).tolist()
+        packed = start_hcp.copy()
+        packed[:, 0] = (packed[:, 0] & 0xFE) | (((start_hcp[:, 0] & 1) ^ (steps & 1)) & 1)
+        return packed, ReplayPlan(list(start_hcp), moves, np.concatenate([[0], np.cumsum(counts)]).tolist())
+
     def replay(self, indices: np.ndarray) -> np.ndarray:
         """The hcp of each position: its anchor's, with the selected moves from there played (cshogi)."""
         s = self.stored
-        anchor, steps = self.locate(indices)
-        start_hcp = np.asarray(s["hcp"][anchor])
+        _, steps = self.locate(indices)
+        start_hcp = self.start_hcp(indices)
         out = np.empty((len(indices), 32), np.uint8)
         replaying = np.flatnonzero(steps)
         out[steps == 0] = start_hcp[steps == 0]
@@ -205,6 +225,14 @@ class CompactPositions:
             at += count
             to_hcp(out[row])
         return out
+
+
+class ReplayPlan:
+    """How the decoder reaches position i of a batch: `set_hcp(anchors[i])`, then `push_move16` of
+    `moves[bounds[i]:bounds[i + 1]]` (`features.Decoder.decode`)."""
+
+    def __init__(self, anchors: list[np.ndarray], moves: list[int], bounds: list[int]):
+        self.anchors, self.moves, self.bounds = anchors, moves, bounds
 
 
 def labels_of(turns: np.ndarray, move16: np.ndarray) -> np.ndarray:

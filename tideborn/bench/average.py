@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,8 +71,7 @@ def measure(files: list[Path], codes: dict[str, Path | None], repeats: int) -> N
         inputs = []
         for path in files:
             inputs.append(folder / path.name)
-            os.link(path, inputs[-1]) if path.stat().st_dev == folder.stat().st_dev else \
-                inputs[-1].write_bytes(path.read_bytes())
+            shutil.copyfile(path, inputs[-1])
         for repeat in range(repeats):
             for name, code in codes.items():
                 for derived in _derived(folder):  # a first open and a first merge each time

@@ -11,7 +11,9 @@ position in an hcpe file merge. Per merged position, as in dlshogi's `load_hcpe3
   value target is `(1 - lambda) * mean result + lambda * mean sigmoid`, the mean of the duplicates' targets.
 
 Records that training would skip (an empty or illegal move; `data.bad_records`) are left out (or stop the
-run, with `error`). The merged set is written once as a cache beside the first training file,
+run, with `error`). The merged set is built in bounded memory by an external sort/merge in chunks on disk
+(`average_merge`; merged positions in the order of their packed bytes) and written once as a cache beside the
+first training file,
 `.NAME.average-DIGEST.positions`, DIGEST covering the inputs' paths and the options the set depends on
 (temperature, eval scales, bad-record handling). The cache is used only when every input's content is the
 one it was built from (`input_identities`): for an hcpe3 file, the whole-content hash its positions cache

@@ -43,20 +43,46 @@ OUTPUT_DTYPES = {"hcp": (np.uint8, 32), "result": (np.float32, 0), "winprob": (n
 COPY_BYTES = 8 << 20
 
 
+def _key_groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, group of each key) grouping equal 32-byte keys, groups numbered in the keys' byte order: a
+    sort of four big-endian 64-bit columns (`np.lexsort`), about twice as fast as numpy's sort of 32-byte
+    voids, which compares them one by one."""
+    columns = np.ascontiguousarray(keys).view(">u8").reshape(-1, 4)
+    order = np.lexsort((columns[:, 3], columns[:, 2], columns[:, 1], columns[:, 0]))
+    ordered = columns[order]
+    starts = np.concatenate([[True], (ordered[1:] != ordered[:-1]).any(axis=1)]) if len(order) else \
+        np.zeros(0, bool)
+    group = np.empty(len(order), np.int64)
+    group[order] = np.cumsum(starts) - 1
+    return order[starts], group
+
+
+def _entry_order(combined: np.ndarray) -> np.ndarray:
+    """The entries in (combined, first) order. Entries come in `first` order wherever two share `combined`:
+    a chunk's in input order, and a merge block's run after run (a run's chunk precedes the next's, and
+    within a run each position and label is there once). So their place breaks the ties: one sort of a single
+    64-bit key where both fit (they do for any chunk this module makes), else a stable sort."""
+    if not len(combined):
+        return np.zeros(0, np.int64)
+    bits = max(1, int(len(combined) - 1).bit_length())
+    if int(combined.max()) < 1 << (62 - bits):
+        return np.argsort((combined << bits) | np.arange(len(combined)))
+    return np.argsort(combined, kind="stable")
+
+
 def combine(positions: np.ndarray, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge `positions` (POSITION, any order) and their `entries` (ENTRY, each position's in turn): one
     position per key, in key order, with the sums of its duplicates, and one entry per (position, label)."""
-    keys, inverse = np.unique(positions["key"], return_inverse=True)
-    inverse = inverse.reshape(-1)
-    groups = len(keys)
+    firsts, inverse = _key_groups(positions["key"])
+    groups = len(firsts)
     out = np.zeros(groups, POSITION)
-    out["key"] = keys
+    out["key"] = positions["key"][firsts]
     out["result"] = np.bincount(inverse, positions["result"], groups)
     out["winprob"] = np.bincount(inverse, positions["winprob"], groups)
     out["count"] = np.bincount(inverse, positions["count"], groups).astype(np.int64)
     owner = inverse[np.repeat(np.arange(len(positions)), positions["entries"])]
     combined = owner * POLICY_CLASSES + entries["label"].astype(np.int64)
-    order = np.lexsort((entries["first"], combined))
+    order = _entry_order(combined)
     ordered = combined[order]
     starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]])) if len(ordered) else \
         np.zeros(0, np.int64)

@@ -11,7 +11,8 @@ File layout (dlshogi `cppshogi.h`, little-endian, no padding), one game after an
 The games have no index and the positions exist only by replaying the moves, so a file is decoded once
 (`build_positions`) into a **positions cache** beside it, `.NAME.positions` (e.g. `.selfplay.hcpe3.positions`):
 a 4096-byte JSON header (format version, the source's fingerprint: size, mtime and a digest of 64 pieces of
-it) and then flat arrays, read with `pread` (`cachefile`, never a memory map):
+it) and then flat arrays, read with `pread` (`cachefile`, never a memory map). `build_positions` gives these
+arrays, and `Hcpe3Positions` reads them by these names whatever the cache stores:
 
 | array | per | meaning |
 | --- | --- | --- |
@@ -22,6 +23,9 @@ it) and then flat arrays, read with `pread` (`cachefile`, never a memory map):
 | `game` int32, `ply` uint16 | position | which game and which of its moves (for messages) |
 | `cand_offsets` int64 [N + 1] | position | where its candidates lie in the three arrays below (CSR) |
 | `cand_move16`, `cand_label`, `cand_visits` uint16 | candidate | the MoveVisits, with each move's policy label |
+
+The cache itself (version 4) stores them compactly (`hcpe3_compact`): the hcp of every 8th position only,
+the others replayed at read; labels by table; results with the positions they are replayed from.
 
 As in dlshogi's `load_hcpe3`, a position whose selected move repeats an earlier position (a repetition draw,
 superior or inferior, looking back 16 plies) is left out; the count is in the header (`repetitions`). Unlike

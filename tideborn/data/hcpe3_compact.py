@@ -198,6 +198,9 @@ class CompactPositions:
 
     def replay(self, indices: np.ndarray) -> np.ndarray:
         """The hcp of each position: its anchor's, with the selected moves from there played (cshogi)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) > 1 and indices[-1] - indices[0] == len(indices) - 1 and (np.diff(indices) == 1).all():
+            return self._replay_range(indices)
         s = self.stored
         _, steps = self.locate(indices)
         start_hcp = self.start_hcp(indices)
@@ -223,6 +226,35 @@ class CompactPositions:
             for move in moves[at:at + count]:
                 push(move)
             at += count
+            to_hcp(out[row])
+        return out
+
+
+    def _replay_range(self, indices: np.ndarray) -> np.ndarray:
+        """`replay` of consecutive positions (a whole file read in order: averaging, checks): one move and one
+        `to_hcp` a position, a `set_hcp` only where a game or a run of positions starts (an anchor)."""
+        s = self.stored
+        _, steps = self.locate(indices)
+        start_hcp = self.start_hcp(indices)
+        first = int(indices[0])
+        moves = np.asarray(s["move16"][first - int(steps[0]):int(indices[-1])]).tolist()
+        out = np.empty((len(indices), 32), np.uint8)
+        if self._board is None:
+            self._board = cshogi.Board()
+        board = self._board
+        set_hcp, push, to_hcp = board.set_hcp, board.push_move16, board.to_hcp
+        lead = int(steps[0])
+        for row, step in enumerate(steps.tolist()):
+            if row == 0 or step == 0:
+                try:
+                    set_hcp(start_hcp[row])
+                except RuntimeError as exc:
+                    raise self.damaged(f"undecodable anchor position ({exc})") from None
+                if row == 0:
+                    for move in moves[:lead]:
+                        push(move)
+            else:
+                push(moves[lead + row - 1])
             to_hcp(out[row])
         return out
 

@@ -219,14 +219,12 @@ def create_scratch_file(beside: Path, serial: int) -> tuple[int, Path]:
     published; the builder removes it when the build ends, however it ends, and `remove_stale_scratch`
     removes those of a builder killed outright (SIGKILL, a power cut)."""
     path = beside.with_name(f".{beside.name}{SCRATCH_MARK}{os.getpid()}-{serial}")
-    fd = create_new_file(path)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # a new inode, read back by us
     try:
-        os.close(fd)
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
-    return fd, path
+        return os.open(path, flags, 0o600), path
+    except FileExistsError:  # our own leftover (a pid reused after a SIGKILL): never opened, replaced
+        os.unlink(path)
+    return os.open(path, flags, 0o600), path
 
 
 def remove_stale_scratch(beside: Path) -> list[Path]:

@@ -103,8 +103,8 @@ def test_a_merge_interrupted_leaves_no_set_a_later_run_trusts(games, tmp_path, s
 def test_a_compact_cache_build_interrupted_leaves_no_cache_a_later_open_trusts(games, tmp_path, signal_name):
     path = tmp_path / "big.hcpe3"
     write_hcpe3(path, games, seed=2363)
-    path.write_bytes(path.read_bytes() * 100)  # seconds of decoding
-    returncode = interrupt(DECODE, [str(path)], "hcpe3: decoding", signal_name, 0.5)
+    path.write_bytes(path.read_bytes() * 50)  # seconds of decoding
+    returncode = interrupt(DECODE, [str(path)], "hcpe3: decoding", signal_name, 0.3)
     assert returncode != 0, "the decode ended before the signal: make the input larger"
     left = cache_path(path)
     if left.exists():

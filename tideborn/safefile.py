@@ -210,6 +210,56 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+SCRATCH_MARK = ".scratch-"
+
+
+def create_scratch_file(beside: Path, serial: int) -> tuple[int, Path]:
+    """A new hidden scratch file beside `beside` for a build's intermediate data (`.NAME.scratch-PID-SERIAL`),
+    opened for reading and writing by descriptor (`os.pread`/`os.write`): (descriptor, path). It is never
+    published; the builder removes it when the build ends, however it ends, and `remove_stale_scratch`
+    removes those of a builder killed outright (SIGKILL, a power cut)."""
+    path = beside.with_name(f".{beside.name}{SCRATCH_MARK}{os.getpid()}-{serial}")
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # a new inode, read back by us
+    try:
+        return os.open(path, flags, 0o600), path
+    except FileExistsError:  # our own leftover (a pid reused after a SIGKILL): never opened, replaced
+        os.unlink(path)
+    return os.open(path, flags, 0o600), path
+
+
+def remove_stale_scratch(beside: Path) -> list[Path]:
+    """Remove the scratch files of `beside` whose builder is gone (`.NAME.scratch-PID-N`, PID not running):
+    what a SIGKILL left. Returns what was removed."""
+    prefix = f".{beside.name}{SCRATCH_MARK}"
+    removed = []
+    try:
+        entries = list(beside.parent.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        pid_text = entry.name[len(prefix):].split("-", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _running(int(pid_text)):
+            continue
+        try:
+            entry.unlink()
+            removed.append(entry)
+        except FileNotFoundError:  # another builder removed it first
+            pass
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: running
+        return True
+    return True
+
+
 def write_temp(temp: Path, write: typing.Callable[[typing.BinaryIO], object], refuse_links: bool = True) -> None:
     """Fill a new file at `temp` (`create_new_file`) with `write`, and fsync it: the first half of an atomic
     write, for a caller that checks the content before it publishes it (`publish`). If `write` fails, the temp

@@ -11,7 +11,9 @@ position in an hcpe file merge. Per merged position, as in dlshogi's `load_hcpe3
   value target is `(1 - lambda) * mean result + lambda * mean sigmoid`, the mean of the duplicates' targets.
 
 Records that training would skip (an empty or illegal move; `data.bad_records`) are left out (or stop the
-run, with `error`). The merged set is written once as a cache beside the first training file,
+run, with `error`). The merged set is built in bounded memory by an external sort/merge in chunks on disk
+(`average_merge`; merged positions in the order of their packed bytes) and written once as a cache beside the
+first training file,
 `.NAME.average-DIGEST.positions`, DIGEST covering the inputs' paths and the options the set depends on
 (temperature, eval scales, bad-record handling). The cache is used only when every input's content is the
 one it was built from (`input_identities`): for an hcpe3 file, the whole-content hash its positions cache
@@ -34,9 +36,9 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_move_label
 
+from tideborn.data.average_merge import ExternalMerge, Scratch, ScratchUnwritable, SpooledArray
 from tideborn.data.cachefile import CacheArray, DamagedCache, HostileCache, close_arrays, warn_about_cache
 from tideborn.data.features import (
-    POLICY_CLASSES,
     BadRecord,
     DecodedBatch,
     evals_for_side_to_move,
@@ -57,6 +59,7 @@ from tideborn.data.hcpe3 import (
     trusted_owners,
     write_arrays,
 )
+from tideborn.data.hcpe3_compact import labels_of
 from tideborn.errors import UserError
 
 if typing.TYPE_CHECKING:
@@ -72,28 +75,20 @@ def _sigmoid(evals: np.ndarray, eval_scale: float) -> np.ndarray:
 
 
 class _Entries:
-    """Per input position: key, result, win probability; per policy entry: position, label, move16, prob."""
+    """The input positions as they are read (`add`: per position its key, result and win probability; per
+    policy entry its position among them, label, move16 and probability), merged by `average_merge`."""
 
-    def __init__(self) -> None:
-        self.hcp: list[np.ndarray] = []
-        self.result: list[np.ndarray] = []
-        self.winprob: list[np.ndarray] = []
-        self.entry_pos: list[np.ndarray] = []
-        self.entry_label: list[np.ndarray] = []
-        self.entry_move16: list[np.ndarray] = []
-        self.entry_prob: list[np.ndarray] = []
+    def __init__(self, merge: ExternalMerge) -> None:
+        self.merge = merge
         self.count = 0
         self.skipped = 0
 
     def add(self, hcp, result, winprob, entry_pos, entry_label, entry_move16, entry_prob) -> None:
-        self.hcp.append(np.asarray(hcp, dtype=np.uint8).reshape(-1, 32))
-        self.result.append(np.asarray(result, dtype=np.float64))
-        self.winprob.append(np.asarray(winprob, dtype=np.float64))
-        self.entry_pos.append(np.asarray(entry_pos, dtype=np.int64) + self.count)
-        self.entry_label.append(np.asarray(entry_label, dtype=np.int64))
-        self.entry_move16.append(np.asarray(entry_move16, dtype=np.uint16))
-        self.entry_prob.append(np.asarray(entry_prob, dtype=np.float64))
-        self.count += len(self.hcp[-1])
+        hcp = np.asarray(hcp, dtype=np.uint8).reshape(-1, 32)
+        self.merge.add(hcp, np.asarray(result, dtype=np.float64), np.asarray(winprob, dtype=np.float64),
+                       np.asarray(entry_pos, dtype=np.int64), np.asarray(entry_label, dtype=np.int64),
+                       np.asarray(entry_move16, dtype=np.uint16), np.asarray(entry_prob, dtype=np.float64))
+        self.count += len(hcp)
 
 
 def _add_records(entries: _Entries, part, settings: Settings, scales: dict[str, float] | None) -> None:
@@ -162,9 +157,9 @@ def _add_hcpe3(entries: _Entries, part, settings: Settings, scales: dict[str, fl
             bounds = np.asarray(positions.cand_offsets[index[0]:index[-1] + 2]).astype(np.int64)
             base = int(bounds[0])
             starts, counts = bounds[:-1] - base, np.diff(bounds)
-            cand_label = np.asarray(positions.cand_label[base:int(bounds[-1])])
             cand_visits = np.asarray(positions.cand_visits[base:int(bounds[-1])])
             cand_move16 = np.asarray(positions.cand_move16[base:int(bounds[-1])])
+            cand_label = labels_of(np.repeat(turn, counts), cand_move16)  # as the decoder labels them
             selected = np.asarray(positions.move16[index])
             try:
                 labels, probs, _ = policy_targets(starts, counts, cand_label, cand_visits.astype(np.float64),
@@ -238,11 +233,28 @@ def average_cache_path(source: TeacherSource, key: str) -> Path:
     return first.with_name(f".{first.name}.average-{key[:16]}.positions")
 
 
-def build_average(source: TeacherSource, settings: Settings,
-                  scales: dict[str, float] | None = None) -> tuple[dict, dict[str, np.ndarray]]:
-    """(meta, arrays) of the merged set of `source`'s positions; `scales`: each file's eval scale by path
-    (`data.eval_scale_fit = "per_file"`), else `data.eval_scale` for all."""
-    entries = _Entries()
+def build_average(source: TeacherSource, settings: Settings, scales: dict[str, float] | None = None,
+                  scratch_beside: Path | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """(meta, arrays) of the merged set of `source`'s positions, in memory; `scales`: each file's eval scale
+    by path (`data.eval_scale_fit = "per_file"`), else `data.eval_scale` for all. With `scratch_beside`, the
+    runs of the merge go to scratch files beside that path (`average_merge`), and only the result is read
+    into memory; `merge_to_arrays` leaves it on disk too."""
+    scratch = Scratch(scratch_beside)
+    try:
+        meta, spooled = merge_to_arrays(source, settings, scales, scratch)
+        return meta, {name: array.array() for name, array in spooled.items()}
+    finally:
+        scratch.close()
+
+
+def merge_to_arrays(source: TeacherSource, settings: Settings, scales: dict[str, float] | None,
+                    scratch: Scratch) -> tuple[dict, dict[str, SpooledArray]]:
+    """(meta, the merged set's arrays spooled in `scratch`): an external sort/merge by packed position in
+    chunks of `average_merge.CHUNK_POSITIONS` inputs, so that memory stays bounded at any number of inputs
+    and of distinct positions. Per merged position, in key order: hcp, result, winprob (the means), count,
+    label and move16 (the most likely move, first of equals by label), and its policy in CSR form
+    (cand_offsets, cand_label, cand_prob)."""
+    entries = _Entries(ExternalMerge(scratch))
     for part in source.parts:
         if part.kind == "hcpe3":
             _add_hcpe3(entries, part, settings, scales)
@@ -250,40 +262,52 @@ def build_average(source: TeacherSource, settings: Settings,
             _add_records(entries, part, settings, scales)
     if entries.count == 0:
         raise UserError("data.train: no usable position to average (every record was skipped)")
-    hcp = np.concatenate(entries.hcp)
-    keys = np.ascontiguousarray(hcp).view(np.dtype((np.void, 32))).reshape(-1)
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    # merged positions in the order of their first occurrence (stable under adding files at the end)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    group = rank[inverse.reshape(-1)]
-    merged = len(order)
-    count = np.bincount(group, minlength=merged).astype(np.float64)
-    result = np.bincount(group, weights=np.concatenate(entries.result), minlength=merged) / count
-    winprob = np.bincount(group, weights=np.concatenate(entries.winprob), minlength=merged) / count
-    entry_group = group[np.concatenate(entries.entry_pos)]
-    entry_label = np.concatenate(entries.entry_label)
-    combined = entry_group * POLICY_CLASSES + entry_label
-    unique, first_entry, inverse_entry = np.unique(combined, return_index=True, return_inverse=True)
-    probs = np.bincount(inverse_entry.reshape(-1), weights=np.concatenate(entries.entry_prob),
-                        minlength=len(unique))
-    cand_group, cand_label = unique // POLICY_CLASSES, unique % POLICY_CLASSES
-    cand_move16 = np.concatenate(entries.entry_move16)[first_entry]
-    cand_prob = probs / count[cand_group]
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(cand_group, minlength=merged))]).astype(np.int64)
-    # the most likely move (first of equals by label): the top-1 reference and the move the decoder checks
-    best = np.lexsort((-cand_prob, cand_group))
-    top_entry = best[offsets[:-1]]
-    arrays = {
-        "hcp": hcp[first[order]], "result": result.astype(np.float32), "winprob": winprob.astype(np.float32),
-        "count": count.astype(np.int32), "label": cand_label[top_entry].astype(np.uint16),
-        "move16": cand_move16[top_entry].astype(np.uint16), "cand_offsets": offsets,
-        "cand_label": cand_label.astype(np.uint16), "cand_prob": cand_prob.astype(np.float32),
-    }
+    arrays = entries.merge.finish()
+    merged = arrays["hcp"].rows
     meta = {"inputs": int(entries.count), "positions": merged, "merged": int(entries.count - merged),
             "skipped": int(entries.skipped)}
     return meta, arrays
+
+
+def _build_cache(source: TeacherSource, settings: Settings, scales: dict[str, float] | None, path: Path, key: str,
+                 inputs: list[dict], hostile: str | None, say: typing.Callable[[str], None],
+                 owners: set[int]) -> tuple[dict, dict]:
+    """Merge `source` into the cache at `path` (runs and arrays in scratch files beside it, then the cache
+    written whole) and open it; in memory, with a warning, where the cache or its scratch files cannot be
+    written (a hostile entry, a read-only directory, a full disk)."""
+    what = "the averaged positions of data.train"
+
+    def in_memory() -> tuple[dict, dict]:
+        meta, arrays = build_average(source, settings, scales)
+        meta["key"], meta["input_files"] = key, inputs
+        return meta, arrays
+
+    if hostile:  # a link, FIFO, directory or someone else's file: left alone, never written through
+        say(f"{path} {hostile}: not used; averaged in memory (every run averages again until it is removed)")
+        return in_memory()
+    scratch = Scratch(path)
+    try:
+        try:
+            meta, spooled = merge_to_arrays(source, settings, scales, scratch)
+        except ScratchUnwritable as exc:
+            say(f"{path}: the averaged positions could not be cached ({exc}); averaged in memory")
+            scratch.close()
+            return in_memory()
+        meta["key"], meta["input_files"] = key, inputs
+        try:
+            write_arrays(path, meta, spooled, CACHE_FORMAT)
+            found = read_arrays(path, CACHE_FORMAT, what, owners)
+        except UserError as exc:
+            say(f"{path}: the averaged positions could not be cached ({exc}); averaged in memory")
+            found = None
+        except (HostileCache, DamagedCache):
+            found = None  # replaced by something else since it was written: use what was built
+        if found is not None and found[0].get("key") == key and _same_contents(found[0], inputs):
+            return found
+        # not written, or replaced since by something else: use what was built
+        return meta, {name: array.array() for name, array in spooled.items()}
+    finally:
+        scratch.close()
 
 
 class AveragedPart:
@@ -374,21 +398,7 @@ def averaged_source(source: TeacherSource, settings: Settings, warn: typing.Call
         return cached is not None and cached[0].get("key") == key and _same_contents(cached[0], inputs)
 
     if not current(found):
-        meta, arrays = build_average(source, settings, scales)
-        meta["key"], meta["input_files"] = key, inputs
-        found = None
-        if hostile:  # a link, FIFO, directory or someone else's file: left alone, never written through
-            say(f"{path} {hostile}: not used; averaged in memory (every run averages again until it is removed)")
-        else:
-            try:
-                write_arrays(path, meta, arrays, CACHE_FORMAT)
-                found = read_arrays(path, CACHE_FORMAT, what, owners)
-            except UserError as exc:
-                say(f"{path}: the averaged positions could not be cached ({exc}); averaged in memory")
-            except (HostileCache, DamagedCache):
-                found = None  # replaced by something else since it was written: use what was built
-        if not current(found):  # not written, or replaced since by something else: use what was built
-            found = (meta, arrays)
+        found = _build_cache(source, settings, scales, path, key, inputs, hostile, say, owners)
     header, arrays = found
     summary = {"inputs": int(header["inputs"]), "positions": int(header["positions"]),
                "merged": int(header["merged"]), "skipped": int(header["skipped"]), "cache": str(path)}

@@ -396,6 +396,7 @@ def cache_problem(path: Path, arrays: dict[str, np.ndarray], content: str) -> Ba
     run rebuilds it), nor one that training leaves alone (a link, someone else's: training warns)."""
     from tideborn.data.cachefile import DamagedCache, HostileCache
     from tideborn.data.hcpe3 import CACHE_FORMAT, cache_path, read_arrays, trusted_owners
+    from tideborn.data.hcpe3_compact import compact
 
     cache = cache_path(path)
     source = f"the positions cache of {path}"
@@ -407,7 +408,7 @@ def cache_problem(path: Path, arrays: dict[str, np.ndarray], content: str) -> Ba
         return BadRecordReport(str(cache), None, f"{source} is damaged ({exc}); delete it: it is built again")
     if found is None or found[0].get("content") != content:
         return None
-    for name, want in arrays.items():
+    for name, want in compact(arrays).items():  # the cache holds the compact layout of the arrays
         got = found[1].get(name)
         if got is None or got.shape != want.shape or not np.array_equal(np.asarray(got), want):
             return BadRecordReport(str(cache), None, f"{source} does not hold the file's positions (its array "

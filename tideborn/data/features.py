@@ -16,6 +16,7 @@ zeros or all ones: 5 KB per position to move between processes and to a GPU inst
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 
 import cshogi
@@ -198,13 +199,15 @@ class Decoder:
         return move, None
 
     def decode(self, records: np.ndarray, features1_out: np.ndarray | None = None,
-               eval_scale: np.ndarray | None = None) -> DecodedBatch:
+               eval_scale: np.ndarray | None = None, positions: typing.Any = None) -> DecodedBatch:
         """Decode `records`. Raises `BadRecord` for an undecodable record, and for an empty or illegal
         move when `bad_records` is `error`; otherwise such moves are skipped and listed.
 
         `features1_out`, a zeroed [len(records), 62, 9, 9] uint8 array, receives the board planes (a worker
         passes shared memory, so the batch crosses to the trainer without a copy). `eval_scale`: one scale per
-        record (each file's fitted one, `data.eval_scale_fit`) instead of the decoder's."""
+        record (each file's fitted one, `data.eval_scale_fit`) instead of the decoder's. `positions`: a plan
+        that sets the board to record i's position from another one (a compact positions cache's anchors and
+        the moves from there: `hcpe3_compact.ReplayPlan`) instead of `set_hcp` of the record's packed one."""
         n = len(records)
         packed = packed_positions(records)
         results = results_for_side_to_move(records, self.kind)
@@ -220,6 +223,10 @@ class Decoder:
         # The loop runs per position: bound methods and no helper calls (`undecodable_reason` and
         # `move_reason` say the same, slower, for verify and for the messages).
         set_position = board.set_hcp if self.kind == "hcpe" else board.set_psfen
+        replay = positions is not None
+        if replay:  # the plan's lists, read in the loop without a call per position
+            anchors, replay_moves, bounds = positions.anchors, positions.moves, positions.bounds
+            set_anchor, push = board.set_hcp, board.push_move16
         from_stored = board.move_from_move16 if self.kind == "hcpe" else board.move_from_psv
         is_legal, fill_planes = board.is_legal, board._dlshogi_make_input_features  # = make_input_features
         count = 0
@@ -227,7 +234,12 @@ class Decoder:
             if not decodable[i]:
                 raise BadRecord(i, self.undecodable_reason(packed[i], bool(kings_ok[i]), float(results[i])))
             try:
-                set_position(packed[i])
+                if replay:
+                    set_anchor(anchors[i])
+                    for replay_move in replay_moves[bounds[i]:bounds[i + 1]]:
+                        push(replay_move)
+                else:
+                    set_position(packed[i])
             except RuntimeError as exc:
                 raise BadRecord(i, f"undecodable position ({exc})") from None
             move16 = moves16[i]

@@ -11,7 +11,8 @@ File layout (dlshogi `cppshogi.h`, little-endian, no padding), one game after an
 The games have no index and the positions exist only by replaying the moves, so a file is decoded once
 (`build_positions`) into a **positions cache** beside it, `.NAME.positions` (e.g. `.selfplay.hcpe3.positions`):
 a 4096-byte JSON header (format version, the source's fingerprint: size, mtime and a digest of 64 pieces of
-it) and then flat arrays, read with `pread` (`cachefile`, never a memory map):
+it) and then flat arrays, read with `pread` (`cachefile`, never a memory map). `build_positions` gives these
+arrays, and `Hcpe3Positions` reads them by these names whatever the cache stores:
 
 | array | per | meaning |
 | --- | --- | --- |
@@ -22,6 +23,9 @@ it) and then flat arrays, read with `pread` (`cachefile`, never a memory map):
 | `game` int32, `ply` uint16 | position | which game and which of its moves (for messages) |
 | `cand_offsets` int64 [N + 1] | position | where its candidates lie in the three arrays below (CSR) |
 | `cand_move16`, `cand_label`, `cand_visits` uint16 | candidate | the MoveVisits, with each move's policy label |
+
+The cache itself (version 4) stores them compactly (`hcpe3_compact`): the hcp of every 8th position only,
+the others replayed at read; labels by table; results with the positions they are replayed from.
 
 As in dlshogi's `load_hcpe3`, a position whose selected move repeats an earlier position (a repetition draw,
 superior or inferior, looking back 16 plies) is left out; the count is in the header (`repetitions`). Unlike
@@ -67,6 +71,8 @@ from tideborn.data.cachefile import (
     warn_about_cache,
 )
 from tideborn.data.features import POLICY_CLASSES
+from tideborn.data.hcpe3_compact import CompactPositions, compact, labels_of
+from tideborn.data.hcpe3_compact import consistent as compact_consistent
 from tideborn.data.hcpe3_replay import WINDOW_BYTES, ReplayedPositions, truncated
 from tideborn.data.records import ChangedWhileRead, open_record_file, pread_full, readable_size, records_fingerprint
 from tideborn.errors import UserError
@@ -87,8 +93,9 @@ REPETITION_PLIES = 16
 """dlshogi's `moveIsDraw(move, 16)`: how far back a repetition is looked for."""
 
 CACHE_FORMAT = "tideborn-hcpe3-positions"
-CACHE_VERSION = 3
-"""3: a CRC-32 of each array in the header (caches of version 2 are rebuilt, never read without one)."""
+CACHE_VERSION = 4
+"""4: the compact layout (`hcpe3_compact`: an hcp every few positions); 3: a CRC-32 of each array in the header.
+A cache of another version is rebuilt, never read."""
 CACHE_HEADER_BYTES = 4096
 READ_CHUNK = 1 << 22
 """Bytes of an hcpe3 file read at a time while it is replayed (`pread`, never a memory map)."""
@@ -270,9 +277,11 @@ def content_hash(path: Path, kind: str = "hcpe3") -> str:
     return reader.digest.hexdigest()
 
 
-def write_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray], fmt: str) -> None:
+def write_arrays(path: Path, meta: dict, arrays: dict[str, typing.Any], fmt: str) -> None:
     """Write `arrays` in the cache layout (JSON header, aligned flat arrays) to `path`, atomically: a temp
-    file beside it, fsynced, renamed over it (`StagedOutputs`)."""
+    file beside it, fsynced, renamed over it (`StagedOutputs`). An array is a numpy array or one spooled on
+    disk (`average_merge.SpooledArray`: `dtype`, `shape`, `nbytes`, `checksum`, `write_into(handle)`),
+    copied in pieces so that a cache larger than memory can be written."""
     from tideborn.outputs import StagedOutputs
 
     layout, offset = {}, CACHE_HEADER_BYTES
@@ -280,7 +289,8 @@ def write_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray], fmt: str
         offset = -(-offset // _ALIGN) * _ALIGN
         layout[name] = [offset, array.dtype.str, list(array.shape)]
         offset += array.nbytes
-    checksums = {name: array_checksum(array) for name, array in arrays.items()}
+    checksums = {name: array_checksum(array) if isinstance(array, np.ndarray) else array.checksum
+                 for name, array in arrays.items()}
     header = json.dumps({"format": fmt, "version": CACHE_VERSION, **meta, "arrays": layout, "checksums": checksums,
                          "bytes": offset}).encode() + b"\n"
     if len(header) > CACHE_HEADER_BYTES:
@@ -292,7 +302,10 @@ def write_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray], fmt: str
         for name, array in arrays.items():
             start = layout[name][0]
             handle.write(b"\0" * (start - position))
-            handle.write(np.ascontiguousarray(array).tobytes())
+            if isinstance(array, np.ndarray):
+                handle.write(np.ascontiguousarray(array).tobytes())
+            else:
+                array.write_into(handle)
             position = start + array.nbytes
 
     with StagedOutputs() as staged:
@@ -329,6 +342,9 @@ def _consistent(header: dict, arrays: dict[str, CacheArray]) -> bool:
     try:
         positions = int(header["positions"])
         offsets = arrays["cand_offsets"]
+        if header.get("format") == CACHE_FORMAT:  # the positions cache: its compact layout
+            return compact_consistent(header, arrays) and offsets.ndim == 1 and \
+                offsets_consistent(offsets, positions, len(arrays["cand_move16"]))
         per_position = [a for name, a in arrays.items() if name in ("hcp", "eval", "move16", "result", "label",
                                                                     "game", "ply", "winprob", "count")]
         per_candidate = [a for name, a in arrays.items() if name.startswith("cand_") and name != "cand_offsets"]
@@ -397,7 +413,7 @@ def load_or_build(path: Path, warn: typing.Callable[[str], None] | None = None,
                    f"{hostile}; it is not used or replaced); every run decodes it again until it is removed", warn)
         return in_memory
     try:
-        write_arrays(cache, meta, built["arrays"], CACHE_FORMAT)
+        write_arrays(cache, meta, compact(built["arrays"]), CACHE_FORMAT)
     except UserError as exc:
         _warn_once(str(cache), f"{path}: decoded in memory, the positions cache could not be written ({exc}); "
                    f"every run decodes it again", warn)
@@ -512,6 +528,10 @@ class Hcpe3Positions:
     def __init__(self, path: Path, header: dict, arrays: dict[str, np.ndarray | CacheArray]):
         self.path = Path(path)
         self.header = header
+        self.compact: CompactPositions | None = None
+        if "anchor" in arrays:  # a cache's compact layout: the full arrays computed from it when read
+            self.compact = CompactPositions(arrays, self.damaged)
+            arrays = self.compact.expand()
         self.arrays = arrays
         for name, array in arrays.items():
             setattr(self, name, array)
@@ -529,6 +549,21 @@ class Hcpe3Positions:
         records["bestMove16"] = self.move16[indices].view(np.int16)
         records["gameResult"] = (self.result[indices] & RESULT_MASK).view(np.int8)
         return records
+
+    def decoder_input(self, indices: np.ndarray) -> tuple[np.ndarray, typing.Any]:
+        """(hcpe records, positions plan) of `indices` for `features.Decoder.decode`: from a compact cache the
+        records carry each position's anchor (the side to move set right) and the plan replays the moves
+        from there on the decoder's own board; else the records themselves and no plan."""
+        if self.compact is None:
+            return self.hcpe_records(indices), None
+        indices = np.asarray(indices, dtype=np.int64)
+        packed, plan = self.compact.replay_plan(indices)
+        records = np.zeros(len(indices), dtype=cshogi.HuffmanCodedPosAndEval)
+        records["hcp"] = packed
+        records["eval"] = self.eval[indices]
+        records["bestMove16"] = self.move16[indices].view(np.int16)
+        records["gameResult"] = (self.result[indices] & RESULT_MASK).view(np.int8)
+        return records, plan
 
     def candidates(self, index: int) -> np.ndarray:
         """Position `index`'s MoveVisits (move16, visitNum) as stored."""
@@ -550,7 +585,7 @@ class Hcpe3Positions:
     @property
     def cached(self) -> bool:
         """Whether the positions are read from the cache file (not decoded in memory)."""
-        return isinstance(self.arrays.get("hcp"), CacheArray)
+        return isinstance(self.arrays.get("eval"), CacheArray)
 
     def damaged(self, reason: str, index: int | None = None) -> UserError:
         """The error for a position that fails a check although the file's games were all checked when they
@@ -567,10 +602,16 @@ class Hcpe3Positions:
         starts, counts = self.candidate_rows(indices)
         # only the candidates of these positions are read (a few thousand rows, not the whole arrays)
         local_starts = (np.cumsum(counts) - counts).astype(np.int64)
+        if self.compact is not None:  # labels from the moves and the side to move, by table
+            turns = self.compact.turns(indices)
+            cand_labels = labels_of(np.repeat(turns, counts), _rows(self.cand_move16, starts, counts))
+            fallback = labels_of(turns, np.asarray(self.move16[indices]))
+        else:
+            cand_labels, fallback = _rows(self.cand_label, starts, counts), np.asarray(self.label[indices])
         try:
-            return policy_targets(local_starts, counts, _rows(self.cand_label, starts, counts),
+            return policy_targets(local_starts, counts, cand_labels,
                                   _rows(self.cand_visits, starts, counts).astype(np.float64),
-                                  self.label[indices].astype(np.int64), temperature)
+                                  fallback.astype(np.int64), temperature)
         except LabelOutOfRange as bad:
             raise self.damaged(str(bad), int(indices[bad.row])) from None
 

@@ -104,9 +104,10 @@ class Hcpe3Part:
             scales = None
             if decoder.file_scales is not None:
                 scales = np.full(len(rows), decoder.file_scales[str(positions.path)], dtype=np.float64)
+            records, plan = positions.decoder_input(within)
+            out = None if planes is None else planes[done:done + len(rows)]
             try:
-                part = decoder.decoder("hcpe").decode(positions.hcpe_records(within),
-                                                      None if planes is None else planes[done:done + len(rows)], scales)
+                part = decoder.decoder("hcpe").decode(records, out, scales, plan)
             except BadRecord as bad:
                 raise positions.damaged(bad.reason, int(within[bad.position])) from None
             if part.skipped:  # every game's moves were checked when decoded: a skip here is the cache's fault

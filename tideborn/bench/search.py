@@ -70,11 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         for size in sizes:  # warm-up: first calls pay for allocations
             Searcher(nets[size]).search_many(boards[:2], playouts=4)
-        for _ in range(args.repeats):
+        for repeat in range(args.repeats):
             for size in sizes:
                 rates[size].append(playouts_per_second(nets[size], boards, args.playouts))
+                line = f"  repeat {repeat + 1} {size}: {rates[size][-1]:,.0f} playouts/s"
                 if not args.skip_games:
                     games[size].append(games_per_second(nets[size], args.games, args.playouts, args.max_moves))
+                    line += f", {games[size][-1][0]:.3f} games/s"
+                print(line, flush=True)  # each figure as it comes: a long run shows where it is
     for size in sizes:
         line = (f"{size}: {statistics.median(rates[size]):,.0f} playouts/s "
                 f"({min(rates[size]):,.0f}-{max(rates[size]):,.0f}) over {args.positions} positions x "

@@ -11,24 +11,28 @@ core, not one).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
 from rich.text import Text
 from textual import events
+from textual.geometry import Region
 from textual.widget import Widget
 
 from tideborn.tui.history import COLUMN_NAMES, RunHistory
 from tideborn.tui.plotting import (
     Y_LABEL_WIDTH,
     Chart,
+    ChartCache,
     Curve,
+    GridCell,
     Marker,
     PlotOptions,
     format_x,
+    grid_cells,
     grid_shape,
-    render_grid,
-    render_plot,
+    join_cells,
     shared_x_range,
 )
 
@@ -90,6 +94,16 @@ class LossPlot(Widget):
         self._last_draw_at = 0.0
         self._layout: tuple[tuple[int, int] | None, int, int] = (None, 0, 0)
         self.redraw_pending = False
+        self._cache = ChartCache()
+        self._shown: dict[str, GridCell] = {}
+        """The charts as last drawn (on screen, or about to be), by title: what new data is compared with."""
+        self.repaints: Counter[str] = Counter()
+        """Charts (by title) repainted because their data changed: what tests count."""
+
+    @property
+    def chart_draws(self) -> Counter[str]:
+        """How often each chart (by title) was drawn; one whose inputs did not change is not."""
+        return self._cache.draws
 
     # -- what is drawn --------------------------------------------------------------------------------
     def charts(self) -> list[Chart]:
@@ -145,26 +159,36 @@ class LossPlot(Widget):
         return replace(self.options, x_range=span, cursor=self.cursor, view_label=label)
 
     def render(self) -> Text:
+        self.draws += 1
+        return self._drawing()[0]
+
+    def _drawing(self) -> tuple[Text, list[GridCell]]:
+        """The whole drawing and each chart's place in it; charts unchanged since the last drawing come from
+        the cache, so this is cheap when little changed."""
         started = time.perf_counter()
         size = self.content_size
         markers = self.history.markers + self.anomaly_markers
         options = self.draw_options()
         shape = self.shape()
         if self.chart is None and shape is not None:
-            text = render_grid(self.charts(), markers, options, size.width, size.height, shape)
+            cells = grid_cells(self.charts(), markers, options, size.width, size.height, shape, self._cache)
+            columns = shape[0]
+            text = join_cells(cells, columns * ((size.width - (columns - 1)) // columns + 1) - 1)
             self._layout = (shape, size.width, size.height)
         else:
             number = self.chart or 0
             chart = self.charts()[number]
             title = f"{number + 1}/{len(GROUPS)} {chart.title}"
-            text = render_plot(chart.curves, markers, options, size.width, size.height, title=title)
+            lines = self._cache.lines(chart, markers, options, size.width, size.height, title, {})
+            cells = [GridCell(chart, 0, 0, size.width, size.height, lines)]
+            text = Text("\n").join(lines)
             self._layout = (None, size.width, size.height)
         self.last_text = text
         self.last_draw_seconds = time.perf_counter() - started
         self._last_draw_at = time.monotonic()
-        self.draws += 1
         self.drawn_points = self.history.points()
-        return text
+        self._shown = {cell.chart.title: cell for cell in cells}
+        return text, cells
 
     def data_changed(self) -> None:
         """New points: redraw soon (at once if the last drawing was cheap, or showed no points yet)."""
@@ -173,14 +197,29 @@ class LossPlot(Widget):
         wait = min(max(self.last_draw_seconds * REDRAW_FACTOR, MIN_REDRAW_INTERVAL), MAX_REDRAW_INTERVAL)
         delay = self._last_draw_at + wait - time.monotonic()
         if delay <= 0 or self.drawn_points == 0:  # the first points are drawn at once: the first screen
-            self.refresh()
+            self._repaint_changed()
             return
         self.redraw_pending = True
         self.set_timer(delay, self._redraw_now)
 
     def _redraw_now(self) -> None:
         self.redraw_pending = False
-        self.refresh()
+        self._repaint_changed()
+
+    def _repaint_changed(self) -> None:
+        """Repaint only the charts whose lines changed. New points change the data of some charts (and often
+        the x range of all); a chart whose lines come out as they were is left alone, so Textual neither
+        converts nor sends it again (a chart costs as much there as here)."""
+        before, layout = self._shown, self._layout
+        self._drawing()
+        if layout != self._layout or set(before) != set(self._shown):
+            self.refresh()
+            return
+        changed = [cell for title, cell in self._shown.items() if cell.lines != before[title].lines]
+        for cell in changed:
+            self.repaints[cell.chart.title] += 1
+        if changed:
+            self.refresh(*(Region(cell.x, cell.y, cell.width, cell.height) for cell in changed))
 
     def set_history(self, history: RunHistory) -> None:
         self.history = history

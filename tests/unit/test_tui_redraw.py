@@ -12,6 +12,7 @@ from tideborn.tui.history import RunHistory
 from tideborn.tui.messages import EventsArrived
 from tideborn.tui.plotting import ChartCache, PlotOptions, grid_cells, grid_shape
 from tideborn.tui.testing import FIXTURE_NOW, write_fixture_run
+from tideborn.tui.widgets import loss_plot
 from tideborn.tui.widgets.loss_plot import GROUPS, LossPlot
 
 STEP_CHARTS = {"losses", "learning rate", "grad norm", "throughput", "data wait"}
@@ -78,7 +79,8 @@ async def settled(pilot, plot: LossPlot) -> None:
     await pilot.pause()
 
 
-async def test_new_data_repaints_only_the_charts_it_changes(fixture_run):
+async def test_new_data_repaints_only_the_charts_it_changes(fixture_run, monkeypatch):
+    monkeypatch.setattr(loss_plot, "MIN_REDRAW_INTERVAL", 0.1)  # the pace is not what is tested: keep it short
     async with app_for(fixture_run).run_test(size=(200, 50)) as pilot:
         screen = await attached(pilot)
         plot = screen.plot

@@ -14,6 +14,7 @@ The monitor is driven from outside (keys in, bytes out), so this module needs ne
 from __future__ import annotations
 
 import argparse
+import codecs
 import fcntl
 import json
 import math
@@ -44,7 +45,7 @@ STEP_LINE = ('{{"v":1,"time":{time:.3f},"kind":"step","step":{step},"loss":{loss
              '"data_wait_seconds":0.0012,"compute_seconds":0.2468,"steps":1}}\n')
 CHART_TITLES = ("losses", "accuracy", "learning rate", "grad norm", "throughput", "data wait")
 """What `g` shows in turn after the grid (tideborn.tui.widgets.loss_plot.GROUPS): "1/6 losses", ..."""
-ESCAPES = re.compile(rb"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
+ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_0-9=>])")
 BRAILLE = re.compile("[\u2801-\u28ff]")
 
 
@@ -139,6 +140,7 @@ class Terminal:
         self.reader.start()
 
     def _read(self) -> None:
+        decode = codecs.getincrementaldecoder("utf-8")("replace").decode  # a character split between reads
         while True:
             try:
                 ready, _w, _x = select.select([self.master], [], [], 0.5)
@@ -152,7 +154,7 @@ class Terminal:
             if not chunk:
                 break
             now = time.monotonic()
-            plain = ESCAPES.sub(b"", chunk).decode("utf-8", "replace")
+            plain = ESCAPES.sub("", decode(chunk))
             with self.lock:
                 self.bytes += len(chunk)
                 if self.first_curve is None and BRAILLE.search(plain):

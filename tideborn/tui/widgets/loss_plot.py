@@ -3,9 +3,10 @@ throughput, data wait) of a `RunHistory`, each with its own y axis, drawn by `ti
 a grid where the terminal has room for them, else one at a time (`g` cycles). Zoom and pan on the x axis
 (keys and the mouse wheel), step or wall-time x, a cursor that reads each curve's value.
 
-Redraws at once when a view setting changes; when data arrives, at most once a second or every twenty
-times its own drawing time, whichever is longer (following a fast trainer costs a few percent of a
-core, not one).
+Redraws at once when a view setting changes; when data arrives, at most every two seconds or every twenty
+times its own drawing time, whichever is longer (at most every four), and then only the charts whose
+data changed, repainting only those whose lines came out different (following a fast trainer costs a few
+percent of a core, not one).
 """
 
 from __future__ import annotations
@@ -68,8 +69,10 @@ MIN_CHART = (40, 9)
 ZOOM_FACTOR = 2.0
 PAN_FRACTION = 0.25
 REDRAW_FACTOR = 20
-MIN_REDRAW_INTERVAL = 1.0
-MAX_REDRAW_INTERVAL = 2.0
+MIN_REDRAW_INTERVAL = 2.0
+"""New data redraws the charts at most this often (a view key at once): redrawing the grid and Textual converting
+it was most of what following a run cost (docs/benchmarks.md, issue 28); a trainer logs every few seconds."""
+MAX_REDRAW_INTERVAL = 4.0
 
 
 class LossPlot(Widget):

@@ -408,9 +408,6 @@ class ChartCache:
         self.draws[chart.title] += 1
         return lines
 
-    def clear(self) -> None:
-        self._entries.clear()
-
 
 def grid_cells(charts: list[Chart], markers: list[Marker], options: PlotOptions, width: int, height: int,
                shape: tuple[int, int], cache: ChartCache | None = None) -> list[GridCell]:

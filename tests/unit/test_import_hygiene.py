@@ -15,10 +15,11 @@ TORCH_FREE = ["tideborn.config", "tideborn.errors", "tideborn.cli", "tideborn.cl
               "tideborn.trainer.cli", "tideborn.trainer.options", "tideborn.trainer.preflight",
               "tideborn.trainer.signals", "tideborn.trainer.rank",
               "tideborn.tools.control", "tideborn.tools.train_run",
-              "tideborn.tui.benchmark", "tideborn.tui.app", "tideborn.tui.screens.dashboard",
+              "tideborn.tui.driver", "tideborn.tui.app", "tideborn.tui.screens.dashboard",
               "tideborn.tui.screens.override_editor", "tideborn.tui.screens.run_picker", "tideborn.tui.follow",
               "tideborn.tui.history", "tideborn.tui.plotting", "tideborn.tui.overrides"]
-HEADLESS = ["tideborn.trainer.loop", "tideborn.trainer.cli", "tideborn.config", "tideborn.rundir.events"]
+HEADLESS = ["tideborn.trainer.loop", "tideborn.trainer.cli", "tideborn.config", "tideborn.rundir.events",
+            "tideborn.bench.monitor"]
 
 
 def imported_after(module: str) -> set[str]:

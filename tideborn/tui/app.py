@@ -7,6 +7,7 @@ work: a run's dashboard, the picker for a folder of runs, the override editor, h
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import sys
@@ -18,6 +19,8 @@ from textual.app import App
 from textual.binding import Binding
 
 from tideborn.errors import UserError
+from tideborn.tui.driver import KEYS_PER_SECOND, BoundedInputDriver
+from tideborn.tui.messages import KeysDropped
 from tideborn.tui.options import TuiOptions, main_error, parse_options
 from tideborn.tui.plan import LaunchPlan
 
@@ -40,13 +43,14 @@ class TidebornApp(App[None]):
             # Textual turns colour off for NO_COLOR when the app is made; ASCII mode means no colour too
             os.environ["NO_COLOR"] = "1"
             try:
-                super().__init__()
+                super().__init__(driver_class=BoundedInputDriver)
             finally:
                 del os.environ["NO_COLOR"]
         else:
-            super().__init__()
+            super().__init__(driver_class=BoundedInputDriver)
         self.options = options
         self._exiting = False
+        self._watchdog_started = False
         self.plan: LaunchPlan | None = options.plan
         self.exports: list = []
         """`tideborn export` jobs started from the checkpoint screen (tideborn.tui.screens.checkpoints.ExportJob)
@@ -78,8 +82,15 @@ class TidebornApp(App[None]):
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) is not signal.SIG_IGN:
-                loop.add_signal_handler(signum, self._signalled, signum)
+                signal.signal(signum, functools.partial(self._on_signal, loop))
         self.set_interval(1.0, self._check_terminal)
+
+    def _on_signal(self, loop: asyncio.AbstractEventLoop, signum: int, _frame: object) -> None:
+        """A plain signal handler, not the event loop's: Python runs it in the main thread whatever the loop is
+        doing, so a loop kept busy (by a flood of input, say) cannot hold the exit back. It only stands the
+        watchdog by and asks the loop for the orderly exit, which restores the terminal."""
+        self._start_watchdog(128 + signum)
+        loop.call_soon_threadsafe(self._signalled, signum)
 
     def _signalled(self, signum: int) -> None:
         if terminal_present():  # Textual's driver restores the terminal on the way out
@@ -97,6 +108,7 @@ class TidebornApp(App[None]):
         its shutdown, so output goes to /dev/null from here on, and the watchdog stands by."""
         if self._exiting:
             return
+        self._exiting = True
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
@@ -106,13 +118,24 @@ class TidebornApp(App[None]):
 
     def _start_watchdog(self, status: int) -> None:
         """End the process if the orderly exit has not finished after EXIT_GRACE_SECONDS (a terminal
-        that went away mid-shutdown); quitting never stops a run, so nothing of a run is lost."""
-        if self._exiting:
+        that went away mid-shutdown, a loop that does not get to it), putting the terminal back first where
+        there is one; quitting never stops a run, so nothing of a run is lost."""
+        if self._watchdog_started:
             return
-        self._exiting = True
-        watchdog = threading.Timer(EXIT_GRACE_SECONDS, os._exit, (status,))
+        self._watchdog_started = True
+        watchdog = threading.Timer(EXIT_GRACE_SECONDS, self._give_up, (status,))
         watchdog.daemon = True
         watchdog.start()
+
+    def _give_up(self, status: int) -> None:
+        driver = self._driver
+        if isinstance(driver, BoundedInputDriver) and not self._exiting:
+            driver.restore_now()
+        os._exit(status)
+
+    def on_keys_dropped(self, message: KeysDropped) -> None:
+        self.notify(f"keys are arriving faster than {KEYS_PER_SECOND:g} a second: {message.count:,} ignored",
+                    severity="warning", timeout=3)
 
     async def action_quit(self) -> None:
         """Quit; while an export runs, ask first (quitting stops it: nothing would be left to report it)."""

@@ -145,3 +145,12 @@ class RunsListed(_Latest):
     def __init__(self, runs: list[ListedRun]) -> None:
         super().__init__()
         self.runs = runs
+
+
+class KeysDropped(Message):
+    """Keys came faster than the monitor takes them (a flood): `count` were dropped since the last notice
+    (tideborn.tui.driver)."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count

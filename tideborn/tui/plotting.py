@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -459,34 +460,107 @@ def shared_x_range(charts: list[Chart], options: PlotOptions) -> tuple[float, fl
     return x_range([c for chart in charts for c in chart.curves], options.window, options.wall_time)
 
 
-def render_grid(charts: list[Chart], markers: list[Marker], options: PlotOptions, width: int, height: int,
-                shape: tuple[int, int], own_ranges: bool = False) -> Text:
-    """Charts in `shape` (columns, rows), each with its own y axis, all over the same x range (with
-    `own_ranges` and no range given, each over its own data's: runs of different lengths compared)."""
+def chart_inputs(chart: Chart) -> tuple:
+    """What a chart's drawing takes from its curves, compared by identity and length: points appended, a history
+    prepended (new arrays), a new smoothing weight (a new smoothed array) all change it. The arrays themselves
+    are in it, not their ids, so that a freed array's id reused by a new one cannot pass for it."""
+    parts: list = [chart.title]
+    for curve in chart.curves:
+        s = curve.series
+        parts.append((id(s), s.y, s.smooth, s.t, len(s.x), len(s.y), len(s.t), s.weight, s.nonfinite,
+                      len(s.segments), curve.label, curve.style, curve.glyph))
+    return tuple(parts)
+
+
+@dataclass
+class GridCell:
+    """One chart's place in a drawing (cells, from the widget's top left) and its lines."""
+
+    chart: Chart
+    x: int
+    y: int
+    width: int
+    height: int
+    lines: list[Text]
+
+
+class ChartCache:
+    """Each chart's lines with what they were drawn from: a chart whose data, x range, size and view are as
+    they were is not drawn again (following a run, the charts without new points cost nothing)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[tuple, list[Text]]] = {}
+        self.draws: Counter[str] = Counter()
+        """How often each chart (by title) was drawn: what tests count."""
+
+    def lines(self, chart: Chart, markers: list[Marker], options: PlotOptions, width: int, height: int,
+              title: str, bounds_cache: dict) -> list[Text]:
+        key = (chart_inputs(chart), tuple(markers), options, width, height, title)
+        entry = self._entries.get(chart.title)
+        if entry is not None and entry[0] == key:
+            return entry[1]
+        lines = plot_lines(chart.curves, markers, options, width, height, title, bounds_cache)
+        self._entries[chart.title] = (key, lines)
+        self.draws[chart.title] += 1
+        return lines
+
+
+def grid_cells(charts: list[Chart], markers: list[Marker], options: PlotOptions, width: int, height: int,
+               shape: tuple[int, int], cache: ChartCache | None = None, own_ranges: bool = False) -> list[GridCell]:
+    """Charts in `shape` (columns, rows), each with its own y axis, all over the same x range (with `own_ranges`
+    and no range given, each over its own data's: runs of different lengths compared); `cache`: charts drawn
+    before and unchanged since are taken from it."""
     columns, rows = shape
     span = options.x_range if own_ranges else shared_x_range(charts, options)
     shared = replace(options, x_range=span) if span is not None else options
     cell_w = (width - (columns - 1)) // columns
-    out: list[Text] = []
+    cells: list[GridCell] = []
     bounds_cache: dict = {}
+    top = 0
     for row in range(rows):
         cell_h = height // rows + (1 if row < height % rows else 0)
-        drawn = []
         for column in range(columns):
             number = row * columns + column
             if number >= len(charts):
-                drawn.append([Text(" " * cell_w)] * cell_h)
                 continue
             chart = charts[number]
-            lines = plot_lines(chart.curves, markers, shared, cell_w, cell_h, chart.title, bounds_cache)
+            if cache is not None:
+                lines = cache.lines(chart, markers, shared, cell_w, cell_h, chart.title, bounds_cache)
+            else:
+                lines = plot_lines(chart.curves, markers, shared, cell_w, cell_h, chart.title, bounds_cache)
             lines = lines[:cell_h] + [Text("") for _ in range(cell_h - len(lines))]
             for line in lines:
                 line.no_wrap, line.overflow = True, "crop"
                 line.set_length(cell_w)
-            drawn.append(lines)
-        for y in range(cell_h):
-            out.append(Text(" ").join(cells[y] for cells in drawn))
+            cells.append(GridCell(chart, column * (cell_w + 1), top, cell_w, cell_h, lines))
+        top += cell_h
+    return cells
+
+
+def join_cells(cells: list[GridCell], width: int) -> Text:
+    """The cells of a grid as one text, a space between neighbours; an empty place where a row has fewer charts."""
+    by_row: dict[int, list[GridCell]] = {}
+    for cell in cells:
+        by_row.setdefault(cell.y, []).append(cell)
+    out: list[Text] = []
+    for _y, row in sorted(by_row.items()):
+        row.sort(key=lambda cell: cell.x)
+        width_each = row[0].width
+        places = (width + 1) // (width_each + 1) if width_each > 0 else len(row)
+        blanks = [[Text(" " * width_each)] * row[0].height] * max(places - len(row), 0)
+        columns = [cell.lines for cell in row] + blanks
+        for y in range(row[0].height):
+            out.append(Text(" ").join(lines[y] for lines in columns))
     return Text("\n").join(out)
+
+
+def render_grid(charts: list[Chart], markers: list[Marker], options: PlotOptions, width: int, height: int,
+                shape: tuple[int, int], cache: ChartCache | None = None, own_ranges: bool = False) -> Text:
+    """Charts in `shape` (columns, rows), each with its own y axis, all over the same x range (see `grid_cells`)."""
+    cells = grid_cells(charts, markers, options, width, height, shape, cache, own_ranges)
+    columns, _rows = shape
+    cell_w = (width - (columns - 1)) // columns
+    return join_cells(cells, columns * (cell_w + 1) - 1)
 
 
 def value_at(curve: Curve, at: float, wall_time: bool = False) -> tuple[float, float] | None:

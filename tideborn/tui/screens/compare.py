@@ -134,6 +134,11 @@ class CompareChart(LossPlot):
     def span(self) -> tuple[float, float] | None:
         return self.zoom or shared_x_range(self.shown_charts(), replace(self.options, x_range=None))
 
+    def _repaint_changed(self) -> None:
+        # The overlay draws through `render` alone (no per-chart cache of the dashboard's): new points repaint it
+        # whole, at the pace `data_changed` keeps.
+        self.refresh()
+
     def render(self) -> Text:
         started = time.perf_counter()
         size = self.content_size

@@ -3,32 +3,37 @@ throughput, data wait) of a `RunHistory`, each with its own y axis, drawn by `ti
 a grid where the terminal has room for them, else one at a time (`g` cycles). Zoom and pan on the x axis
 (keys and the mouse wheel), step or wall-time x, a cursor that reads each curve's value.
 
-Redraws at once when a view setting changes; when data arrives, at most once a second or every twenty
-times its own drawing time, whichever is longer (following a fast trainer costs a few percent of a
-core, not one).
+Redraws at once when a view setting changes; when data arrives, at most every two seconds or every twenty
+times its own drawing time, whichever is longer (at most every four), and then only the charts whose
+data changed, repainting only those whose lines came out different (following a fast trainer costs a few
+percent of a core, not one).
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
 from rich.text import Text
 from textual import events
+from textual.geometry import Region
 from textual.widget import Widget
 
 from tideborn.tui.history import COLUMN_NAMES, ELO_SERIES, RunHistory
 from tideborn.tui.plotting import (
     Y_LABEL_WIDTH,
     Chart,
+    ChartCache,
     Curve,
+    GridCell,
     Marker,
     PlotOptions,
     format_x,
+    grid_cells,
     grid_shape,
-    render_grid,
-    render_plot,
+    join_cells,
     shared_x_range,
     x_values,
 )
@@ -73,8 +78,10 @@ MIN_CHART = (40, 9)
 ZOOM_FACTOR = 2.0
 PAN_FRACTION = 0.25
 REDRAW_FACTOR = 20
-MIN_REDRAW_INTERVAL = 1.0
-MAX_REDRAW_INTERVAL = 2.0
+MIN_REDRAW_INTERVAL = 2.0
+"""New data redraws the charts at most this often (a view key at once): redrawing the grid and Textual converting
+it was most of what following a run cost (docs/benchmarks.md, issue 28); a trainer logs every few seconds."""
+MAX_REDRAW_INTERVAL = 4.0
 
 
 class LossPlot(Widget):
@@ -101,6 +108,16 @@ class LossPlot(Widget):
         self._last_draw_at = 0.0
         self._layout: tuple[tuple[int, int] | None, int, int] = (None, 0, 0)
         self.redraw_pending = False
+        self._cache = ChartCache()
+        self._shown: dict[str, GridCell] = {}
+        """The charts as last drawn (on screen, or about to be), by title: what new data is compared with."""
+        self.repaints: Counter[str] = Counter()
+        """Charts (by title) repainted because their data changed: what tests count."""
+
+    @property
+    def chart_draws(self) -> Counter[str]:
+        """How often each chart (by title) was drawn; one whose inputs did not change is not."""
+        return self._cache.draws
 
     # -- what is drawn --------------------------------------------------------------------------------
     def groups(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -171,27 +188,38 @@ class LossPlot(Widget):
         return replace(self.options, x_range=span, cursor=self.cursor, view_label=label)
 
     def render(self) -> Text:
-        started = time.perf_counter()
+        self.draws += 1
+        return self._drawing()[0]
+
+    def _drawing(self) -> tuple[Text, list[GridCell]]:
+        """The whole drawing and each chart's place in it; charts unchanged since the last drawing come from
+        the cache, so this is cheap when little changed."""
+        started, drawn_before = time.perf_counter(), self._cache.draws.total()
         size = self.content_size
         markers = self.history.markers + self.anomaly_markers
         options = self.draw_options()
         shape = self.shape()
         if self.chart is None and shape is not None:
-            text = render_grid(self.charts(), markers, options, size.width, size.height, shape)
+            cells = grid_cells(self.charts(), markers, options, size.width, size.height, shape, self._cache)
+            columns = shape[0]
+            text = join_cells(cells, columns * ((size.width - (columns - 1)) // columns + 1) - 1)
             self._layout = (shape, size.width, size.height)
         else:
             charts = self.charts()
             number = min(self.chart or 0, len(charts) - 1)
             chart = charts[number]
             title = f"{number + 1}/{len(charts)} {chart.title}"
-            text = render_plot(chart.curves, markers, options, size.width, size.height, title=title)
+            lines = self._cache.lines(chart, markers, options, size.width, size.height, title, {})
+            cells = [GridCell(chart, 0, 0, size.width, size.height, lines)]
+            text = Text("\n").join(lines)
             self._layout = (None, size.width, size.height)
         self.last_text = text
-        self.last_draw_seconds = time.perf_counter() - started
+        if self._cache.draws.total() != drawn_before:  # what paces the redraws: a drawing, not a cache hit
+            self.last_draw_seconds = time.perf_counter() - started
         self._last_draw_at = time.monotonic()
-        self.draws += 1
         self.drawn_points = self.history.points()
-        return text
+        self._shown = {cell.chart.title: cell for cell in cells}
+        return text, cells
 
     def data_changed(self) -> None:
         """New points: redraw soon (at once if the last drawing was cheap, or showed no points yet)."""
@@ -200,14 +228,29 @@ class LossPlot(Widget):
         wait = min(max(self.last_draw_seconds * REDRAW_FACTOR, MIN_REDRAW_INTERVAL), MAX_REDRAW_INTERVAL)
         delay = self._last_draw_at + wait - time.monotonic()
         if delay <= 0 or self.drawn_points == 0:  # the first points are drawn at once: the first screen
-            self.refresh()
+            self._repaint_changed()
             return
         self.redraw_pending = True
         self.set_timer(delay, self._redraw_now)
 
     def _redraw_now(self) -> None:
         self.redraw_pending = False
-        self.refresh()
+        self._repaint_changed()
+
+    def _repaint_changed(self) -> None:
+        """Repaint only the charts whose lines changed. New points change the data of some charts (and often
+        the x range of all); a chart whose lines come out as they were is left alone, so Textual neither
+        converts nor sends it again (a chart costs as much there as here)."""
+        before, layout = self._shown, self._layout
+        self._drawing()
+        if layout != self._layout or set(before) != set(self._shown):
+            self.refresh()
+            return
+        changed = [cell for title, cell in self._shown.items() if cell.lines != before[title].lines]
+        for cell in changed:
+            self.repaints[cell.chart.title] += 1
+        if changed:
+            self.refresh(*(Region(cell.x, cell.y, cell.width, cell.height) for cell in changed))
 
     def set_history(self, history: RunHistory) -> None:
         self.history = history

@@ -190,13 +190,15 @@ def test_the_gpu_checks_teacher_data_run_trains_on_random_play_records(real_runs
     assert (run["exit_code"], run["terminal"], run["steps"]) == (0, "run_finished", 60), run
     assert run["records"] > 10_000 and 0 <= run["data_wait_fraction"] < 1
     assert math.isfinite(run["final_loss"]) and run["final_loss"] < run["first_loss"]
-    events = [json.loads(line) for line in (real_runs / "teacher-events.jsonl").read_text().splitlines()]
+    # Its two files, flat in the output folder, named after the run (teacher-wN: N decoding workers, the default).
+    name = f"teacher-w{gpu_runs.default_workers()}"
+    assert sorted(p.name for p in real_runs.iterdir() if p.name.startswith("teacher")) == [
+        f"{name}-events.jsonl", f"{name}-train.log"]
+    events = [json.loads(line) for line in (real_runs / f"{name}-events.jsonl").read_text().splitlines()]
     started = next(e for e in events if e["kind"] == "run_started")
     assert started["settings"]["data"]["kind"] == "hcpe" and started["settings"]["data"]["workers"] == 2
     # Every random-play record decodes: no record was skipped as illegal.
     assert not [e for e in events if e["kind"] == "warning"], [e for e in events if e["kind"] == "warning"]
-    assert sorted(p.name for p in real_runs.iterdir() if p.name.startswith("teacher")) == [
-        "teacher-events.jsonl", "teacher-train.log"]
 
 
 def test_the_gpu_event_reads_other_gpus_through_nvml_only(monkeypatch) -> None:

@@ -293,13 +293,13 @@ def test_a_parallel_build_interrupted_leaves_no_cache_a_later_open_trusts(games,
     one = (tmp_path / "one.hcpe3").read_bytes()
     paths = [tmp_path / f"{name}.hcpe3" for name in "abc"]
     for k, path in enumerate(paths):
-        path.write_bytes(one * (12 + k))  # a few seconds of decoding each, long enough to be interrupted
+        path.write_bytes(one * (24 + k))  # a few seconds of decoding in all, long enough to be interrupted
     child = subprocess.Popen([sys.executable, "-c", INTERRUPTED_BUILD, *map(str, paths)], cwd=REPO_ROOT,
                              env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
     try:
         assert "hcpe3: decoding" in child.stdout.readline()
-        time.sleep(1.0)
+        time.sleep(0.3)  # the children have started (a fraction of the decoding)
         os.killpg(child.pid, getattr(signal, signal_name))
         child.wait(timeout=120)
     finally:

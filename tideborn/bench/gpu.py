@@ -146,6 +146,9 @@ class PremadeBatches:
 
     def __init__(self, batches: list):
         self.batches, self.position = batches, 0
+        self.record_draws = False
+        """The step's hook for `runtime.ddp_diagnostics` (a digest of the batches drawn): nothing to record here."""
+        self.drawn: list = []
 
     def next_batch(self):
         batch = self.batches[self.position % len(self.batches)]

@@ -36,6 +36,17 @@ class OneLineParser(argparse.ArgumentParser):
         return self
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse `type`: a whole number of at least 0 (playouts, where 0 means none)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more; got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argparse `type`: a whole number of at least 1 (games, threads, batches, copies)."""
     try:

@@ -21,16 +21,6 @@ MATED = "4k4/4G4/4G4/9/9/9/9/9/4K4 w - 1"
 """White to move, checkmated by the gold on 5b (defended by the one on 5c)."""
 MIDGAME = "ln1g3nl/1r3kg2/p2pppsp1/2ps2p1p/1p7/2P1P1PP1/PPSP1PS1P/1BG2R3/LN2KG1NL b Bp 33"
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread, as the command runs in a child of the suite (OMP_NUM_THREADS=1): small batches on a
-    shared CPU are many times slower with more."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
 
 @pytest.fixture(scope="module")
 def net() -> torch.nn.Module:

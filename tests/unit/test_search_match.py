@@ -9,7 +9,6 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.helpers.common import TEACHER_CONFIG, assert_user_error, settings_args, trainer_in_process
 from tests.helpers.data import SAMPLE_GAMES
@@ -23,16 +22,6 @@ from tideborn.match.players import load_player
 STEPS = 150
 STRENGTH_GAMES = 16
 STRENGTH_MAX_MOVES = 128
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread, as the command runs in a child of the suite (OMP_NUM_THREADS=1): small batches on a
-    shared CPU are many times slower with more."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
 
 
 @pytest.fixture(scope="module")

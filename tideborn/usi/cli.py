@@ -13,18 +13,8 @@ import io
 import sys
 from pathlib import Path
 
-from tideborn.cliparser import OneLineParser, positive_int
+from tideborn.cliparser import OneLineParser, non_negative_int, positive_int
 from tideborn.errors import UserError, report_interrupted, report_user_error
-
-
-def _playouts(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more; got {value}")
-    return value
 
 
 def build_parser(prog: str = "tideborn usi") -> argparse.ArgumentParser:
@@ -32,7 +22,7 @@ def build_parser(prog: str = "tideborn usi") -> argparse.ArgumentParser:
                                                   "on stdin and stdout, for shogi GUIs and other engines' matches.")
     parser.add_argument("model", type=Path, metavar="MODEL",
                         help="a checkpoint (.pt) or an ONNX model with dlshogi's inputs and outputs (.onnx)")
-    parser.add_argument("--playouts", type=_playouts, default=1,
+    parser.add_argument("--playouts", type=non_negative_int, default=1,
                         help="0 or 1 (default): play the policy's best legal move; N > 1: a PUCT search of at "
                              "most N playouts a move (the Playouts option; `go nodes` and the clock may stop "
                              "it sooner)")

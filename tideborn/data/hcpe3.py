@@ -24,8 +24,9 @@ arrays, and `Hcpe3Positions` reads them by these names whatever the cache stores
 | `cand_offsets` int64 [N + 1] | position | where its candidates lie in the three arrays below (CSR) |
 | `cand_move16`, `cand_label`, `cand_visits` uint16 | candidate | the MoveVisits, with each move's policy label |
 
-The cache itself (version 4) stores them compactly (`hcpe3_compact`): the hcp of every 8th position only,
-the others replayed at read; labels by table; results with the positions they are replayed from.
+The cache itself (version 4) stores them compactly (`hcpe3_compact`): the hcp of every 8th ply of a game only
+(`hcpe3_replay.anchor_starts`), the others replayed at read; labels by table; results with the positions they
+are replayed from.
 
 As in dlshogi's `load_hcpe3`, a position whose selected move repeats an earlier position (a repetition draw,
 superior or inferior, looking back 16 plies) is left out; the count is in the header (`repetitions`). Unlike

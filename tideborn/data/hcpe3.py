@@ -24,7 +24,7 @@ arrays, and `Hcpe3Positions` reads them by these names whatever the cache stores
 | `cand_offsets` int64 [N + 1] | position | where its candidates lie in the three arrays below (CSR) |
 | `cand_move16`, `cand_label`, `cand_visits` uint16 | candidate | the MoveVisits, with each move's policy label |
 
-The cache itself (version 4) stores them compactly (`hcpe3_compact`): the hcp of every 8th ply of a game only
+The cache itself (version 5) stores them compactly (`hcpe3_compact`): the hcp of every 8th ply of a game only
 (`hcpe3_replay.anchor_starts`), the others replayed at read; labels by table; results with the positions they
 are replayed from.
 
@@ -94,9 +94,11 @@ REPETITION_PLIES = 16
 """dlshogi's `moveIsDraw(move, 16)`: how far back a repetition is looked for."""
 
 CACHE_FORMAT = "tideborn-hcpe3-positions"
-CACHE_VERSION = 4
-"""4: the compact layout (`hcpe3_compact`: an hcp every few positions); 3: a CRC-32 of each array in the header.
-A cache of another version is rebuilt, never read."""
+CACHE_VERSION = 5
+"""5: the compact layout's anchors by ply (every 8th of a game, `hcpe3_replay.anchor_starts`): a cache of 4 reads
+right but is not what a fresh decode writes, which `verify` would call foreign; 4: the compact layout
+(`hcpe3_compact`: an hcp every few positions); 3: a CRC-32 of each array in the header. A cache of another
+version is rebuilt, never read."""
 CACHE_HEADER_BYTES = 4096
 READ_CHUNK = 1 << 22
 """Bytes of an hcpe3 file read at a time while it is replayed (`pread`, never a memory map)."""

@@ -24,8 +24,9 @@ arrays, and `Hcpe3Positions` reads them by these names whatever the cache stores
 | `cand_offsets` int64 [N + 1] | position | where its candidates lie in the three arrays below (CSR) |
 | `cand_move16`, `cand_label`, `cand_visits` uint16 | candidate | the MoveVisits, with each move's policy label |
 
-The cache itself (version 4) stores them compactly (`hcpe3_compact`): the hcp of every 8th position only,
-the others replayed at read; labels by table; results with the positions they are replayed from.
+The cache itself (version 5) stores them compactly (`hcpe3_compact`): the hcp of every 8th ply of a game only
+(`hcpe3_replay.anchor_starts`), the others replayed at read; labels by table; results with the positions they
+are replayed from.
 
 As in dlshogi's `load_hcpe3`, a position whose selected move repeats an earlier position (a repetition draw,
 superior or inferior, looking back 16 plies) is left out; the count is in the header (`repetitions`). Unlike
@@ -93,9 +94,11 @@ REPETITION_PLIES = 16
 """dlshogi's `moveIsDraw(move, 16)`: how far back a repetition is looked for."""
 
 CACHE_FORMAT = "tideborn-hcpe3-positions"
-CACHE_VERSION = 4
-"""4: the compact layout (`hcpe3_compact`: an hcp every few positions); 3: a CRC-32 of each array in the header.
-A cache of another version is rebuilt, never read."""
+CACHE_VERSION = 5
+"""5: the compact layout's anchors by ply (every 8th of a game, `hcpe3_replay.anchor_starts`): a cache of 4 reads
+right but is not what a fresh decode writes, which `verify` would call foreign; 4: the compact layout
+(`hcpe3_compact`: an hcp every few positions); 3: a CRC-32 of each array in the header. A cache of another
+version is rebuilt, never read."""
 CACHE_HEADER_BYTES = 4096
 READ_CHUNK = 1 << 22
 """Bytes of an hcpe3 file read at a time while it is replayed (`pread`, never a memory map)."""
@@ -223,12 +226,14 @@ def build_positions(path: Path, progress: typing.Callable[[int, int], None] | No
     return _build(path, progress)[0]
 
 
-def _build(path: Path, progress: typing.Callable[[int, int], None] | None = None) -> tuple[dict, str]:
-    """`build_positions`, and the content hash of the bytes it replayed (the whole file)."""
+def _build(path: Path, progress: typing.Callable[[int, int], None] | None = None, full: bool = True
+           ) -> tuple[dict, str]:
+    """`build_positions`, and the content hash of the bytes it replayed (the whole file). Not `full`: the
+    arrays in the cache's compact layout, packing only the anchors' positions (most of a move's cost)."""
     path = Path(path)
     size = check_hcpe3_file(path)
     reader = _SourceReader(path, size)
-    replayed = ReplayedPositions(path)
+    replayed = ReplayedPositions(path, every_hcp=full)
     window = WINDOW_BYTES
     try:
         offset = 0
@@ -404,27 +409,36 @@ def load_or_build(path: Path, warn: typing.Callable[[str], None] | None = None,
     if progress is None:  # in the trainer: say why the start takes a while (once per file and version)
         target = "memory (its cache cannot be used)" if hostile else f"{cache} (once)"
         print(f"hcpe3: decoding {path} ({fingerprint['size']:,} bytes) into {target}", flush=True)
-    built, content = _build(path, progress)
+    # The arrays in memory are the full layout; a cache to write needs the compact one only, which the replay
+    # makes without packing every position. Where the write fails all the same (disk full, the file replaced
+    # meanwhile), the file is replayed again for the full layout: a cost only on that rare path.
+    writable = not hostile and os.access(cache.parent, os.W_OK | os.X_OK)
+    built, content = _build(path, progress, full=not writable)
     meta = {**built["meta"], "source": fingerprint, "identity": identity, "content": content}
-    in_memory = {"format": CACHE_FORMAT, "version": CACHE_VERSION, **meta}, built["arrays"]
+
+    def in_memory() -> tuple[dict, dict[str, np.ndarray]]:
+        full, full_content = (built, content) if not writable else _build(path)
+        return {"format": CACHE_FORMAT, "version": CACHE_VERSION, **meta, **full["meta"],
+                "content": full_content}, full["arrays"]
+
     if hostile:
-        _decoded_in_memory[memo_key] = in_memory
+        _decoded_in_memory[memo_key] = in_memory()
         _warn_once(str(cache), f"{path}: decoded in memory, the positions cache could not be written ({cache} "
                    f"{hostile}; it is not used or replaced); every run decodes it again until it is removed", warn)
-        return in_memory
+        return _decoded_in_memory[memo_key]
     try:
-        write_arrays(cache, meta, compact(built["arrays"]), CACHE_FORMAT)
+        write_arrays(cache, meta, built["arrays"] if writable else compact(built["arrays"]), CACHE_FORMAT)
     except UserError as exc:
         _warn_once(str(cache), f"{path}: decoded in memory, the positions cache could not be written ({exc}); "
                    f"every run decodes it again", warn)
-        _decoded_in_memory[memo_key] = in_memory
-        return in_memory
+        _decoded_in_memory[memo_key] = in_memory()
+        return _decoded_in_memory[memo_key]
     try:
         found = read_arrays(cache, CACHE_FORMAT, source, trusted_owners(path))
     except (HostileCache, DamagedCache):
         found = None  # replaced, or damaged, since it was written: use what was built
     if found is None or found[0].get("content") != content:  # replaced meanwhile: use what was built
-        return in_memory
+        return in_memory()
     return found
 
 

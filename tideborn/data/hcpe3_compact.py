@@ -2,7 +2,7 @@
 
 A position's 32-byte HuffmanCodedPos is most of what the full layout stores, and the positions of a game
 follow each other by one move. So the cache keeps the hcp of an **anchor** only: every ANCHOR_EVERY-th
-position, and any position that does not follow the one before it by one move (a game's first, the one after
+ply of a game, and any position that does not follow the one before it by one move (a game's first, the one after
 a repetition left out); the others are replayed from their anchor with cshogi (`set_hcp`, `push_move16`
 of the selected moves between, `to_hcp`: fewer than ANCHOR_EVERY moves). What follows from the position and
 its move (the policy labels, the side to move) is computed, what a game shares (its result, number) is
@@ -28,20 +28,17 @@ import numpy as np
 from cshogi.dlshogi import make_move_label
 
 from tideborn.data.cachefile import CacheArray
-from tideborn.data.hcpe3_replay import NO_LABEL, move_labels
+from tideborn.data.hcpe3_replay import ANCHOR_EVERY, NO_LABEL, anchor_starts, move_labels
 
-ANCHOR_EVERY = 8
-"""Positions per stored hcp: 32/8 bytes a position for the hcp, fewer than 8 moves replayed per read."""
 COMPACT_NAMES = ("game_offsets", "hcp", "anchor_position", "anchor_game", "anchor_ply", "anchor_result", "anchor",
                  "eval", "move16", "cand_offsets", "cand_move16", "cand_visits")
 
 
 def compact(arrays: dict[str, np.ndarray], anchor_every: int = ANCHOR_EVERY) -> dict[str, np.ndarray]:
-    """The compact layout of the full arrays `arrays` (`hcpe3.build_positions`)."""
-    n = len(arrays["eval"])
+    """The compact layout of the full arrays `arrays` (`hcpe3.build_positions`), as the first open's replay
+    writes it without the full layout (`ReplayedPositions(every_hcp=False)`)."""
     game, ply = arrays["game"].astype(np.int64), arrays["ply"].astype(np.int64)
-    starts = np.arange(n) % anchor_every == 0
-    starts[1:] |= (game[1:] != game[:-1]) | (ply[1:] != ply[:-1] + 1)
+    starts = anchor_starts(game, ply, anchor_every)
     rows = np.flatnonzero(starts)
     return {
         "game_offsets": arrays["game_offsets"],

@@ -1,7 +1,8 @@
 """The replay behind an hcpe3 file's first open: every game's moves played with cshogi into the positions arrays.
 
 What the Python loop per move keeps to is what only a board can answer: the selected move and each candidate
-legal, the position packed (`to_hcp`), the move played, the repetition looked for. Everything else is done
+legal, the position packed (`to_hcp`: only at the compact cache's anchors, `anchor_starts`, unless every
+position's hcp is asked for), the move played, the repetition looked for. Everything else is done
 in bulk with numpy on a window of whole games: finding the MoveInfos (a short walk over the candidate
 counts), reading evals, moves and visit counts, the policy labels (a table of `make_move_label` over every
 move16 that can be legal), candidates repeated within a move, the CSR arrays.
@@ -32,6 +33,9 @@ WINDOW_BYTES = 4 << 20
 `hcpe3.READ_CHUNK`, so a file is read in the same pieces as ever (and a cut under the reader is found)."""
 _HEADER_WORDS, _INFO_WORDS = HEADER_SIZE // 2, MOVE_INFO_SIZE // 2
 NO_LABEL = 0xFFFF
+ANCHOR_EVERY = 8
+"""Plies of a game between the compact cache's stored positions (`hcpe3_compact`): 32/8 bytes a position for
+the hcp, fewer than 8 moves replayed per read."""
 _label_table: np.ndarray | None = None
 _candidate_checks: np.ndarray | None = None
 
@@ -90,6 +94,19 @@ def candidate_checks() -> np.ndarray:
             row[move_labels()[color] == NO_LABEL] = NEVER
         _candidate_checks = table
     return _candidate_checks
+
+
+def anchor_starts(game: np.ndarray, ply: np.ndarray, anchor_every: int = ANCHOR_EVERY) -> np.ndarray:
+    """Which of the kept positions (their game and ply, in file order) the compact cache stores whole: every
+    `anchor_every`-th ply of a game, and any position that does not follow the one before it by one move (a
+    game's first, the one after a left-out repetition). By ply, not by place in the file, so that the replay
+    knows before playing a game's moves which positions it must pack (`to_hcp` is most of a move's cost)."""
+    game, ply = np.asarray(game, dtype=np.int64), np.asarray(ply, dtype=np.int64)
+    starts = ply % anchor_every == 0
+    if len(starts):
+        starts[0] = True
+        starts[1:] |= (game[1:] != game[:-1]) | (ply[1:] != ply[:-1] + 1)
+    return starts
 
 
 def truncated(path, game: int, offset: int, what: str, need: int, size: int, at: int | None = None) -> UserError:
@@ -197,8 +214,11 @@ def _game_problem(words: memoryview, k: int, base: int, size: int, game: int, pa
 class ReplayedPositions:
     """The positions arrays of a file, window after window (`hcpe3.build_positions` gives their layout)."""
 
-    def __init__(self, path) -> None:
+    def __init__(self, path, every_hcp: bool = True) -> None:
+        """`every_hcp`: the full layout's hcp of every position; else only the anchors' (`anchor_starts`),
+        and `arrays` gives the compact layout."""
         self.path = path
+        self.every_hcp = every_hcp
         self.board = cshogi.Board()
         self.labels = move_labels()
         self.parts: dict[str, list[np.ndarray]] = {name: [] for name in (
@@ -244,9 +264,11 @@ class ReplayedPositions:
         hcp = np.empty((len(moves), 32), np.uint8)
         repeating: list[int] = []
         failure, done = None, len(moves)
+        # a position after a left-out repetition is an anchor too: the loop packs it on seeing the repetition
+        anchor_at = None if self.every_hcp else (ply % ANCHOR_EVERY == 0).tolist()
         try:
             self._replay_moves(window, header_bytes, kings_ok, selected.tolist(), selected_checks, tried,
-                               try_starts.tolist(), hcp, repeating, base)
+                               try_starts.tolist(), hcp, repeating, base, anchor_at)
         except _BadMove as bad:
             failure, done = UserError(bad.text), bad.move_index
         repeated = _first_repeated(cand_moves, owner, cand_starts, done)
@@ -270,8 +292,9 @@ class ReplayedPositions:
     def _replay_moves(self, window: _Window, header_bytes: np.ndarray, kings_ok: list[bool], selected: list[int],
                       selected_checks: list[int],
                       tried: list[int], try_starts: list[int], hcp: np.ndarray, repeating: list[int],
-                      base: int) -> None:
-        """The loop a board is needed for; a bad move is `_BadMove`."""
+                      base: int, anchor_at: list[bool] | None) -> None:
+        """The loop a board is needed for; a bad move is `_BadMove`. `hcp` is filled where `anchor_at` (by
+        move) says, and after each repetition; everywhere when it is None."""
         board = self.board
         push, to_hcp, from_move16, is_legal, is_draw = (board.push, board.to_hcp, board.move_from_move16,
                                                         board.is_legal, board.is_draw)
@@ -302,6 +325,7 @@ class ReplayedPositions:
             # position or a selected move is_legal lets through) crashes is_legal on some moves: the
             # candidates of such a game are looked up in the legal moves, as every candidate once was.
             sane = _NOT_PIECES.isdisjoint(board.pieces)
+            after_gap = False
             for move_index in range(first, first_moves[game_index + 1]):
                 chosen = selected[move_index]
                 move = from_move16(chosen) if chosen else 0
@@ -339,12 +363,14 @@ class ReplayedPositions:
                     raise _BadMove(f"{where}: move {move_index - first} of {move_num}: candidate "
                                    f"{candidate:#06x} is not a legal move in the replayed position "
                                    f"({board.sfen()})", move_index)
-                to_hcp(hcp[move_index])
+                if anchor_at is None or after_gap or anchor_at[move_index]:
+                    to_hcp(hcp[move_index])
                 push(move)
                 # After the move, not `move_is_draw(move, 16)` before it: cshogi's `move_is_draw` misses the
                 # superior and inferior repetitions (a returned position with more or fewer pieces in hand),
                 # which dlshogi's `moveIsDraw` finds and skips; `is_draw` after the move finds all three.
-                if is_draw(REPETITION_PLIES) in skipped:
+                after_gap = is_draw(REPETITION_PLIES) in skipped
+                if after_gap:
                     repeating.append(move_index)
 
     def _keep(self, window: _Window, base: int, array: np.ndarray, moves: np.ndarray, selected: np.ndarray,
@@ -355,22 +381,27 @@ class ReplayedPositions:
         self.repetitions += len(moves) - len(rows)
         parts = self.parts
         parts["game_offsets"].append(base + 2 * np.asarray(window.game_words, dtype=np.int64))
-        parts["hcp"].append(hcp[rows])
+        if self.every_hcp:
+            parts["hcp"].append(hcp[rows])
+        else:  # windows hold whole games: the anchors here are those of the whole file
+            parts["hcp"].append(hcp[rows[anchor_starts(game_of_move[rows], ply[rows])]])
         parts["eval"].append(array[moves[rows] + 1].view(np.int16))
         parts["move16"].append(selected[rows])
         parts["result"].append(header_bytes[game_of_move[rows], 34])
-        turn = turns[rows]
-        labels = self.labels[turn, selected[rows]]
-        for row in np.flatnonzero(labels == NO_LABEL).tolist():  # stray high bits is_legal ignores (as ever)
-            labels[row] = make_move_label(int(selected[rows[row]]), int(turn[row]))
-        parts["label"].append(labels)
+        if self.every_hcp:  # the compact layout computes the labels at read
+            turn = turns[rows]
+            labels = self.labels[turn, selected[rows]]
+            for row in np.flatnonzero(labels == NO_LABEL).tolist():  # stray high bits is_legal ignores (as ever)
+                labels[row] = make_move_label(int(selected[rows[row]]), int(turn[row]))
+            parts["label"].append(labels)
         parts["game"].append((self.games + game_of_move[rows]).astype(np.int32))
         parts["ply"].append(ply[rows].astype(np.uint16))
         parts["cand_counts"].append(counts[rows])
         take = np.repeat(kept, counts)
         kept_moves = cand_moves[take]
         parts["cand_move16"].append(kept_moves)
-        parts["cand_label"].append(self.labels[np.repeat(turns, counts)[take], kept_moves])
+        if self.every_hcp:
+            parts["cand_label"].append(self.labels[np.repeat(turns, counts)[take], kept_moves])
         parts["cand_visits"].append(cand_visits[take])
         self.games += len(window.game_words)
 
@@ -382,6 +413,21 @@ class ReplayedPositions:
         counts = joined("cand_counts", np.int64)
         offsets = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
+        if not self.every_hcp:
+            game, ply = joined("game", np.int32), joined("ply", np.uint16)
+            starts = anchor_starts(game, ply)
+            rows = np.flatnonzero(starts)
+            hcp = joined("hcp", np.uint8, (32,))
+            if len(hcp) != len(rows):
+                raise RuntimeError(f"{self.path}: {len(hcp)} anchors packed for {len(rows)} (a replay bug)")
+            return {
+                "game_offsets": joined("game_offsets", np.int64), "hcp": hcp,
+                "anchor_position": rows.astype(np.int64), "anchor_game": game[rows].astype(np.int32),
+                "anchor_ply": ply[rows], "anchor_result": joined("result", np.uint8)[rows],
+                "anchor": (np.cumsum(starts) - 1).astype(np.uint32),
+                "eval": joined("eval", np.int16), "move16": joined("move16", np.uint16), "cand_offsets": offsets,
+                "cand_move16": joined("cand_move16", np.uint16), "cand_visits": joined("cand_visits", np.uint16),
+            }
         return {
             "game_offsets": joined("game_offsets", np.int64),
             "hcp": joined("hcp", np.uint8, (32,)),

@@ -14,6 +14,7 @@ speed is `tideborn.bench.data`'s and `tideborn.bench.hcpe3`'s business.
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 import tempfile
@@ -56,7 +57,8 @@ def _tideborn_side(data: Path, blocks: int, channels: int, batch_size: int):
 
 def _dlshogi_side(tree: Path, blocks: int, channels: int, batches: list):
     sys.path.insert(0, str(tree))
-    from dlshogi.network.policy_value_network_resnet import PolicyValueNetwork
+    # Imported by name from the tree the user points at: dlshogi is no dependency of tideborn's.
+    PolicyValueNetwork = importlib.import_module("dlshogi.network.policy_value_network_resnet").PolicyValueNetwork
 
     torch.manual_seed(0)
     model = PolicyValueNetwork(blocks, channels)

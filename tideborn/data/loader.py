@@ -153,8 +153,8 @@ def to_device_batch(item: dict, device: torch.device, pinned: bool = True, value
     """Decoded uint8 planes to the float tensors the model takes, on `device`. On CUDA with `pinned`
     (`runtime.pin_memory`) the copies come from pinned memory and overlap the step.
 
-    `features2` is the [n, 57] hand/check values broadcast to [n, 57, 9, 9] (a stride-0 view: the
-    convolution or a `.contiguous()` materialises it, so it is not copied twice).
+    `features2` is the [n, 57] hand/check values broadcast to [n, 57, 9, 9] (a stride-0 view, so it is not
+    copied twice: the training step materialises it once, contiguous or channels_last).
     """
     non_blocking = device.type == "cuda" and pinned
     planes, hands = torch.as_tensor(item["features1"]), torch.as_tensor(item["features2"])

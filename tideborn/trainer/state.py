@@ -174,6 +174,12 @@ class TrainingState:
             if setup.channels_last:
                 x1 = x1.contiguous(memory_format=torch.channels_last)
                 x2 = x2.contiguous(memory_format=torch.channels_last)
+            else:
+                # The loader's hand planes are a stride-0 view ([n, 57] broadcast to 9x9). Materialised once here,
+                # since the convolution otherwise copies the view in its forward and again for the weight
+                # gradient in its backward, and the strided input takes a slower CPU kernel: on a 2x32 net,
+                # batch 256, that cost 15% of the step (docs/benchmarks.md, per-step speed).
+                x2 = x2.contiguous()
             skip_sync = self.ddp is not None and micro < micro_steps - 1
             with self.ddp.no_sync() if skip_sync else contextlib.nullcontext():
                 with setup.autocast():

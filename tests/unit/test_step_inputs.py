@@ -1,0 +1,35 @@
+"""The training step hands the network dense input planes (issue 23, per-step speed): the loader's hand planes
+are a stride-0 broadcast, which the CPU convolution copies twice and runs through a slower kernel, so the step
+materialises them once itself. The values must stay the loader's."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.helpers.data import hcpe_records, random_positions, settings_for, write_records
+from tideborn.data.loader import TeacherBatches
+from tideborn.trainer.device import resolve_device
+from tideborn.trainer.rank import DistEnv
+from tideborn.trainer.resume import StartPoint
+from tideborn.trainer.state import TrainingState
+
+
+def test_the_step_feeds_the_network_contiguous_planes_with_the_loaders_values(tmp_path):
+    write_records(tmp_path / "train.hcpe", hcpe_records(random_positions(64, seed=3), seed=3))
+    settings = settings_for(tmp_path, "runtime.device=\"cpu\"", "model.blocks=1", "model.channels=8",
+                            train=["train.hcpe"])
+    state = TrainingState(settings, resolve_device(settings.runtime), DistEnv())
+    state.restore(StartPoint())
+    twin = TeacherBatches(settings, torch.device("cpu"))  # the same batches in the same order
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    state.model.register_forward_pre_hook(lambda _module, inputs: seen.append(inputs))
+    try:
+        expected = twin.next_batch()
+        assert expected.features2.stride()[-1] == 0, "the loader no longer broadcasts: this test needs a new premise"
+        state.train_step(0)
+    finally:
+        twin.close()
+        state.close()
+    (x1, x2), = seen
+    assert x1.is_contiguous() and x2.is_contiguous(), (x1.stride(), x2.stride())
+    assert torch.equal(x1, expected.features1) and torch.equal(x2, expected.features2)

@@ -15,6 +15,9 @@ shared by forked workers count once per process):
   the step), and the median positions/s of the steps after the first few;
 - cache bytes per position: every file the open left beside the corpus, over the positions read.
 
+`--repeats N` measures each N times, tideborn and dlshogi alternating, and prints times and positions/s as
+the median (min..max), memory as the largest.
+
 With `--dlshogi-build DIR` (a dlshogi source tree with `cppshogi` built, as `python -m tideborn.bench.hcpe3
 --help` says; its `dlshogi/train.py` and the torch of this Python), the same for dlshogi on hcpe3 corpora:
 first open is `load_hcpe3` in a child with one OpenMP thread (dlshogi has no later open: it loads at every
@@ -230,17 +233,31 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.0f} MB"
 
 
-def print_row(size: int, kind: str, who: str, f: dict) -> None:
-    later = f"{f['later_open_seconds']:8.2f} s" if "later_open_seconds" in f else f"{'-':>10s}"
-    cache = f"{f['cache_bytes_per_position']:6.1f}" if "cache_bytes_per_position" in f else f"{'-':>6s}"
-    open_rss = max(f.get("first_open_rss", 0), f.get("later_open_rss", 0))
-    print(f"{size:>12,} {kind:6s} {who:9s} {f['positions']:>12,} {f['first_open_seconds']:8.2f} s {later} "
-          f"{f['launch_to_first_step']:8.1f} s {_mb(open_rss):>10s} {_mb(f['train_rss']):>10s} {cache} "
-          f"{f['positions_per_second']:10,.0f}", flush=True)
+def _cell(values: list[float], digits: int, unit: str = "") -> str:
+    """The median, and the min..max over the repetitions when there are several."""
+    median = f"{statistics.median(values):,.{digits}f}{unit}"
+    if len(values) < 2:
+        return median
+    return f"{median} ({min(values):,.{digits}f}..{max(values):,.{digits}f})"
 
 
-HEADER = (f"{'size':>12s} {'format':6s} {'who':9s} {'positions':>12s} {'1st open':>10s} {'later open':>10s} "
-          f"{'to 1st step':>10s} {'open RSS':>10s} {'train RSS':>10s} {'B/pos':>6s} {'pos/s':>10s}")
+def print_row(size: int, kind: str, who: str, runs: list[dict]) -> None:
+    """One row: times and positions/s as median (min..max) over the repetitions, memory as the largest."""
+    def values(key: str) -> list[float]:
+        return [run[key] for run in runs if key in run]
+
+    later = _cell(values("later_open_seconds"), 2, " s") if values("later_open_seconds") else "-"
+    cache = f"{max(values('cache_bytes_per_position')):.1f}" if values("cache_bytes_per_position") else "-"
+    open_rss = max(values("first_open_rss") + values("later_open_rss"))
+    print(f"{size:>12,} {kind:6s} {who:9s} {runs[0]['positions']:>12,} | "
+          f"{_cell(values('first_open_seconds'), 2, ' s')} | {later} | "
+          f"{_cell(values('launch_to_first_step'), 1, ' s')} | {_mb(open_rss)} | {_mb(max(values('train_rss')))} | "
+          f"{cache} | {_cell(values('positions_per_second'), 0)}",
+          flush=True)
+
+
+HEADER = (f"{'size':>12s} {'format':6s} {'who':9s} {'positions':>12s} | first open | later open | launch to first "
+          f"step | open peak RSS | train peak RSS | cache B/position | positions/s training")
 
 
 def run_benchmark(args: argparse.Namespace) -> int:
@@ -277,18 +294,36 @@ def run_benchmark(args: argparse.Namespace) -> int:
                 started = time.perf_counter()
                 (write_hcpe3_corpus if kind == "hcpe3" else write_hcpe_corpus)(seed, path, size)
                 written = time.perf_counter() - started
-                figures = open_figures(path)
-                figures.update(train_figures(path, args, scratch))
-                print_row(size, kind, "tideborn", figures)
-                if args.dlshogi_build is not None and kind == "hcpe3":
-                    for p in folder.iterdir():  # dlshogi reads the corpus alone: no cache beside it
-                        if p != path:
-                            p.unlink()
-                    print_row(size, kind, "dlshogi", dlshogi_figures(path, seed, args, scratch))
+                ours: list[dict] = []
+                theirs: list[dict] = []
+                for _ in range(args.repeats):  # alternating, so that both see the same spells of load
+                    _remove_derived(path)
+                    figures = open_figures(path)
+                    figures.update(train_figures(path, args, scratch))
+                    ours.append(figures)
+                    if args.dlshogi_build is not None and kind == "hcpe3":
+                        _remove_derived(path)  # dlshogi reads the corpus alone
+                        theirs.append(dlshogi_figures(path, seed, args, scratch))
+                print_row(size, kind, "tideborn", ours)
+                if theirs:
+                    print_row(size, kind, "dlshogi", theirs)
+                    # within each repetition both saw much the same load: steadier than either figure
+                    opens = [(b["first_open_seconds"] / b["positions"]) / (a["first_open_seconds"] / a["positions"])
+                             for a, b in zip(ours, theirs)]
+                    rates = [a["positions_per_second"] / b["positions_per_second"] for a, b in zip(ours, theirs)]
+                    print(f"{'':12s} tideborn / dlshogi per repetition: first open rate {_cell(opens, 2)}, "
+                          f"positions/s training {_cell(rates, 2)}", flush=True)
                 print(f"{'':12s} ({path.stat().st_size / 1e6:,.0f} MB written in {written:.1f} s; load average "
                       f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})", flush=True)
                 shutil.rmtree(folder)
     return 0
+
+
+def _remove_derived(path: Path) -> None:
+    """Every file beside the corpus (its cache): the next open is a first open again."""
+    for other in path.parent.iterdir():
+        if other != path:
+            other.unlink()
 
 
 def _sizes(text: str) -> list[int]:
@@ -317,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--network", default="resnet2x32", help="preset for both trainers (default resnet2x32)")
     parser.add_argument("--batch-size", type=positive_int, default=256)
     parser.add_argument("--steps", type=positive_int, default=30, help="training steps timed (default 30)")
+    parser.add_argument("--repeats", type=positive_int, default=1,
+                        help="repetitions of each measurement, tideborn and dlshogi alternating (default 1)")
     parser.add_argument("--workers", type=int, default=1, help="tideborn's data.workers (default 1)")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads of each trainer (default 1)")
     parser.add_argument("--seed-copies", type=positive_int, default=4,

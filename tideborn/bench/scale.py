@@ -5,7 +5,7 @@
 Per size and format it writes a synthetic-but-valid corpus from the shipped games (`scale_corpus`: real
 games repeated, made-up search statistics) in a scratch folder, then, each in a fresh process whose whole
 process tree is sampled with psutil for its peak resident memory (the sum of the tree's RSS, so pages
-shared by forked workers count once per process):
+shared by forked workers count in every process that maps them):
 
 - first open: `open_source` on the corpus with no derived file (hcpe3: every game replayed into the
   positions cache);

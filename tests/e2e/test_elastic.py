@@ -130,7 +130,7 @@ def trains_at(world_size: int, after: int, saved: bool = True):
     return check
 
 
-def test_a_node_lost_and_regained_goes_on_in_the_same_global_order(tmp_path):
+def test_a_lost_worker_and_a_lost_node_go_on_in_the_same_global_order(tmp_path):
     run_dir = tmp_path / "run"
     agents = Agents(tmp_path, run_dir, free_port())
     try:

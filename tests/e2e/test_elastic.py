@@ -187,3 +187,62 @@ def test_a_lost_worker_a_lost_node_and_a_new_node_go_on_in_the_same_global_order
     restarted = [a for a in report["anomalies"] if a["rule"] == "restarted"]
     assert report["state"] == "stopped" and report["restarts"] == len(runs) - 1, report
     assert len(restarted) == len(runs) - 1 and not [a for a in report["anomalies"] if a["rule"] == "vanished"], report
+
+
+def start_elastic(run_dir: Path, cwd: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`train_run start --nnodes 1:2` on one node; torchrun reads the rendezvous settings from PET_RDZV_CONF."""
+    command = [sys.executable, "-m", "tideborn.tools.train_run", "start", "--nnodes", "1:2", "--rdzv-endpoint",
+               f"127.0.0.1:{free_port()}", "--rdzv-id", "stop-test", *settings_args(run_dir, *STOP_SETS)]
+    started = subprocess.run(command, cwd=cwd, env=child_env(extra_env), capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL, timeout=PHASE_SECONDS)
+    assert started.returncode == 0, started.stderr
+    return started
+
+
+STOP_SETS = tuple(s for s in SETS if not s.startswith("runtime.checkpoint_every")) + ("runtime.checkpoint_every=3",)
+
+
+def test_train_run_stop_ends_an_elastic_job_even_between_a_failure_and_its_restart(tmp_path, capsys):
+    from tests.helpers.reliability import fault_env, process_gone, trainer_pid
+    from tideborn.tools import train_run
+
+    run_dir = tmp_path / "run"
+
+    def stop() -> tuple[int, str]:
+        code = train_run.main(["stop", "--out-dir", str(run_dir), "--timeout", str(PHASE_SECONDS)])
+        return code, capsys.readouterr().out
+
+    def status() -> dict:
+        train_run.main(["status", "--json", "--out-dir", str(run_dir)])
+        return json.loads(capsys.readouterr().out)
+
+    # Each worker's first checkpoint save fails (ENOSPC): the attempt ends in run_failed, and the agent waits
+    # last_call_timeout in the rendezvous before it restarts the worker: a stop comes in between.
+    start_elastic(run_dir, tmp_path, {**fault_env(tmp_path, checkpoint="1,100"),
+                                      "PET_RDZV_CONF": "last_call_timeout=6"})
+    agent = psutil.Process(trainer_pid(run_dir))
+    deadline = time.monotonic() + PHASE_SECONDS
+    while not [e for e in events_of(run_dir) if e["kind"] == "run_failed"]:
+        assert time.monotonic() < deadline and agent.is_running(), (run_dir / "train.log").read_text()
+        time.sleep(0.1)
+    assert status()["state"] == "running"  # the agent lives and will restart the worker
+    code, out = stop()
+    assert code == 0 and "ended before its restart" in out, out
+    assert process_gone(agent.pid)
+    assert [e["kind"] for e in events_of(run_dir)].count("run_started") == 1  # no restart
+
+    # A healthy elastic job: status shows it; stop writes one checkpoint, run_stopped, and the agent ends.
+    start_elastic(run_dir, tmp_path, {"PET_RDZV_CONF": "last_call_timeout=1"})
+    agent = psutil.Process(trainer_pid(run_dir))
+    deadline = time.monotonic() + PHASE_SECONDS
+    while len(attempts(events_of(run_dir))[-1]) < 3 or attempts(events_of(run_dir))[-1][-1]["kind"] != "step":
+        assert time.monotonic() < deadline and agent.is_running(), (run_dir / "train.log").read_text()
+        time.sleep(0.1)
+    report = status()
+    assert report["state"] == "running" and report["world_size"] == 1, report
+    code, out = stop()
+    assert code == 0 and "the run ended: run_stopped" in out, out
+    assert process_gone(agent.pid)
+    last = attempts(events_of(run_dir))[-1]
+    assert len(attempts(events_of(run_dir))) == 2 and last[-1]["kind"] == "run_stopped", last
+    assert [e["step"] for e in last if e["kind"] == "checkpoint_saved"].count(last[-1]["step"]) == 1, last

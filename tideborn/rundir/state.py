@@ -402,6 +402,11 @@ class RunTracker:
             return None
         return self.stop_requested
 
+    def restart_pending(self) -> bool:
+        """The latest attempt failed under torchrun's elastic agent, which lives and has restarts left: the job
+        has not ended (a stop goes to the agent, which then ends it without the restart)."""
+        return self.ended() and self.state == "running"
+
     def _restart_due(self) -> bool:
         """The attempt failed under torchrun's elastic agent with restarts left: the agent restarts it."""
         started, terminal = self.run_started, self.terminal

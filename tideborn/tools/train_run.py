@@ -240,7 +240,11 @@ def command_stop(args: argparse.Namespace) -> int:
         return fail(args, problem, NO_RUN)
     tracker = RunTracker(run_dir, start="end")
     tracker.refresh()
-    if tracker.ended():
+    # Between a failed attempt and the agent's restart of it the job lives on in the agent: stopping the agent
+    # there ends it without the restart.
+    between_attempts = tracker.restart_pending()
+    terminal_before = tracker.terminal
+    if tracker.ended() and not between_attempts:
         return fail(args, f"{run_dir}: the run is not running: it already ended ({tracker.terminal.kind} "
                           f"at step {tracker.terminal.step}); nothing was signalled", NO_RUN)
     stopping = tracker.stopping()
@@ -258,6 +262,9 @@ def command_stop(args: argparse.Namespace) -> int:
         print(f"a stop is already in progress: pid {record.pid} got {stopping.signal or 'a stop signal'} at "
               f"{clock(asked)} ({duration(max(0.0, time.time() - asked))} ago); not signalling it again; waiting up "
               f"to {args.timeout:g} s for it to save a checkpoint and exit", flush=True)
+    elif between_attempts:
+        print(f"sent SIGTERM to torchrun's agent, pid {record.pid}, between a failed attempt (step {step}) and its "
+              f"restart: no restart; waiting up to {args.timeout:g} s for it to exit", flush=True)
     else:
         print(f"sent SIGTERM to pid {record.pid} (last logged step {step}); waiting up to {args.timeout:g} s "
               "for it to finish its step, save a checkpoint and exit", flush=True)
@@ -282,6 +289,11 @@ def command_stop(args: argparse.Namespace) -> int:
     _print_stop_progress(update.events)
     ck = tracker.status().last_checkpoint
     where = f"; last checkpoint {ck.path} (step {ck.step})" if ck else "; no checkpoint"
+    if between_attempts and tracker.ended() and tracker.terminal is terminal_before:
+        # No worker ran after the signal: the failed attempt's checkpoints are the job's last.
+        print(f"the job ended before its restart: the last attempt's {terminal_before.kind} at step "
+              f"{terminal_before.step} stays its last event{where}")
+        return OK
     if tracker.ended() and tracker.terminal is not None:
         t = tracker.terminal
         how = t.reason or t.error or ""

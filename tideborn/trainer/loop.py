@@ -252,7 +252,9 @@ class Trainer:
                 resumed_from=str(p.start.checkpoint) if p.start.checkpoint else None,
                 changed_settings=p.start.changed_settings, fresh=p.fresh,
                 archived_to=str(archived) if archived else None, pid=os.getpid(),
-                launcher_pid=os.getppid() if self.env.distributed else None,
+                # torchrun's agent is the launcher at any world size (an elastic job on one node is one process):
+                # train_run start and status know their launch by it.
+                launcher_pid=os.getppid() if self.env.distributed or self.env.max_restarts is not None else None,
                 host=socket.gethostname(), argv=p.argv, max_steps=s.runtime.max_steps,
                 batch_size=s.optim.batch_size, run_dir=str(p.run_dir), data=getattr(self.state.data, "summary", None),
                 **boot_relative_start(os.getpid()), eval_scales=self._eval_scales(),

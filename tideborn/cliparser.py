@@ -36,23 +36,21 @@ class OneLineParser(argparse.ArgumentParser):
         return self
 
 
-def non_negative_int(text: str) -> int:
-    """An argparse `type`: a whole number of at least 0 (playouts, where 0 means none)."""
+def _whole_number(text: str, least: int, rule: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more; got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be {rule}; got {value}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse `type`: a whole number of at least 0 (playouts, where 0 means none)."""
+    return _whole_number(text, 0, "0 or more")
 
 
 def positive_int(text: str) -> int:
     """An argparse `type`: a whole number of at least 1 (games, threads, batches, copies)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
-    return value
+    return _whole_number(text, 1, "at least 1")

@@ -402,10 +402,7 @@ class CompareScreen(Screen):
         self.chart.zoom_by(1 / ZOOM_FACTOR)
 
     def action_pan(self, direction: int) -> None:
-        if self.chart.cursor is not None:
-            self.chart.move_cursor(direction)
-        else:
-            self.chart.pan(direction)
+        self.chart.pan_or_move_cursor(direction)
         self._show()
 
     def action_reset_zoom(self) -> None:

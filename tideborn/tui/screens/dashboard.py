@@ -528,16 +528,10 @@ class DashboardScreen(Screen):
         self.plot.zoom_by(1 / ZOOM_FACTOR)
 
     def action_pan_left(self) -> None:
-        self._pan(-1)
+        self.plot.pan_or_move_cursor(-1)
 
     def action_pan_right(self) -> None:
-        self._pan(1)
-
-    def _pan(self, direction: int) -> None:
-        if self.plot.cursor is not None:
-            self.plot.move_cursor(direction)
-        else:
-            self.plot.pan(direction)
+        self.plot.pan_or_move_cursor(1)
 
     def action_reset_zoom(self) -> None:
         self.plot.reset_zoom()

@@ -351,6 +351,13 @@ class LossPlot(Widget):
         self.refresh()
         return self.cursor
 
+    def pan_or_move_cursor(self, direction: int) -> None:
+        """`[` and `]`: move the cursor while it is on, else pan the view (both screens' keys)."""
+        if self.cursor is not None:
+            self.move_cursor(direction)
+        else:
+            self.pan(direction)
+
     def move_cursor(self, direction: int) -> float | None:
         """To the logged step nearest one cell left or right (at least the next one); past the edge of a
         zoomed view the view pans with it."""

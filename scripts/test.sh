@@ -13,5 +13,6 @@ cd "$ROOT"
 unset PYTHONDONTWRITEBYTECODE
 # One worker more than the cores: many end-to-end tests wait on a process they started (a trainer reaching a
 # step, a signal's effect), and the extra worker keeps the cores busy meanwhile (the suite is CPU-bound).
-# loadfile: a file's tests run in one process, so a module-scoped trained run is made once.
-exec .venv/bin/python -m pytest -n "${TIDEBORN_TEST_WORKERS:-$(( $(nproc) + 1 ))}" --dist loadfile "$@"
+# loadfile: a file's tests run in one process, so a module-scoped trained run is made once. The files are handed
+# out longest first (tests/helpers/order.py orders them; --no-loadscope-reorder keeps xdist from re-sorting).
+exec .venv/bin/python -m pytest -n "${TIDEBORN_TEST_WORKERS:-$(( $(nproc) + 1 ))}" --dist loadfile --no-loadscope-reorder "$@"

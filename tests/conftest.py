@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import order
 from tests.helpers.common import TEMPLATE_SETS, Trainer, train
 
 # One compute thread in the test process, as in the trainer processes the tests start (`child_env`): pytest-xdist
@@ -58,12 +59,35 @@ def template_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--write-file-seconds", action="store_true",
+                     help="record each test file's seconds in tests/file_seconds.json (run the whole suite)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # End-to-end tests are marked `slow` by where they live, so `pytest -m "not slow"` (the unit tests) needs
     # no list of file names to keep up to date.
     for item in items:
         if item.path.is_relative_to(E2E):
             item.add_marker(pytest.mark.slow)
+    # The longest files first (tests/helpers/order.py); within a file, the tests keep their order.
+    rank = {name: i for i, name in enumerate(order.longest_first((item.nodeid.split("::")[0] for item in items),
+                                                                   order.recorded_seconds()))}
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+
+
+_file_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Under xdist this runs in the controlling process too, with every worker's reports.
+    name = report.nodeid.split("::")[0]
+    _file_seconds[name] = _file_seconds.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if session.config.getoption("--write-file-seconds") and not hasattr(session.config, "workerinput"):
+        order.record(_file_seconds)
 
 
 @pytest.fixture

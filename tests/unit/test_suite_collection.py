@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import order
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -92,3 +94,20 @@ def test_the_readme_says_how_many_tests_the_suite_and_its_fast_subset_run() -> N
                  for args in ((), ("-m", "not slow")))
     assert runs == said, (f"README: {said[0]} tests, {said[1]} of them not slow; the suite has {runs[0]} and "
                           f"{runs[1]}: put those in its `./scripts/test.sh` lines")
+
+
+def test_the_files_are_handed_out_longest_first_by_the_recorded_seconds(tmp_path: Path) -> None:
+    """scripts/test.sh's workers take the files in collection order (xdist's reordering off): the files with the
+    most recorded seconds first, a file with none recorded before them all (tests/helpers/order.py)."""
+    seconds = order.recorded_seconds()
+    assert seconds, "tests/file_seconds.json is missing: ./scripts/test.sh --write-file-seconds writes it"
+    listing = collection((sys.executable, "-m", "pytest"), REPO_ROOT)[1]
+    files = list(dict.fromkeys(line.split("::")[0] for line in listing.splitlines() if "::" in line))
+    assert files == order.longest_first(files, seconds)
+    assert "--no-loadscope-reorder" in (REPO_ROOT / "scripts" / "test.sh").read_text(encoding="utf-8")
+    # the rule itself, and the record's round trip
+    assert order.longest_first(["a", "b", "new", "c", "b"], {"a": 1.0, "b": 5.0, "c": 5.0}) == ["new", "b", "c", "a"]
+    record = tmp_path / "seconds.json"
+    order.record({"x": 2.04, "y": 10.0}, record)
+    assert order.recorded_seconds(record) == {"x": 2.0, "y": 10.0}
+    assert order.recorded_seconds(tmp_path / "none.json") == {}

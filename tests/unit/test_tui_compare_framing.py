@@ -189,3 +189,18 @@ async def test_the_cut_by_wall_time_and_in_the_grid(runs_folder):
         assert cut in lines_of(chart)[0]
         await pilot.press("0")
         assert chart.span() == pytest.approx((first, FIXTURE_START + 300 * SECONDS_PER_LOGGED_STEP))
+
+
+async def test_by_wall_time_a_long_run_that_ran_after_the_others_is_not_cut_out_of_view(tmp_path):
+    folder = tmp_path / "runs"
+    write_small_run(folder / "short", last_step=60, checkpoints=())
+    later = FIXTURE_START + 3600  # an hour after the short run
+    write_small_run(folder / "long", last_step=1500, end=None, checkpoints=(), start=later)
+    async with create_app(options(runs_folder=folder)).run_test(size=(80, 24)) as pilot:
+        screen = await compared(pilot, 2)
+        chart = screen.chart
+        assert chart.span() == (5.0, 60.0)  # by step they overlap: cut
+        await pilot.press("t")  # by wall time a cut to the short run's minute would show none of the long run
+        assert chart.span() == pytest.approx((FIXTURE_START + SECONDS_PER_LOGGED_STEP,
+                                              later + 300 * SECONDS_PER_LOGGED_STEP))
+        assert "cut" not in lines_of(chart)[0]

@@ -17,13 +17,15 @@ def framed_range(extents: list[tuple[float, float]]) -> tuple[float, float] | No
 
     The others' range, not the second-longest run's end alone: by step every run starts near step 0, so
     the two are the same; by wall time runs that ran at different times are not cut for that alone, as
-    their durations, not their distance, decide."""
+    their durations, not their distance, decide. A cut never leaves the longest run out of view: by wall
+    time, one that ran wholly before or after the others is shown whole beside them."""
     if len(extents) < 2:
         return None
     longest = max(range(len(extents)), key=lambda i: extents[i][1] - extents[i][0])
     others = [extent for i, extent in enumerate(extents) if i != longest]
     lo, hi = min(lo for lo, _hi in others), max(hi for _lo, hi in others)
-    if extents[longest][1] - extents[longest][0] <= CUT_RATIO * (hi - lo):
+    long_lo, long_hi = extents[longest]
+    if long_hi - long_lo <= CUT_RATIO * (hi - lo) or long_hi < lo or long_lo > hi:
         return None
     if hi <= lo:  # the others a single point each, at one x: room around it, as x_range gives
         return lo - 1, hi + 1

@@ -10,6 +10,7 @@ from textual.notifications import Notify
 from tests.helpers.common import until
 from tideborn.tui.app import create_app
 from tideborn.tui.options import TuiOptions
+from tideborn.tui.screens.compare import CompareScreen
 from tideborn.tui.screens.dashboard import DashboardScreen
 from tideborn.tui.testing import FIXTURE_NOW
 
@@ -51,5 +52,19 @@ async def dashboard(pilot) -> DashboardScreen:
     assert isinstance(screen, DashboardScreen)
     await until(pilot, screen.ready.is_set, "the dashboard to read the run")
     await until(pilot, lambda: screen.status is not None, "the run's status")
+    await pilot.pause()
+    return screen
+
+
+async def compared(pilot, count: int):
+    """The first `count` runs of the picker marked and compared, their histories read: the CompareScreen."""
+    picker = pilot.app.screen
+    await until(pilot, picker.ready.is_set, "the runs")
+    for row in range(count):
+        await pilot.press("space", *(["down"] if row < count - 1 else []))
+    await pilot.press("c")
+    screen = pilot.app.screen
+    assert isinstance(screen, CompareScreen)
+    await until(pilot, lambda: screen.ready, "the runs' histories")
     await pilot.pause()
     return screen

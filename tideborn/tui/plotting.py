@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -506,10 +507,12 @@ class ChartCache:
 
 
 def grid_cells(charts: list[Chart], markers: list[Marker], options: PlotOptions, width: int, height: int,
-               shape: tuple[int, int], cache: ChartCache | None = None, own_ranges: bool = False) -> list[GridCell]:
+               shape: tuple[int, int], cache: ChartCache | None = None, own_ranges: bool = False,
+               chart_options: Callable[[Chart, PlotOptions], PlotOptions] | None = None) -> list[GridCell]:
     """Charts in `shape` (columns, rows), each with its own y axis, all over the same x range (with `own_ranges`
     and no range given, each over its own data's: runs of different lengths compared); `cache`: charts drawn
-    before and unchanged since are taken from it."""
+    before and unchanged since are taken from it; `chart_options`: a chart's own options from the grid's (the
+    comparison's x range cut per chart)."""
     columns, rows = shape
     span = options.x_range if own_ranges else shared_x_range(charts, options)
     shared = replace(options, x_range=span) if span is not None else options
@@ -524,10 +527,11 @@ def grid_cells(charts: list[Chart], markers: list[Marker], options: PlotOptions,
             if number >= len(charts):
                 continue
             chart = charts[number]
+            own = shared if chart_options is None else chart_options(chart, shared)
             if cache is not None:
-                lines = cache.lines(chart, markers, shared, cell_w, cell_h, chart.title, bounds_cache)
+                lines = cache.lines(chart, markers, own, cell_w, cell_h, chart.title, bounds_cache)
             else:
-                lines = plot_lines(chart.curves, markers, shared, cell_w, cell_h, chart.title, bounds_cache)
+                lines = plot_lines(chart.curves, markers, own, cell_w, cell_h, chart.title, bounds_cache)
             lines = lines[:cell_h] + [Text("") for _ in range(cell_h - len(lines))]
             for line in lines:
                 line.no_wrap, line.overflow = True, "crop"
@@ -555,9 +559,10 @@ def join_cells(cells: list[GridCell], width: int) -> Text:
 
 
 def render_grid(charts: list[Chart], markers: list[Marker], options: PlotOptions, width: int, height: int,
-                shape: tuple[int, int], cache: ChartCache | None = None, own_ranges: bool = False) -> Text:
+                shape: tuple[int, int], cache: ChartCache | None = None, own_ranges: bool = False,
+                chart_options: Callable[[Chart, PlotOptions], PlotOptions] | None = None) -> Text:
     """Charts in `shape` (columns, rows), each with its own y axis, all over the same x range (see `grid_cells`)."""
-    cells = grid_cells(charts, markers, options, width, height, shape, cache, own_ranges)
+    cells = grid_cells(charts, markers, options, width, height, shape, cache, own_ranges, chart_options)
     columns, _rows = shape
     cell_w = (width - (columns - 1)) // columns
     return join_cells(cells, columns * (cell_w + 1) - 1)

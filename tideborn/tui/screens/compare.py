@@ -22,6 +22,7 @@ from tideborn.humanize import compact
 from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.events import EventReader
 from tideborn.rundir.files import file_size
+from tideborn.tui.framing import cut_label, framed_range
 from tideborn.tui.history import ELO_SERIES, RunHistory, load_history
 from tideborn.tui.options import TuiOptions
 from tideborn.tui.plotting import (
@@ -33,6 +34,7 @@ from tideborn.tui.plotting import (
     render_plot,
     shared_x_range,
     value_at,
+    x_range,
 )
 from tideborn.tui.screens.curves import CurvePickerScreen
 from tideborn.tui.toasts import keep_off
@@ -105,13 +107,17 @@ def metrics_present(loaded: list[LoadedRun]) -> list[tuple[str, str]]:
 class CompareChart(LossPlot):
     """A chart a metric, every run's curve in it: one metric at a time (`chart` its index), or all in a grid
     (`chart` None) where they fit. Without a zoom, each chart's x range is its own data's (runs and metrics
-    of different lengths are not squashed into the longest's range)."""
+    of different lengths are not squashed into the longest's range), cut where one run is far longer than
+    the others (`tideborn.tui.framing`) until `0` shows all."""
 
     def __init__(self, options: PlotOptions, *, id: str | None = None) -> None:
         super().__init__(RunHistory(), options, id=id)
         self.loaded: list[LoadedRun] = []
         self.chart = 0
         self._metric_before_grid = 0
+        self.show_all = False
+        """`0` (or zooming out to everything): every run whole, never cut; `0` again: the default view."""
+        self._extents: tuple[tuple, dict[str, tuple[float, float]]] = ((), {})
 
     def groups(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
         return tuple((label, (name,)) for name, label in metrics_present(self.loaded))
@@ -131,8 +137,60 @@ class CompareChart(LossPlot):
     def full_range(self) -> tuple[float, float] | None:
         return shared_x_range(self.shown_charts(), replace(self.options, window=None, x_range=None))
 
+    def own_range(self, chart: Chart) -> tuple[float, float] | None:
+        """The chart's x range without a zoom: its curves' own, or cut (`cut_range`)."""
+        return self.cut_range(chart) or shared_x_range([chart], replace(self.options, x_range=None))
+
     def span(self) -> tuple[float, float] | None:
-        return self.zoom or shared_x_range(self.shown_charts(), replace(self.options, x_range=None))
+        if self.zoom is not None:
+            return self.zoom
+        ranges = [r for r in (self.own_range(chart) for chart in self.shown_charts()) if r is not None]
+        return (min(lo for lo, _hi in ranges), max(hi for _lo, hi in ranges)) if ranges else None
+
+    def run_extents(self) -> dict[str, tuple[float, float]]:
+        """Each run's x range, every metric of it together (a run's length is its steps', not one metric's:
+        a short run's single eval point must not make the view a point wide)."""
+        wall = self.options.wall_time
+        # asked for by every chart at every drawing and by the keys: found again only when a run grew
+        key = (wall, tuple((id(run.history), run.run.name, *map(len, run.history.series.values()))
+                           for run in self.loaded))
+        if self._extents[0] == key:
+            return self._extents[1]
+        extents = {}
+        for run in self.loaded:
+            curves = [Curve(series, "", "", "") for series in run.history.series.values() if len(series)]
+            extent = x_range(curves, None, wall)
+            if extent is not None:
+                extents[run.run.name] = extent
+        self._extents = (key, extents)
+        return extents
+
+    def cut_range(self, chart: Chart) -> tuple[float, float] | None:
+        """The default view's x range of a chart whose runs include one far longer than the others (None:
+        not cut): only without a zoom and until `0` shows all."""
+        if self.zoom is not None or self.show_all:
+            return None
+        extents = self.run_extents()
+        return framed_range([extents[curve.label] for curve in chart.curves if curve.label in extents])
+
+    def chart_options(self, chart: Chart, options: PlotOptions) -> PlotOptions:
+        """A chart's own options: its cut x range, and the legend saying so, where the default view cuts it."""
+        cut = self.cut_range(chart)
+        full = shared_x_range([chart], replace(self.options, x_range=None))
+        if cut is None or full is None:
+            return options
+        return replace(options, x_range=cut, view_label=cut_label(cut, full[1], self.options.wall_time))
+
+    def zoom_by(self, factor: float, centre: float | None = None) -> tuple[float, float] | None:
+        zoomed = super().zoom_by(factor, centre)
+        if self.zoom is None:  # zoomed out to everything: all of it, not back to the cut view
+            self.show_all = True
+        return zoomed
+
+    def reset_zoom(self) -> None:
+        """All, whole (from a zoom or from the default view); from all, the default view again."""
+        self.show_all = self.zoom is not None or not self.show_all
+        super().reset_zoom()
 
     def _repaint_changed(self) -> None:
         # The overlay draws through `render` alone (no per-chart cache of the dashboard's): new points repaint it
@@ -150,12 +208,14 @@ class CompareChart(LossPlot):
             if self.zoom is None:
                 options = replace(options, x_range=None)
             self._layout = (shape, size.width, size.height)
-            text = render_grid(self.charts(), [], options, size.width, size.height, shape, own_ranges=True)
+            text = render_grid(self.charts(), [], options, size.width, size.height, shape, own_ranges=True,
+                               chart_options=self.chart_options)
         else:
             charts = self.charts()
-            number = min(self.chart or 0, len(charts) - 1)
+            chart = charts[min(self.chart or 0, len(charts) - 1)]
             self._layout = (None, size.width, size.height)
-            text = render_plot(charts[number].curves, [], options, size.width, size.height, title=charts[number].title)
+            options = self.chart_options(chart, options)
+            text = render_plot(chart.curves, [], options, size.width, size.height, title=chart.title)
         self.last_text = text
         self.last_draw_seconds = time.perf_counter() - started
         self._last_draw_at = time.monotonic()
@@ -191,8 +251,10 @@ class CompareScreen(Screen):
             "named in the legend below the plot with its state and the metric's latest value (with the cursor "
             "on: its value at the cursor). The runs are followed: live ones grow as they train. n and p step "
             "through the metrics the runs have; g shows all of them in a grid (where they fit: about 160x40 and "
-            "up), each over its own data's steps. + and - zoom the x axis, [ and ] pan (the cursor, when on), 0 "
-            "shows everything, v puts a cursor on a logged point, t switches x between the step and the wall "
+            "up), each over its own data's steps. Where one run is more than four times as long as the others, "
+            "a chart ends where they end (its legend says \"cut ... of ...\"), so short runs are readable. + and "
+            "- zoom the x axis, [ and ] pan (the cursor, when on), 0 shows every run whole (again: the cut view), "
+            "v puts a cursor on a logged point, t switches x between the step and the wall "
             "time (runs that ran at the same time line up). Eval and match points are marked with a dot; the "
             "Elo chart shades the 95% interval. m smooths (raw values stay faint underneath), l switches to a "
             "log scale, h hides single runs, r reads the runs again, Esc goes back to the picker.")
@@ -208,7 +270,7 @@ class CompareScreen(Screen):
         Binding("minus", "zoom_out", "Zoom out", show=False),
         Binding("left_square_bracket", "pan(-1)", "Pan left (cursor left while it is on)", show=False),
         Binding("right_square_bracket", "pan(1)", "Pan right (cursor right while it is on)", show=False),
-        Binding("0", "reset_zoom", "Zoom: all", show=False),
+        Binding("0", "reset_zoom", "Zoom: all (again: cut)", show=False),
         Binding("m", "smooth", "Smooth", show=False),
         Binding("l", "log_scale", "Log", show=False),
         Binding("r", "reload", "Reload", show=False),

@@ -7,6 +7,12 @@ in bulk with numpy on a window of whole games: finding the MoveInfos (a short wa
 counts), reading evals, moves and visit counts, the policy labels (a table of `make_move_label` over every
 move16 that can be legal), candidates repeated within a move, the CSR arrays.
 
+The loop itself is two: a game is played by `_play_fast`, one list of ops per window (each move's candidates
+to try, then the move; `_Plan.ops`) with nothing per op but the cshogi calls, which gives up at the first
+thing that is not plainly right; then by `_play_carefully`, the move-by-move loop, which names the first bad
+move and plays on a board that no legal move makes. The CSR arrays of the compact layout are gathered window
+by window and the file's arrays joined once, so that a first open holds them about once.
+
 Errors are those of a move-by-move reading, in the same order: the first bad move of the file is the one
 named, whatever kind of check finds it.
 """

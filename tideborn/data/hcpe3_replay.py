@@ -142,11 +142,12 @@ def _op_list(ops: np.ndarray) -> list[int]:
     if _op_objects is None or _op_made is None:
         _op_objects = np.full(_MOVE_OP << 1, None, dtype=object)
         _op_made = np.zeros(_MOVE_OP << 1, np.bool_)
-    seen = np.zeros(len(_op_made), np.bool_)
-    seen[ops] = True
-    values = np.flatnonzero(seen & ~_op_made)
-    _op_objects[values] = values.tolist()
-    _op_made[values] = True
+    if not _op_made[ops].all():  # new ops: after a process's first windows, rarely
+        seen = np.zeros(len(_op_made), np.bool_)
+        seen[ops] = True
+        values = np.flatnonzero(seen & ~_op_made)
+        _op_objects[values] = values.tolist()
+        _op_made[values] = True
     return _op_objects[ops].tolist()
 
 
@@ -352,8 +353,8 @@ class ReplayedPositions:
             raise window.problem
         kept = np.ones(len(moves), np.bool_)
         kept[repeating] = False
-        self._keep(window, base, array, moves, selected, counts, cand_moves, cand_visits, header_bytes, hcp, kept,
-                   turns, game_of_move, ply)
+        self._keep(window, base, array, moves, selected, counts, cand_starts, cand_moves, cand_visits, header_bytes,
+                   hcp, kept, turns, game_of_move, ply)
         return 2 * used_words
 
     def _replay_moves(self, window: _Window, header_bytes: np.ndarray, kings_ok: list[bool], plan: _Plan,
@@ -492,9 +493,9 @@ class ReplayedPositions:
                 repeating.append(move_index)
 
     def _keep(self, window: _Window, base: int, array: np.ndarray, moves: np.ndarray, selected: np.ndarray,
-              counts: np.ndarray, cand_moves: np.ndarray, cand_visits: np.ndarray, header_bytes: np.ndarray,
-              hcp: np.ndarray, kept: np.ndarray, turns: np.ndarray, game_of_move: np.ndarray, ply: np.ndarray
-              ) -> None:
+              counts: np.ndarray, cand_starts: np.ndarray, cand_moves: np.ndarray, cand_visits: np.ndarray,
+              header_bytes: np.ndarray, hcp: np.ndarray, kept: np.ndarray, turns: np.ndarray,
+              game_of_move: np.ndarray, ply: np.ndarray) -> None:
         rows = np.flatnonzero(kept)
         self.repetitions += len(moves) - len(rows)
         parts = self.parts
@@ -530,12 +531,18 @@ class ReplayedPositions:
         parts["move16"].append(selected[rows])
         parts["cand_counts"].append(counts[rows].astype(np.uint16))  # at most MAX_LEGAL_MOVES
         self.positions += len(rows)
-        take = np.repeat(kept, counts)
-        kept_moves = cand_moves[take]
+        # the candidates of the positions kept: the ranges between the few left out (a mask over all of them
+        # cost a pass more, and a copy, for a handful of repetitions)
+        left_out = np.flatnonzero(~kept)
+        bounds = np.column_stack([cand_starts[left_out], cand_starts[left_out + 1]]).reshape(-1).tolist()
+        pieces = list(zip([0, *bounds[1::2]], [*bounds[0::2], len(cand_moves)]))
+        kept_moves = np.concatenate([cand_moves[a:b] for a, b in pieces])
         parts["cand_move16"].append(kept_moves)
         if self.every_hcp:
-            parts["cand_label"].append(self.labels[np.repeat(turns, counts)[take], kept_moves])
-        parts["cand_visits"].append(cand_visits[take])
+            cand_turns = np.repeat(turns, counts)
+            parts["cand_label"].append(self.labels[np.concatenate([cand_turns[a:b] for a, b in pieces]),
+                                                   kept_moves])
+        parts["cand_visits"].append(np.concatenate([cand_visits[a:b] for a, b in pieces]))
         self.games += len(window.game_words)
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -581,11 +588,18 @@ def _first_repeated(cand_moves: np.ndarray, counts: np.ndarray, cand_starts: np.
     within = int(cand_starts[before])
     if within == 0:
         return None
-    keys = np.repeat(np.arange(before, dtype=np.int64) << 16, counts[:before]) | cand_moves[:within]
-    ordered = np.sort(keys)
-    if not (ordered[1:] == ordered[:-1]).any():  # the usual answer, for the price of a sort
+    owner = np.repeat(np.arange(before, dtype=np.uint32), counts[:before])
+    # The usual answer (none) for the price of a sort: of 32-bit keys, twice as fast as of 64-bit ones, a
+    # block of 65,536 moves at a time (a move's number within its block, the candidate)
+    short_keys = (owner & 0xFFFF) << 16 | cand_moves[:within]
+    for block in range(0, before, 1 << 16):
+        ordered = np.sort(short_keys[int(cand_starts[block]):int(cand_starts[min(block + (1 << 16), before)])])
+        if (ordered[1:] == ordered[:-1]).any():
+            break
+    else:
         return None
-    owner = keys >> 16
+    owner = owner.astype(np.int64)
+    keys = owner << 16 | cand_moves[:within]
     order = np.argsort(keys, kind="stable")
     again = np.flatnonzero(keys[order][1:] == keys[order][:-1])
     if not len(again):

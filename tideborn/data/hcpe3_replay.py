@@ -366,28 +366,29 @@ class ReplayedPositions:
         board = self.board
         ops, op_starts = plan.ops(first_move_array)
         first_moves = first_move_array.tolist()
+        starts = np.ascontiguousarray(header_bytes[:, :32])
+        results = header_bytes[:, 34].tolist()
+        move_nums = (header_bytes[:, 32].astype(np.int64) | header_bytes[:, 33].astype(np.int64) << 8).tolist()
         for game_index, k in enumerate(window.game_words):
-            game = self.games + game_index
-            offset = base + 2 * k
-            where = f"{self.path}: game {game} (byte {offset})"
             first, last = first_moves[game_index], first_moves[game_index + 1]
-            header = header_bytes[game_index]
-            move_num, result = int(header[32]) | int(header[33]) << 8, int(header[34])
+            move_num, result = move_nums[game_index], results[game_index]
             if result & RESULT_MASK not in (cshogi.DRAW, cshogi.BLACK_WIN, cshogi.WHITE_WIN):
-                raise _BadMove(f"{where}: result byte {result:#04x} out of range (bits 0-1 must be 0 draw, "
-                               f"1 black win or 2 white win); the file is not hcpe3 or is misaligned", first)
+                raise _BadMove(f"{self._where(game_index, k, base)}: result byte {result:#04x} out of range (bits "
+                               f"0-1 must be 0 draw, 1 black win or 2 white win); the file is not hcpe3 or is "
+                               f"misaligned", first)
             if result & RESULT_UNKNOWN_BITS:
-                raise _BadMove(f"{where}: result byte {result:#04x} has unknown bits set ({result & 0xE0:#04x}; "
-                               f"only bits 0-4 are defined: result, sennichite, nyugyoku, max moves); the file "
-                               f"is not hcpe3 or is misaligned", first)
+                raise _BadMove(f"{self._where(game_index, k, base)}: result byte {result:#04x} has unknown bits set "
+                               f"({result & 0xE0:#04x}; only bits 0-4 are defined: result, sennichite, nyugyoku, "
+                               f"max moves); the file is not hcpe3 or is misaligned", first)
             if not kings_ok[game_index]:
-                raise _BadMove(f"{where}: undecodable start position (king squares off the board); the file "
-                               f"is not hcpe3 or is misaligned", first)
-            start = np.ascontiguousarray(header[:32])
+                raise _BadMove(f"{self._where(game_index, k, base)}: undecodable start position (king squares off "
+                               f"the board); the file is not hcpe3 or is misaligned", first)
+            start = starts[game_index]
             try:
                 board.set_hcp(start)
             except RuntimeError as exc:
-                raise _BadMove(f"{where}: undecodable start position ({exc})", first) from None
+                raise _BadMove(f"{self._where(game_index, k, base)}: undecodable start position ({exc})",
+                               first) from None
             # A board holding a piece code that is no piece (15: a "promoted gold", from a damaged start
             # position or a selected move is_legal lets through) crashes is_legal on some moves: such a
             # board is never given to the fast loop, whose candidates are checked with is_legal alone.
@@ -402,7 +403,12 @@ class ReplayedPositions:
                 # not give the board the first gave (and a reading move by move saw)
                 for _ in range(len(board.history)):
                     board.pop()
-            self._play_carefully(plan, first, last, where, move_num, sane, hcp, repeating)
+            self._play_carefully(plan, first, last, self._where(game_index, k, base), move_num, sane, hcp,
+                                 repeating)
+
+    def _where(self, game_index: int, word: int, base: int) -> str:
+        """How a message names the window's game `game_index` (at `word`): made only for a message."""
+        return f"{self.path}: game {self.games + game_index} (byte {base + 2 * word})"
 
     def _play_fast(self, ops: list[int], move_index: int, hcp: np.ndarray, repeating: list[int]) -> bool:
         """One game's moves (the first is the window's `move_index`) and candidates (`_Plan.ops`) checked and

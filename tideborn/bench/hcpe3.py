@@ -16,7 +16,9 @@ hcpe3 with made-up search statistics (`bench_hcpe3_file`).
 
 `open` times the first open alone, alternating: tideborn's replay of a fresh copy into its positions cache
 (one process), and dlshogi's `load_hcpe3` in a child process limited to one OpenMP thread; per repetition
-the ratio of their positions/s (steadier than either on a busy machine), and the cache's bytes per position.
+the ratio of their positions/s (steadier than either on a busy machine), by the wall clock and by CPU time
+(each process's own: steadier still where other jobs share the cores, but without the waits for the disk),
+and the cache's bytes per position.
 
 `check` compares, position by position, tideborn's reading of a file with a plain cshogi replay under
 dlshogi's rules and, given the build, with dlshogi's loader; `--average` also compares duplicate averaging
@@ -91,19 +93,26 @@ def benchmark_file(args: argparse.Namespace, scratch: Path) -> Path:
 def tideborn_open_seconds(source: Path, scratch: Path) -> tuple[float, float, int]:
     """(cold, warm, positions): opening a fresh copy of `source` (no positions cache yet: every game
     replayed with cshogi and the cache written beside it), then opening it again (the cache mapped)."""
+    cold, _, warm, positions = tideborn_open_times(source, scratch)
+    return cold, warm, positions
+
+
+def tideborn_open_times(source: Path, scratch: Path) -> tuple[float, float, float, int]:
+    """`tideborn_open_seconds` and, second, the CPU seconds of the cold open (this process's: the open runs
+    on one thread; the waits for the disk, fsync above all, are not in it)."""
     from tideborn.data.hcpe3 import Hcpe3File
 
     folder = Path(tempfile.mkdtemp(dir=scratch))
     copy = folder / source.name
     shutil.copyfile(source, copy)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     positions = len(Hcpe3File(copy).positions(progress=_quiet))
-    cold = time.perf_counter() - started
+    cold, cold_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     started = time.perf_counter()
     len(Hcpe3File(copy).positions())
     warm = time.perf_counter() - started
     shutil.rmtree(folder)
-    return cold, warm, positions
+    return cold, cold_cpu, warm, positions
 
 
 def tideborn_decode_positions_per_second(path: Path, batch_size: int, batches: int, seed: int) -> float:
@@ -221,16 +230,20 @@ def command_open(args: argparse.Namespace) -> int:
         print(f"{path.name}: {path.stat().st_size:,} bytes; {args.repeats} repetitions alternating; cpus "
               f"{os.cpu_count()}, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         ours, theirs, warm, ratios = [], [], [], []
+        ours_cpu, theirs_cpu, cpu_ratios = [], [], []
         positions = dl_positions = cache_bytes = 0
         for repeat in range(args.repeats):
-            cold_seconds, warm_seconds, positions = tideborn_open_seconds(path, scratch)
+            cold_seconds, cold_cpu_seconds, warm_seconds, positions = tideborn_open_times(path, scratch)
             ours.append(positions / cold_seconds)
+            ours_cpu.append(positions / cold_cpu_seconds)
             warm.append(warm_seconds)
             if args.dlshogi_build is not None:
                 figures = dlshogi_in_child(args.dlshogi_build, path, 1, 64, 1, repeat)
                 dl_positions = figures["positions"]
                 theirs.append(dl_positions / figures["load_seconds"])
+                theirs_cpu.append(dl_positions / figures["load_cpu_seconds"])
                 ratios.append(ours[-1] / theirs[-1])
+                cpu_ratios.append(ours_cpu[-1] / theirs_cpu[-1])
         copy = scratch / "sized" / path.name
         copy.parent.mkdir()
         shutil.copyfile(path, copy)
@@ -246,6 +259,13 @@ def command_open(args: argparse.Namespace) -> int:
         print(f"{'dlshogi load_hcpe3, 1 thread':40s} {_spread(theirs)}  ({dl_positions:,} positions)")
         print(f"tideborn / dlshogi per repetition: {statistics.median(ratios):.2f} "
               f"({min(ratios):.2f}..{max(ratios):.2f})")
+    # CPU time: steadier than the wall clock on a shared machine (a process waiting for a core is not
+    # charged), but blind to the waits for the disk (tideborn's cache write and its fsync; dlshogi writes none)
+    print(f"{'tideborn, first open, per CPU second':40s} {_spread(ours_cpu)}")
+    if theirs_cpu:
+        print(f"{'dlshogi load_hcpe3, per CPU second':40s} {_spread(theirs_cpu)}")
+        print(f"tideborn / dlshogi per repetition, CPU time: {statistics.median(cpu_ratios):.2f} "
+              f"({min(cpu_ratios):.2f}..{max(cpu_ratios):.2f})")
     return 0
 
 

@@ -45,9 +45,10 @@ class DlshogiData:
 
     def __init__(self, cppshogi: types.ModuleType, path: Path, batch_size: int, use_average: bool = False):
         self.cppshogi = cppshogi
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         total, read = cppshogi.load_hcpe3(str(path), use_average, 0.0, 1.0)
         self.load_seconds = time.perf_counter() - started
+        self.load_cpu_seconds = time.process_time() - cpu_started
         # `total` counts entries (merged ones once, with use_average); `read` the positions read
         self.positions, self.read = total, read
         if not use_average and total != read:
@@ -90,7 +91,7 @@ def dlshogi_figures(build: Path, path: Path, batch_size: int, batches: int, seed
     for b in range(1, batches + 1):
         positions += data.decode(batch(b))
     seconds = time.perf_counter() - started
-    return {"load_seconds": data.load_seconds, "positions": data.positions,
+    return {"load_seconds": data.load_seconds, "load_cpu_seconds": data.load_cpu_seconds, "positions": data.positions,
             "positions_per_second": positions / seconds}
 
 

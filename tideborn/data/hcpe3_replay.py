@@ -7,6 +7,12 @@ in bulk with numpy on a window of whole games: finding the MoveInfos (a short wa
 counts), reading evals, moves and visit counts, the policy labels (a table of `make_move_label` over every
 move16 that can be legal), candidates repeated within a move, the CSR arrays.
 
+The loop itself is two: a game is played by `_play_fast`, one list of ops per window (each move's candidates
+to try, then the move; `_Plan.ops`) with nothing per op but the cshogi calls, which gives up at the first
+thing that is not plainly right; then by `_play_carefully`, the move-by-move loop, which names the first bad
+move and plays on a board that no legal move makes. The CSR arrays of the compact layout are gathered window
+by window and the file's arrays joined once, so that a first open holds them about once.
+
 Errors are those of a move-by-move reading, in the same order: the first bad move of the file is the one
 named, whatever kind of check finds it.
 """
@@ -112,6 +118,75 @@ def anchor_starts(game: np.ndarray, ply: np.ndarray, anchor_every: int = ANCHOR_
 def truncated(path, game: int, offset: int, what: str, need: int, size: int, at: int | None = None) -> UserError:
     return UserError(f"{path}: game {game} (byte {offset}): truncated {what}: needs {need} bytes at byte "
                      f"{offset if at is None else at}, the file ends at {size}; the file is cut short or is not hcpe3")
+
+
+_ALLOWED_PIECES = (0xFFFF, 0, (1 << _GOLD) - 1, 0xFFFF & ~((1 << (_KNIGHT + 1)) - 1), 0xFFFF & ~(1 << _KNIGHT))
+"""By `candidate_checks` kind, a bit for each piece type (a move's bits 16-19) that may make such a move:
+any for PLAIN, none for NEVER, below gold to promote, not a pawn, lance or knight to the last rank, not a
+knight to the next-to-last."""
+_LEAVES_GAP = tuple(kind in REPETITIONS_SKIPPED for kind in cshogi.REPETITION_TYPES)
+"""By `Board.is_draw`'s answer: whether the position is left out (the next one is then an anchor)."""
+_CHECK_BITS, _ANCHOR_BIT, _MOVE_OP = 0x7 << 16, 1 << 19, 1 << 20
+"""A move's op in `_Plan.ops`: the move16, its `candidate_checks` kind (bits 16-18), whether its position is
+an anchor (bit 19), a flag that it is a move (bit 20, above any candidate's op). Small, as every op: CPython
+compares and masks ints below 2**30 on its fast path, and `_op_list` keeps an object for each possible op."""
+_op_objects: np.ndarray | None = None
+_op_made: np.ndarray | None = None
+
+
+def _op_list(ops: np.ndarray) -> list[int]:
+    """`ops.tolist()`, each value one shared int object. A window holds a few thousand distinct ops among
+    hundreds of thousands, and an int object made for each (as `tolist` does, then freed) cost as much as
+    all the numpy work on the window; numpy gathers and lists object pointers ten times faster."""
+    global _op_objects, _op_made
+    if _op_objects is None or _op_made is None:
+        _op_objects = np.full(_MOVE_OP << 1, None, dtype=object)
+        _op_made = np.zeros(_MOVE_OP << 1, np.bool_)
+    if not _op_made[ops].all():  # new ops: after a process's first windows, rarely
+        seen = np.zeros(len(_op_made), np.bool_)
+        seen[ops] = True
+        values = np.flatnonzero(seen & ~_op_made)
+        _op_objects[values] = values.tolist()
+        _op_made[values] = True
+    return _op_objects[ops].tolist()
+
+
+class _Plan:
+    """What the loop needs of a window's moves, worked out in bulk: each selected move and what besides
+    `is_legal` settles it (`candidate_checks`), the candidates to try (`tried`, each a move16 with its kind in
+    bits 16-18; `try_starts` by move), and which positions to pack (`anchor`). A candidate that is the
+    selected move is as legal as the selected move, unless is_legal alone cannot tell: only the others are
+    tried."""
+
+    def __init__(self, selected: np.ndarray, turns: np.ndarray, counts: np.ndarray, cand_starts: np.ndarray,
+                 cand_moves: np.ndarray, anchor: np.ndarray) -> None:
+        table = candidate_checks().reshape(-1)  # by side to move << 16 | move16
+        turn_keys = turns.astype(np.int32) << 16
+        checks = table[np.repeat(turn_keys, counts) | cand_moves]
+        to_try = (cand_moves != np.repeat(selected, counts)) | (checks != PLAIN)
+        tried = np.flatnonzero(to_try)
+        self.tried = cand_moves[tried] | checks[tried].astype(np.int32) << 16
+        tried_before = np.zeros(len(to_try) + 1, np.int64)
+        np.cumsum(to_try, out=tried_before[1:])
+        self.try_starts = tried_before[cand_starts]
+        self.selected = selected
+        self.selected_checks = table[turn_keys | selected]
+        self.anchor = anchor
+
+    def ops(self, first_moves: np.ndarray) -> tuple[list[int], list[int]]:
+        """The window as one list for `_play_fast`: each move's candidates to try, then the move itself (an
+        op of `_MOVE_OP`; an empty move16 as NEVER, so that the fast loop leaves it to the careful one);
+        and where each game's ops start (one more: the end)."""
+        n = len(self.selected)
+        checks = np.where(self.selected == 0, NEVER, self.selected_checks).astype(np.int32)
+        move_ops = _MOVE_OP | self.anchor.astype(np.int32) * _ANCHOR_BIT | checks << 16 | self.selected
+        at_move = self.try_starts[1:] + np.arange(n)
+        ops = np.empty(len(self.tried) + n, np.int32)
+        is_candidate = np.ones(len(ops), np.bool_)
+        is_candidate[at_move] = False
+        ops[at_move] = move_ops
+        ops[is_candidate] = self.tried
+        return _op_list(ops), (self.try_starts[first_moves] + first_moves).tolist()
 
 
 class _BadMove(Exception):
@@ -222,9 +297,13 @@ class ReplayedPositions:
         self.board = cshogi.Board()
         self.labels = move_labels()
         self.parts: dict[str, list[np.ndarray]] = {name: [] for name in (
-            "game_offsets", "hcp", "eval", "move16", "result", "label", "game", "ply", "cand_counts",
-            "cand_move16", "cand_label", "cand_visits")}
+            ("game_offsets", "hcp", "eval", "move16", "result", "label", "game", "ply", "cand_counts",
+             "cand_move16", "cand_label", "cand_visits") if every_hcp else
+            ("game_offsets", "hcp", "anchor_position", "anchor_game", "anchor_ply", "anchor_result", "anchor",
+             "eval", "move16", "cand_counts", "cand_move16", "cand_visits"))}
         self.games = 0
+        self.positions = 0
+        self.anchors = 0
         self.repetitions = 0
 
     def replay(self, data: bytes, at: int, base: int, size: int, at_file_end: bool) -> int:
@@ -242,36 +321,25 @@ class ReplayedPositions:
         cand_words = np.repeat(moves + _INFO_WORDS - 2 * cand_starts[:-1], counts) + 2 * np.arange(cand_starts[-1])
         cand_moves = array[cand_words]
         cand_visits = array[cand_words + 1]
-        owner = np.repeat(np.arange(len(moves)), counts)
-        # a candidate that is the selected move is as legal as the selected move: only the others are tried
         file_bytes = np.frombuffer(data, np.uint8, len(words) * 2, at)
         headers = 2 * np.asarray(window.game_words, dtype=np.int64)
         header_bytes = file_bytes[headers[:, None] + np.arange(HEADER_SIZE)[None, :]]
-        game_of_move = np.repeat(np.arange(len(headers)),
-                                 np.diff(np.asarray(window.game_first_move + [len(moves)], dtype=np.int64)))
-        ply = np.arange(len(moves)) - np.asarray(window.game_first_move, dtype=np.int64)[game_of_move]
+        first_moves = np.asarray(window.game_first_move + [len(moves)], dtype=np.int64)
+        game_of_move = np.repeat(np.arange(len(headers)), np.diff(first_moves))
+        ply = np.arange(len(moves)) - first_moves[:-1][game_of_move]
         # the first bit of a HuffmanCodedPos is the side to move; it alternates with each move
         turns = (header_bytes[game_of_move, 0] & 1).astype(np.int64) ^ (ply & 1)
-        cand_turns = turns[owner]
-        checks = candidate_checks()[cand_turns, cand_moves].astype(np.int64)
-        # a candidate that is the selected move is as legal as the selected move, unless is_legal alone cannot
-        # tell: only the others are tried
-        to_try = np.flatnonzero((cand_moves != selected[owner]) | (checks != PLAIN))
-        try_starts = np.searchsorted(owner[to_try], np.arange(len(moves) + 1))
-        tried = (cand_moves[to_try].astype(np.int64) | checks[to_try] << 16).tolist()
-        selected_checks = candidate_checks()[turns, selected].tolist()
+        plan = _Plan(selected, turns, counts, cand_starts, cand_moves,
+                     np.ones(len(moves), np.bool_) if self.every_hcp else ply % ANCHOR_EVERY == 0)
         kings_ok = sane_kings(np.ascontiguousarray(header_bytes[:, :32])).tolist()
         hcp = np.empty((len(moves), 32), np.uint8)
         repeating: list[int] = []
         failure, done = None, len(moves)
-        # a position after a left-out repetition is an anchor too: the loop packs it on seeing the repetition
-        anchor_at = None if self.every_hcp else (ply % ANCHOR_EVERY == 0).tolist()
         try:
-            self._replay_moves(window, header_bytes, kings_ok, selected.tolist(), selected_checks, tried,
-                               try_starts.tolist(), hcp, repeating, base, anchor_at)
+            self._replay_moves(window, header_bytes, kings_ok, plan, first_moves, hcp, repeating, base)
         except _BadMove as bad:
             failure, done = UserError(bad.text), bad.move_index
-        repeated = _first_repeated(cand_moves, owner, cand_starts, done)
+        repeated = _first_repeated(cand_moves, counts, cand_starts, done)
         if repeated is not None:
             move, candidate = repeated
             game = int(np.searchsorted(window.game_first_move, move, side="right") - 1)
@@ -285,146 +353,221 @@ class ReplayedPositions:
             raise window.problem
         kept = np.ones(len(moves), np.bool_)
         kept[repeating] = False
-        self._keep(window, base, array, moves, selected, counts, cand_moves, cand_visits, header_bytes, hcp, kept,
-                   turns, game_of_move, ply)
+        self._keep(window, base, array, moves, selected, counts, cand_starts, cand_moves, cand_visits, header_bytes,
+                   hcp, kept, turns, game_of_move, ply)
         return 2 * used_words
 
-    def _replay_moves(self, window: _Window, header_bytes: np.ndarray, kings_ok: list[bool], selected: list[int],
-                      selected_checks: list[int],
-                      tried: list[int], try_starts: list[int], hcp: np.ndarray, repeating: list[int],
-                      base: int, anchor_at: list[bool] | None) -> None:
-        """The loop a board is needed for; a bad move is `_BadMove`. `hcp` is filled where `anchor_at` (by
-        move) says, and after each repetition; everywhere when it is None."""
+    def _replay_moves(self, window: _Window, header_bytes: np.ndarray, kings_ok: list[bool], plan: _Plan,
+                      first_move_array: np.ndarray, hcp: np.ndarray, repeating: list[int], base: int) -> None:
+        """The loop a board is needed for, game by game; a bad move is `_BadMove`. `hcp` is filled at the
+        anchors (`plan.anchor`) and after each repetition. A game is played by `_play_fast`, and again by
+        `_play_carefully` where that gives up: the careful loop names the first bad move, and plays on a
+        board no legal move makes."""
+        board = self.board
+        ops, op_starts = plan.ops(first_move_array)
+        first_moves = first_move_array.tolist()
+        starts = np.ascontiguousarray(header_bytes[:, :32])
+        results = header_bytes[:, 34].tolist()
+        move_nums = (header_bytes[:, 32].astype(np.int64) | header_bytes[:, 33].astype(np.int64) << 8).tolist()
+        for game_index, k in enumerate(window.game_words):
+            first, last = first_moves[game_index], first_moves[game_index + 1]
+            move_num, result = move_nums[game_index], results[game_index]
+            if result & RESULT_MASK not in (cshogi.DRAW, cshogi.BLACK_WIN, cshogi.WHITE_WIN):
+                raise _BadMove(f"{self._where(game_index, k, base)}: result byte {result:#04x} out of range (bits "
+                               f"0-1 must be 0 draw, 1 black win or 2 white win); the file is not hcpe3 or is "
+                               f"misaligned", first)
+            if result & RESULT_UNKNOWN_BITS:
+                raise _BadMove(f"{self._where(game_index, k, base)}: result byte {result:#04x} has unknown bits set "
+                               f"({result & 0xE0:#04x}; only bits 0-4 are defined: result, sennichite, nyugyoku, "
+                               f"max moves); the file is not hcpe3 or is misaligned", first)
+            if not kings_ok[game_index]:
+                raise _BadMove(f"{self._where(game_index, k, base)}: undecodable start position (king squares off "
+                               f"the board); the file is not hcpe3 or is misaligned", first)
+            start = starts[game_index]
+            try:
+                board.set_hcp(start)
+            except RuntimeError as exc:
+                raise _BadMove(f"{self._where(game_index, k, base)}: undecodable start position ({exc})",
+                               first) from None
+            # A board holding a piece code that is no piece (15: a "promoted gold", from a damaged start
+            # position or a selected move is_legal lets through) crashes is_legal on some moves: such a
+            # board is never given to the fast loop, whose candidates are checked with is_legal alone.
+            sane = _NOT_PIECES.isdisjoint(board.pieces)
+            if sane:
+                repeated_before = len(repeating)
+                if self._play_fast(ops[op_starts[game_index]:op_starts[game_index + 1]], first, hcp, repeating):
+                    continue
+                del repeating[repeated_before:]
+                # back to the start position by taking the moves back, not by set_hcp again: a damaged start
+                # position can make cshogi's decoder read past the 32 bytes, so that a second decoding need
+                # not give the board the first gave (and a reading move by move saw)
+                for _ in range(len(board.history)):
+                    board.pop()
+            self._play_carefully(plan, first, last, self._where(game_index, k, base), move_num, sane, hcp,
+                                 repeating)
+
+    def _where(self, game_index: int, word: int, base: int) -> str:
+        """How a message names the window's game `game_index` (at `word`): made only for a message."""
+        return f"{self.path}: game {self.games + game_index} (byte {base + 2 * word})"
+
+    def _play_fast(self, ops: list[int], move_index: int, hcp: np.ndarray, repeating: list[int]) -> bool:
+        """One game's moves (the first is the window's `move_index`) and candidates (`_Plan.ops`) checked and
+        played, in as few steps as can be; False at the first thing that is not plainly right (an illegal
+        move, a candidate is_legal alone cannot settle, a board no legal move makes), which
+        `_play_carefully` then reads move by move."""
         board = self.board
         push, to_hcp, from_move16, is_legal, is_draw = (board.push, board.to_hcp, board.move_from_move16,
                                                         board.is_legal, board.is_draw)
-        first_moves = window.game_first_move + [len(selected)]
-        skipped = REPETITIONS_SKIPPED
-        for game_index, k in enumerate(window.game_words):
-            game = self.games + game_index
-            offset = base + 2 * k
-            where = f"{self.path}: game {game} (byte {offset})"
-            first = first_moves[game_index]
-            header = header_bytes[game_index]
-            move_num, result = int(header[32]) | int(header[33]) << 8, int(header[34])
-            if result & RESULT_MASK not in (cshogi.DRAW, cshogi.BLACK_WIN, cshogi.WHITE_WIN):
-                raise _BadMove(f"{where}: result byte {result:#04x} out of range (bits 0-1 must be 0 draw, "
-                               f"1 black win or 2 white win); the file is not hcpe3 or is misaligned", first)
-            if result & RESULT_UNKNOWN_BITS:
-                raise _BadMove(f"{where}: result byte {result:#04x} has unknown bits set ({result & 0xE0:#04x}; "
-                               f"only bits 0-4 are defined: result, sennichite, nyugyoku, max moves); the file "
-                               f"is not hcpe3 or is misaligned", first)
-            if not kings_ok[game_index]:
-                raise _BadMove(f"{where}: undecodable start position (king squares off the board); the file "
-                               f"is not hcpe3 or is misaligned", first)
-            try:
-                board.set_hcp(np.ascontiguousarray(header[:32]))
-            except RuntimeError as exc:
-                raise _BadMove(f"{where}: undecodable start position ({exc})", first) from None
-            # A board holding a piece code that is no piece (15: a "promoted gold", from a damaged start
-            # position or a selected move is_legal lets through) crashes is_legal on some moves: the
-            # candidates of such a game are looked up in the legal moves, as every candidate once was.
-            sane = _NOT_PIECES.isdisjoint(board.pieces)
-            after_gap = False
-            for move_index in range(first, first_moves[game_index + 1]):
-                chosen = selected[move_index]
-                move = from_move16(chosen) if chosen else 0
-                if not move or not is_legal(move):
-                    what = "empty" if not chosen else f"{chosen:#06x}, illegal"
-                    raise _BadMove(f"{where}: move {move_index - first} of {move_num}: selected move {what} "
-                                   f"in the replayed position ({board.sfen()}); the file is corrupt or misaligned",
-                                   move_index)
-                check = selected_checks[move_index]
-                if check != PLAIN and sane:
-                    # is_legal took it; if the legal moves do not hold it (a gold promoted, a pawn left on
-                    # the last rank), the board is one no legal move makes, from here to the game's end
-                    piece = move >> 16 & 0xF
-                    sane = check != NEVER and (piece < _GOLD if check == PROMOTION else piece > _KNIGHT
-                                               if check == TO_LAST_RANK else piece != _KNIGHT)
+        allowed, leaves_gap, plies = _ALLOWED_PIECES, _LEAVES_GAP, REPETITION_PLIES
+        move_op, check_bits, anchor_bit, never = _MOVE_OP, _CHECK_BITS, _ANCHOR_BIT, NEVER  # locals: read per op
+        gap = False
+        for op in ops:
+            if op < 0x10000:  # most ops: a candidate is_legal settles alone
+                if is_legal(from_move16(op)):
+                    continue
+                return False
+            if op < move_op:  # a candidate that is legal only if the piece it moves may make it
+                if op >> 16 == never:  # not a move at all (squares off the board): never given to cshogi
+                    return False
+                full = from_move16(op & 0xFFFF)
+                if is_legal(full) and allowed[op >> 16] >> (full >> 16 & 0xF) & 1:
+                    continue
+                return False
+            move = from_move16(op & 0xFFFF)
+            if not is_legal(move) or op & check_bits and not allowed[op >> 16 & 7] >> (move >> 16 & 0xF) & 1:
+                return False
+            if gap or op & anchor_bit:
+                to_hcp(hcp[move_index])
+            push(move)
+            # After the move, not `move_is_draw(move, 16)` before it: cshogi's `move_is_draw` misses the
+            # superior and inferior repetitions (a returned position with more or fewer pieces in hand),
+            # which dlshogi's `moveIsDraw` finds and skips; `is_draw` after the move finds all three.
+            gap = leaves_gap[is_draw(plies)]
+            if gap:
+                repeating.append(move_index)
+            move_index += 1
+        return True
+
+    def _play_carefully(self, plan: _Plan, first: int, last: int, where: str, move_num: int, sane: bool,
+                        hcp: np.ndarray, repeating: list[int]) -> None:
+        """Moves `first` to `last` (one game, its start position set) one check at a time, as the file is
+        read move by move: the first bad move is `_BadMove`; on a board no legal move makes (not `sane`),
+        the candidates are looked up in the legal moves."""
+        board = self.board
+        push, to_hcp, from_move16, is_legal, is_draw = (board.push, board.to_hcp, board.move_from_move16,
+                                                        board.is_legal, board.is_draw)
+        selected = plan.selected[first:last].tolist()
+        selected_checks = plan.selected_checks[first:last].tolist()
+        anchor_at = plan.anchor[first:last].tolist()
+        try_starts = plan.try_starts[first:last + 1]
+        tried = plan.tried[try_starts[0]:try_starts[-1]].tolist()
+        try_starts = (try_starts - try_starts[0]).tolist()
+        after_gap = False
+        for here in range(last - first):
+            move_index = first + here
+            chosen = selected[here]
+            move = from_move16(chosen) if chosen else 0
+            if not move or not is_legal(move):
+                what = "empty" if not chosen else f"{chosen:#06x}, illegal"
+                raise _BadMove(f"{where}: move {here} of {move_num}: selected move {what} in the replayed position "
+                               f"({board.sfen()}); the file is corrupt or misaligned", move_index)
+            check = selected_checks[here]
+            if check != PLAIN and sane:
+                # is_legal took it; if the legal moves do not hold it (a gold promoted, a pawn left on
+                # the last rank), the board is one no legal move makes, from here to the game's end
+                sane = bool(_ALLOWED_PIECES[check] >> (move >> 16 & 0xF) & 1)
+            if not sane:
+                legal = {m & 0xFFFF for m in board.legal_moves}
+            for candidate in tried[try_starts[here]:try_starts[here + 1]]:
                 if not sane:
-                    legal = {m & 0xFFFF for m in board.legal_moves}
-                for candidate in tried[try_starts[move_index]:try_starts[move_index + 1]]:
-                    if not sane:
-                        candidate &= 0xFFFF
-                        if candidate in legal:
+                    candidate &= 0xFFFF
+                    if candidate in legal:
+                        continue
+                else:
+                    check, candidate = candidate >> 16, candidate & 0xFFFF
+                    if check != NEVER:
+                        full = from_move16(candidate)
+                        if is_legal(full) and _ALLOWED_PIECES[check] >> (full >> 16 & 0xF) & 1:
                             continue
-                    elif candidate < 0x10000:
-                        if is_legal(from_move16(candidate)):
-                            continue
-                    else:
-                        check, candidate = candidate >> 16, candidate & 0xFFFF
-                        if check != NEVER:
-                            full = from_move16(candidate)
-                            if is_legal(full):
-                                piece = full >> 16 & 0xF
-                                if (piece < _GOLD if check == PROMOTION else
-                                        piece > _KNIGHT if check == TO_LAST_RANK else piece != _KNIGHT):
-                                    continue
-                    raise _BadMove(f"{where}: move {move_index - first} of {move_num}: candidate "
-                                   f"{candidate:#06x} is not a legal move in the replayed position "
-                                   f"({board.sfen()})", move_index)
-                if anchor_at is None or after_gap or anchor_at[move_index]:
-                    to_hcp(hcp[move_index])
-                push(move)
-                # After the move, not `move_is_draw(move, 16)` before it: cshogi's `move_is_draw` misses the
-                # superior and inferior repetitions (a returned position with more or fewer pieces in hand),
-                # which dlshogi's `moveIsDraw` finds and skips; `is_draw` after the move finds all three.
-                after_gap = is_draw(REPETITION_PLIES) in skipped
-                if after_gap:
-                    repeating.append(move_index)
+                raise _BadMove(f"{where}: move {here} of {move_num}: candidate {candidate:#06x} is not a legal "
+                               f"move in the replayed position ({board.sfen()})", move_index)
+            if after_gap or anchor_at[here]:
+                to_hcp(hcp[move_index])
+            push(move)
+            after_gap = is_draw(REPETITION_PLIES) in REPETITIONS_SKIPPED
+            if after_gap:
+                repeating.append(move_index)
 
     def _keep(self, window: _Window, base: int, array: np.ndarray, moves: np.ndarray, selected: np.ndarray,
-              counts: np.ndarray, cand_moves: np.ndarray, cand_visits: np.ndarray, header_bytes: np.ndarray,
-              hcp: np.ndarray, kept: np.ndarray, turns: np.ndarray, game_of_move: np.ndarray, ply: np.ndarray
-              ) -> None:
+              counts: np.ndarray, cand_starts: np.ndarray, cand_moves: np.ndarray, cand_visits: np.ndarray,
+              header_bytes: np.ndarray, hcp: np.ndarray, kept: np.ndarray, turns: np.ndarray,
+              game_of_move: np.ndarray, ply: np.ndarray) -> None:
         rows = np.flatnonzero(kept)
         self.repetitions += len(moves) - len(rows)
         parts = self.parts
         parts["game_offsets"].append(base + 2 * np.asarray(window.game_words, dtype=np.int64))
         if self.every_hcp:
             parts["hcp"].append(hcp[rows])
-        else:  # windows hold whole games: the anchors here are those of the whole file
-            parts["hcp"].append(hcp[rows[anchor_starts(game_of_move[rows], ply[rows])]])
-        parts["eval"].append(array[moves[rows] + 1].view(np.int16))
-        parts["move16"].append(selected[rows])
-        parts["result"].append(header_bytes[game_of_move[rows], 34])
-        if self.every_hcp:  # the compact layout computes the labels at read
+            parts["result"].append(header_bytes[game_of_move[rows], 34])
+            # the compact layout computes the labels at read
             turn = turns[rows]
             labels = self.labels[turn, selected[rows]]
             for row in np.flatnonzero(labels == NO_LABEL).tolist():  # stray high bits is_legal ignores (as ever)
                 labels[row] = make_move_label(int(selected[rows[row]]), int(turn[row]))
             parts["label"].append(labels)
-        parts["game"].append((self.games + game_of_move[rows]).astype(np.int32))
-        parts["ply"].append(ply[rows].astype(np.uint16))
-        parts["cand_counts"].append(counts[rows])
-        take = np.repeat(kept, counts)
-        kept_moves = cand_moves[take]
+            parts["game"].append((self.games + game_of_move[rows]).astype(np.int32))
+            parts["ply"].append(ply[rows].astype(np.uint16))
+        else:
+            # The compact layout's per-anchor arrays, window by window: windows hold whole games, so the anchors
+            # here are those of the whole file, and no array of the whole file is needed to find them (a game
+            # and a ply a position, 6 bytes, and their int64 copies, were most of the first open's memory).
+            starts = anchor_starts(game_of_move[rows], ply[rows])
+            at = rows[starts]
+            parts["hcp"].append(hcp[at])
+            parts["anchor_position"].append(self.positions + np.flatnonzero(starts))
+            parts["anchor_game"].append((self.games + game_of_move[at]).astype(np.int32))
+            parts["anchor_ply"].append(ply[at].astype(np.uint16))
+            parts["anchor_result"].append(header_bytes[game_of_move[at], 34])
+            anchor = np.cumsum(starts, dtype=np.uint32)  # >= 1: a window's first position is an anchor
+            anchor += np.uint32(self.anchors)
+            anchor -= np.uint32(1)
+            parts["anchor"].append(anchor)
+            self.anchors += len(at)
+        parts["eval"].append(array[moves[rows] + 1].view(np.int16))
+        parts["move16"].append(selected[rows])
+        parts["cand_counts"].append(counts[rows].astype(np.uint16))  # at most MAX_LEGAL_MOVES
+        self.positions += len(rows)
+        # the candidates of the positions kept: the ranges between the few left out (a mask over all of them
+        # cost a pass more, and a copy, for a handful of repetitions)
+        left_out = np.flatnonzero(~kept)
+        bounds = np.column_stack([cand_starts[left_out], cand_starts[left_out + 1]]).reshape(-1).tolist()
+        pieces = list(zip([0, *bounds[1::2]], [*bounds[0::2], len(cand_moves)]))
+        kept_moves = np.concatenate([cand_moves[a:b] for a, b in pieces])
         parts["cand_move16"].append(kept_moves)
         if self.every_hcp:
-            parts["cand_label"].append(self.labels[np.repeat(turns, counts)[take], kept_moves])
-        parts["cand_visits"].append(cand_visits[take])
+            cand_turns = np.repeat(turns, counts)
+            parts["cand_label"].append(self.labels[np.concatenate([cand_turns[a:b] for a, b in pieces]),
+                                                   kept_moves])
+        parts["cand_visits"].append(np.concatenate([cand_visits[a:b] for a, b in pieces]))
         self.games += len(window.game_words)
 
     def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays of the whole file (once: each array's windows are let go as it is joined, so that the
+        file's arrays are never held twice)."""
         def joined(name: str, dtype: typing.Any, shape: tuple[int, ...] = ()) -> np.ndarray:
-            pieces = self.parts[name]
+            pieces = self.parts.pop(name)
             return np.concatenate(pieces).astype(dtype, copy=False) if pieces else np.empty((0, *shape), dtype)
 
-        counts = joined("cand_counts", np.int64)
+        counts = joined("cand_counts", np.uint16)
         offsets = np.zeros(len(counts) + 1, np.int64)
-        np.cumsum(counts, out=offsets[1:])
+        np.cumsum(counts, dtype=np.int64, out=offsets[1:])
+        del counts
         if not self.every_hcp:
-            game, ply = joined("game", np.int32), joined("ply", np.uint16)
-            starts = anchor_starts(game, ply)
-            rows = np.flatnonzero(starts)
-            hcp = joined("hcp", np.uint8, (32,))
-            if len(hcp) != len(rows):
-                raise RuntimeError(f"{self.path}: {len(hcp)} anchors packed for {len(rows)} (a replay bug)")
             return {
-                "game_offsets": joined("game_offsets", np.int64), "hcp": hcp,
-                "anchor_position": rows.astype(np.int64), "anchor_game": game[rows].astype(np.int32),
-                "anchor_ply": ply[rows], "anchor_result": joined("result", np.uint8)[rows],
-                "anchor": (np.cumsum(starts) - 1).astype(np.uint32),
+                "game_offsets": joined("game_offsets", np.int64), "hcp": joined("hcp", np.uint8, (32,)),
+                "anchor_position": joined("anchor_position", np.int64), "anchor_game": joined("anchor_game", np.int32),
+                "anchor_ply": joined("anchor_ply", np.uint16), "anchor_result": joined("anchor_result", np.uint8),
+                "anchor": joined("anchor", np.uint32),
                 "eval": joined("eval", np.int16), "move16": joined("move16", np.uint16), "cand_offsets": offsets,
                 "cand_move16": joined("cand_move16", np.uint16), "cand_visits": joined("cand_visits", np.uint16),
             }
@@ -444,17 +587,25 @@ class ReplayedPositions:
         }
 
 
-def _first_repeated(cand_moves: np.ndarray, owner: np.ndarray, cand_starts: np.ndarray, before: int
+def _first_repeated(cand_moves: np.ndarray, counts: np.ndarray, cand_starts: np.ndarray, before: int
                     ) -> tuple[int, int] | None:
     """(move index, the candidate) of the first move before `before` whose candidates hold one move16 twice,
     the candidate named being the first that appears again, as a reading in order finds it; None if none."""
     within = int(cand_starts[before])
     if within == 0:
         return None
-    keys = owner[:within] << 16 | cand_moves[:within].astype(np.int64)
-    ordered = np.sort(keys)
-    if not (ordered[1:] == ordered[:-1]).any():  # the usual answer, for the price of a sort
+    owner = np.repeat(np.arange(before, dtype=np.uint32), counts[:before])
+    # The usual answer (none) for the price of a sort: of 32-bit keys, twice as fast as of 64-bit ones, a
+    # block of 65,536 moves at a time (a move's number within its block, the candidate)
+    short_keys = (owner & 0xFFFF) << 16 | cand_moves[:within]
+    for block in range(0, before, 1 << 16):
+        ordered = np.sort(short_keys[int(cand_starts[block]):int(cand_starts[min(block + (1 << 16), before)])])
+        if (ordered[1:] == ordered[:-1]).any():
+            break
+    else:
         return None
+    owner = owner.astype(np.int64)
+    keys = owner << 16 | cand_moves[:within]
     order = np.argsort(keys, kind="stable")
     again = np.flatnonzero(keys[order][1:] == keys[order][:-1])
     if not len(again):

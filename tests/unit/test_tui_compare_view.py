@@ -10,7 +10,7 @@ import pytest
 from textual.geometry import Region
 
 from tests.helpers.common import until
-from tests.helpers.tui import app_for, attached, options
+from tests.helpers.tui import app_for, attached, compared, options
 from tideborn.rundir.events import encode_event
 from tideborn.tui.app import create_app
 from tideborn.tui.screens.compare import CompareScreen
@@ -30,16 +30,7 @@ def runs_folder(tmp_path):
 
 
 async def open_compare(pilot, count: int = 3) -> CompareScreen:
-    picker = pilot.app.screen
-    await until(pilot, picker.ready.is_set, "the runs")
-    for row in range(count):
-        await pilot.press("space", *(["down"] if row < count - 1 else []))
-    await pilot.press("c")
-    screen = pilot.app.screen
-    assert isinstance(screen, CompareScreen)
-    await until(pilot, lambda: screen.ready, "the runs' histories")
-    await pilot.pause()
-    return screen
+    return await compared(pilot, count)
 
 
 def x_labels(text) -> list[str]:

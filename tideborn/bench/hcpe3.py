@@ -133,6 +133,12 @@ def tideborn_decode_positions_per_second(path: Path, batch_size: int, batches: i
     """Positions/s of one worker's share alone: the batch decode a loader worker runs (`BatchDecoder` on the
     file's cached positions, in the trainer's shuffled order: uint8 planes, values, sparse distributions),
     without the hand-over to the training process or the widening to float. What to multiply by workers."""
+    return tideborn_decode_figures(path, batch_size, batches, seed)["positions_per_second"]
+
+
+def tideborn_decode_figures(path: Path, batch_size: int, batches: int, seed: int) -> dict:
+    """`tideborn_decode_positions_per_second`, and the same per second of this process's CPU time (per core,
+    whatever else the machine runs)."""
     from tideborn.config.schema import DataSettings, LossSettings
     from tideborn.data.dataset import ShardedOrder
     from tideborn.data.sources import BatchDecoder, open_source
@@ -143,12 +149,13 @@ def tideborn_decode_positions_per_second(path: Path, batch_size: int, batches: i
     decoder = BatchDecoder(data.eval_scale, loss.value_lambda, data.bad_records, data.policy_temperature)
     cursor = (0, 0)
     decoder.decode(source, order.batch_indices(*cursor))  # first touch of the map and the scratch planes
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     positions = 0
     for _ in range(batches):
         cursor = order.following(*cursor)
         positions += len(decoder.decode(source, order.batch_indices(*cursor)))
-    return positions / (time.perf_counter() - started)
+    return {"positions_per_second": positions / (time.perf_counter() - started),
+            "positions_per_cpu_second": positions / (time.process_time() - cpu_started)}
 
 
 def tideborn_positions_per_second(path: Path, workers: int, batch_size: int, batches: int, seed: int) -> float:
@@ -330,6 +337,7 @@ def command_decode(args: argparse.Namespace) -> int:
               f"{args.batch_size}, {args.batches} timed per run, {args.repeats} repetitions, one thread a side; "
               f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
         rates = {kind: {"tideborn": [], "dlshogi": []} for kind in files}
+        cpu_rates = {kind: {"tideborn": [], "dlshogi": []} for kind in files}
         for repeat in range(args.repeats):
             for kind, path in files.items():
                 sides = ["tideborn", "dlshogi"] if repeat % 2 == 0 else ["dlshogi", "tideborn"]
@@ -339,14 +347,18 @@ def command_decode(args: argparse.Namespace) -> int:
                     else:
                         figures = dlshogi_in_child(args.dlshogi_build, path, 1, args.batch_size, args.batches, repeat)
                     rates[kind][side].append(figures["positions_per_second"])
+                    cpu_rates[kind][side].append(figures["positions_per_cpu_second"])
                 print(f"repeat {repeat} {kind}: tideborn {rates[kind]['tideborn'][-1]:,.0f}, dlshogi "
-                      f"{rates[kind]['dlshogi'][-1]:,.0f} positions/s (load {os.getloadavg()[0]:.1f})", flush=True)
-    for kind, by_side in rates.items():
-        ours, theirs = by_side["tideborn"], by_side["dlshogi"]
-        ratios = [a / b for a, b in zip(ours, theirs)]
-        print(f"{kind}: tideborn {_spread(ours)}  dlshogi {_spread(theirs)}")
-        print(f"{kind}: ratio of medians {statistics.median(ours) / statistics.median(theirs):.3f}, per repetition "
-              f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})")
+                      f"{rates[kind]['dlshogi'][-1]:,.0f} positions/s; per CPU second "
+                      f"{cpu_rates[kind]['tideborn'][-1]:,.0f}, {cpu_rates[kind]['dlshogi'][-1]:,.0f} "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    for clock, table in (("wall clock", rates), ("CPU time", cpu_rates)):
+        for kind, by_side in table.items():
+            ours, theirs = by_side["tideborn"], by_side["dlshogi"]
+            ratios = [a / b for a, b in zip(ours, theirs)]
+            print(f"{kind}, {clock}: tideborn {_spread(ours)}  dlshogi {_spread(theirs)}  ratio of medians "
+                  f"{statistics.median(ours) / statistics.median(theirs):.3f}, per repetition "
+                  f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})")
     return 0
 
 
@@ -360,8 +372,7 @@ def command_dlshogi(args: argparse.Namespace) -> int:
 
 
 def command_tideborn_decode(args: argparse.Namespace) -> int:
-    rate = tideborn_decode_positions_per_second(args.file, args.batch_size, args.batches, args.seed)
-    print(json.dumps({"positions_per_second": rate}))
+    print(json.dumps(tideborn_decode_figures(args.file, args.batch_size, args.batches, args.seed)))
     return 0
 
 

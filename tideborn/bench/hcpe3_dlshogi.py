@@ -88,13 +88,14 @@ def dlshogi_figures(build: Path, path: Path, batch_size: int, batches: int, seed
         return order[np.arange(b * batch_size, (b + 1) * batch_size) % data.positions]
 
     data.decode(batch(0))  # first touch of the arrays and the threads is not throughput
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     positions = 0
     for b in range(1, batches + 1):
         positions += data.decode(batch(b))
     seconds = time.perf_counter() - started
     return {"load_seconds": data.load_seconds, "positions": data.positions,
-            "positions_per_second": positions / seconds}
+            "positions_per_second": positions / seconds,
+            "positions_per_cpu_second": positions / (time.process_time() - cpu_started)}
 
 
 def dump_dlshogi_average(build: Path, path: Path, out: Path, batch_size: int = 512) -> None:
@@ -144,7 +145,8 @@ def dlshogi_hcpe_figures(build: Path, path: Path, batch_size: int, batches: int,
         return n
 
     decode(0)  # first touch of the arrays is not throughput
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     positions = sum(decode(b) for b in range(1, batches + 1))
     return {"load_seconds": load_seconds, "positions": len(records),
-            "positions_per_second": positions / (time.perf_counter() - started)}
+            "positions_per_second": positions / (time.perf_counter() - started),
+            "positions_per_cpu_second": positions / (time.process_time() - cpu_started)}

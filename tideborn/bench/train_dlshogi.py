@@ -111,14 +111,16 @@ def _dlshogi_side(tree: Path, blocks: int, channels: int, batches: list):
     return step
 
 
-def _rate(step, steps: int, batch_size: int) -> tuple[float, float]:
-    """Positions per second over `steps` steps, and the page faults per step they took."""
+def _rate(step, steps: int, batch_size: int) -> tuple[float, float, float]:
+    """Positions per second over `steps` steps, the same per second of this process's CPU time (steadier on a
+    shared machine), and the page faults per step they took."""
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
-    seconds = time.perf_counter() - started
-    return steps * batch_size / seconds, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    return (steps * batch_size / seconds, steps * batch_size / cpu_seconds,
+            (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps)
 
 
 def _serve(side: str, tree: Path, data: Path, blocks: int, channels: int, batch_size: int, keep_memory: bool,
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tideborn step vs dlshogi step: torch {torch.__version__}, 1 thread each, a process each, "
           f"{args.pairs} pairs, alternating (the order flips each pair), data {args.data.name}, dlshogi's allocator "
           f"{'as tideborn sets it' if args.dlshogi_keeps_memory else 'as glibc sets it'}, "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
     context = multiprocessing.get_context("spawn")  # a fresh interpreter per side: nothing process-wide shared
     for spec in args.nets.split(","):
         shape, batch = spec.split(":")
@@ -173,26 +175,30 @@ def main(argv: list[str] | None = None) -> int:
             one_step = batch_size / conns["tideborn"].recv()[0]
             steps = max(3, round(args.seconds / one_step))
             rates: dict[str, list[float]] = {"tideborn": [], "dlshogi": []}
+            cpu_rates: dict[str, list[float]] = {"tideborn": [], "dlshogi": []}
             faults: dict[str, list[float]] = {"tideborn": [], "dlshogi": []}
             for pair in range(args.pairs):
                 order = ["tideborn", "dlshogi"]
                 for name in order if pair % 2 == 0 else reversed(order):
                     conns[name].send(steps)
-                    rate, step_faults = conns[name].recv()
+                    rate, cpu_rate, step_faults = conns[name].recv()
                     rates[name].append(rate)
+                    cpu_rates[name].append(cpu_rate)
                     faults[name].append(step_faults)
         finally:
             for name, conn in conns.items():
                 conn.send(None)
                 sides[name].join()
-        ratios = [a / b for a, b in zip(rates["tideborn"], rates["dlshogi"])]
         print(f"{shape} b{batch_size} ({steps} steps per run), load average {os.getloadavg()[0]:.1f}:")
-        for name, values in rates.items():
-            print(f"  {name:9} positions/s median {statistics.median(values):>9,.0f}  "
-                  f"min {min(values):>9,.0f}  max {max(values):>9,.0f}  "
-                  f"page faults per step {statistics.median(faults[name]):>8,.0f}")
-        print(f"  ratio of medians {statistics.median(rates['tideborn']) / statistics.median(rates['dlshogi']):.3f}"
-              f"  per pair {min(ratios):.3f} .. {max(ratios):.3f}", flush=True)
+        for clock, table in (("wall clock", rates), ("CPU time", cpu_rates)):
+            for name, values in table.items():
+                print(f"  {name:9} positions/s ({clock}) median {statistics.median(values):>9,.0f}  "
+                      f"min {min(values):>9,.0f}  max {max(values):>9,.0f}  "
+                      f"page faults per step {statistics.median(faults[name]):>8,.0f}")
+            ratios = [a / b for a, b in zip(table["tideborn"], table["dlshogi"])]
+            print(f"  {clock}: ratio of medians "
+                  f"{statistics.median(table['tideborn']) / statistics.median(table['dlshogi']):.3f}  "
+                  f"per pair {min(ratios):.3f} .. {max(ratios):.3f}", flush=True)
     return 0
 
 

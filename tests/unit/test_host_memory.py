@@ -32,8 +32,10 @@ def _faults() -> int:
 @pytest.mark.skipif("CS_GNU_LIBC_VERSION" not in getattr(os, "confstr_names", {}),
                     reason="the allocator setting is glibc's")
 def test_a_cpu_training_step_reuses_the_memory_the_last_step_freed(tmp_path: Path):
-    # The thresholds of a fresh trainer process, whatever this test process has freed before (glibc raises them
-    # as it frees large blocks, and a high enough history would hide the faults of the default behaviour).
+    # glibc's initial thresholds, pinned, so that the test does not hang on what this process freed before: glibc
+    # raises them as large blocks are freed, and a lucky history hid the faults in 1 run of 6. Harsher than a
+    # fresh trainer process (which still took 10,000 to 19,000 faults a step on this net); the trainer's setting
+    # must replace it either way.
     libc = ctypes.CDLL(None)
     assert libc.mallopt(M_MMAP_THRESHOLD, GLIBC_INITIAL_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD,
                                                                                     GLIBC_INITIAL_THRESHOLD)

@@ -2,6 +2,7 @@
 
     python -m tideborn.bench.hcpe3 pipeline [--file X.hcpe3 | --games DIR --copies N] [--dlshogi-build DIR]
     python -m tideborn.bench.hcpe3 open [--file X.hcpe3 | --games DIR --copies N] [--dlshogi-build DIR]
+    python -m tideborn.bench.hcpe3 decode [--file X.hcpe3 | --games DIR --copies N] --dlshogi-build DIR
     python -m tideborn.bench.hcpe3 check X.hcpe3 [--dlshogi-build DIR [--average]]
     python -m tideborn.bench.hcpe3 make OUT.hcpe3 [--games DIR ...] [--copies N] [--book-plies N]
 
@@ -19,6 +20,12 @@ hcpe3 with made-up search statistics (`bench_hcpe3_file`).
 the ratio of their positions/s (steadier than either on a busy machine), by the wall clock and by CPU time
 (each process's own: steadier still where other jobs share the cores, but without the waits for the disk),
 and the cache's bytes per position.
+
+`decode` times decode per core on the training path, hcpe3 and hcpe (the same positions written as hcpe records),
+side by side: tideborn's one worker's batch decode (`BatchDecoder`, uint8 planes and targets) against dlshogi's
+`hcpe3_decode_with_value` and `hcpe_decode_with_value` (float planes and targets), each in a fresh child process
+limited to one thread (`OMP_NUM_THREADS=1`, and `OMP_THREAD_LIMIT=1` for dlshogi), alternating with the order
+flipped each repetition; per kind the medians with their spread and the ratio of medians.
 
 `check` compares, position by position, tideborn's reading of a file with a plain cshogi replay under
 dlshogi's rules and, given the build, with dlshogi's loader; `--average` also compares duplicate averaging
@@ -52,7 +59,13 @@ from pathlib import Path
 import numpy as np
 
 from tideborn.bench.hcpe3_check import check_average, cross_check
-from tideborn.bench.hcpe3_dlshogi import DlshogiData, dlshogi_figures, dump_dlshogi_average, load_cppshogi
+from tideborn.bench.hcpe3_dlshogi import (
+    DlshogiData,
+    dlshogi_figures,
+    dlshogi_hcpe_figures,
+    dump_dlshogi_average,
+    load_cppshogi,
+)
 from tideborn.bench.hcpe3_file import reference_moves, write_hcpe3_from_games
 from tideborn.cliparser import OneLineParser, positive_int
 from tideborn.errors import UserError, report_user_error
@@ -65,11 +78,21 @@ def dlshogi_in_child(build: Path, path: Path, threads: int, batch_size: int, bat
     libgomp starts, and dlshogi's decode asks for 2 threads whatever OMP_NUM_THREADS says)."""
     command = [sys.executable, "-m", "tideborn.bench.hcpe3", "dlshogi", str(path), "--dlshogi-build", str(build),
                "--batch-size", str(batch_size), "--batches", str(batches), "--seed", str(seed)]
-    env = {**os.environ, "OMP_THREAD_LIMIT": str(threads)}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    return _child(command, {"OMP_THREAD_LIMIT": str(threads)}, f"dlshogi's loader on {path}")
+
+
+def tideborn_decode_in_child(path: Path, batch_size: int, batches: int, seed: int) -> dict:
+    """`tideborn_decode_positions_per_second` in a fresh process on one thread."""
+    command = [sys.executable, "-m", "tideborn.bench.hcpe3", "tideborn-decode", str(path), "--batch-size",
+               str(batch_size), "--batches", str(batches), "--seed", str(seed)]
+    return _child(command, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, f"tideborn's decode of {path}")
+
+
+def _child(command: list[str], env: dict[str, str], what: str) -> dict:
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, timeout=3600)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise UserError(f"dlshogi's loader on {path} failed: {last}")
+        raise UserError(f"{what} failed: {last}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -119,6 +142,12 @@ def tideborn_decode_positions_per_second(path: Path, batch_size: int, batches: i
     """Positions/s of one worker's share alone: the batch decode a loader worker runs (`BatchDecoder` on the
     file's cached positions, in the trainer's shuffled order: uint8 planes, values, sparse distributions),
     without the hand-over to the training process or the widening to float. What to multiply by workers."""
+    return tideborn_decode_figures(path, batch_size, batches, seed)["positions_per_second"]
+
+
+def tideborn_decode_figures(path: Path, batch_size: int, batches: int, seed: int) -> dict:
+    """`tideborn_decode_positions_per_second`, and the same per second of this process's CPU time (per core,
+    whatever else the machine runs)."""
     from tideborn.config.schema import DataSettings, LossSettings
     from tideborn.data.dataset import ShardedOrder
     from tideborn.data.sources import BatchDecoder, open_source
@@ -129,12 +158,13 @@ def tideborn_decode_positions_per_second(path: Path, batch_size: int, batches: i
     decoder = BatchDecoder(data.eval_scale, loss.value_lambda, data.bad_records, data.policy_temperature)
     cursor = (0, 0)
     decoder.decode(source, order.batch_indices(*cursor))  # first touch of the map and the scratch planes
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     positions = 0
     for _ in range(batches):
         cursor = order.following(*cursor)
         positions += len(decoder.decode(source, order.batch_indices(*cursor)))
-    return positions / (time.perf_counter() - started)
+    return {"positions_per_second": positions / (time.perf_counter() - started),
+            "positions_per_cpu_second": positions / (time.process_time() - cpu_started)}
 
 
 def tideborn_positions_per_second(path: Path, workers: int, batch_size: int, batches: int, seed: int) -> float:
@@ -309,11 +339,60 @@ def command_check(args: argparse.Namespace) -> int:
     return 0 if agree else 1
 
 
+def command_decode(args: argparse.Namespace) -> int:
+    load_cppshogi(args.dlshogi_build)  # refuse a bad build before any timing
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
+        source = benchmark_file(args, scratch)
+        files = {"hcpe3": scratch / "timed" / "games.hcpe3", "hcpe": scratch / "timed" / "games.hcpe"}
+        files["hcpe3"].parent.mkdir()
+        shutil.copyfile(source, files["hcpe3"])
+        from tideborn.data.sources import open_source
+
+        opened = open_source([files["hcpe3"]])  # the positions cache is built here, untimed
+        every = np.arange(len(opened))
+        np.concatenate([records for records, _ in opened.record_groups(every)]).tofile(files["hcpe"])
+        opened.close()
+        print(f"{len(every):,} positions, as hcpe3 ({files['hcpe3'].stat().st_size:,} bytes) and hcpe; batches of "
+              f"{args.batch_size}, {args.batches} timed per run, {args.repeats} repetitions, one thread a side; "
+              f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+        rates = {kind: {"tideborn": [], "dlshogi": []} for kind in files}
+        cpu_rates = {kind: {"tideborn": [], "dlshogi": []} for kind in files}
+        for repeat in range(args.repeats):
+            for kind, path in files.items():
+                sides = ["tideborn", "dlshogi"] if repeat % 2 == 0 else ["dlshogi", "tideborn"]
+                for side in sides:
+                    if side == "tideborn":
+                        figures = tideborn_decode_in_child(path, args.batch_size, args.batches, repeat)
+                    else:
+                        figures = dlshogi_in_child(args.dlshogi_build, path, 1, args.batch_size, args.batches, repeat)
+                    rates[kind][side].append(figures["positions_per_second"])
+                    cpu_rates[kind][side].append(figures["positions_per_cpu_second"])
+                print(f"repeat {repeat} {kind}: tideborn {rates[kind]['tideborn'][-1]:,.0f}, dlshogi "
+                      f"{rates[kind]['dlshogi'][-1]:,.0f} positions/s; per CPU second "
+                      f"{cpu_rates[kind]['tideborn'][-1]:,.0f}, {cpu_rates[kind]['dlshogi'][-1]:,.0f} "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    for clock, table in (("wall clock", rates), ("CPU time", cpu_rates)):
+        for kind, by_side in table.items():
+            ours, theirs = by_side["tideborn"], by_side["dlshogi"]
+            ratios = [a / b for a, b in zip(ours, theirs)]
+            print(f"{kind}, {clock}: tideborn {_spread(ours)}  dlshogi {_spread(theirs)}  ratio of medians "
+                  f"{statistics.median(ours) / statistics.median(theirs):.3f}, per repetition "
+                  f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})")
+    return 0
+
+
 def command_dlshogi(args: argparse.Namespace) -> int:
     if args.dump_average is not None:
         dump_dlshogi_average(args.dlshogi_build, args.file, args.dump_average)
         return 0
-    print(json.dumps(dlshogi_figures(args.dlshogi_build, args.file, args.batch_size, args.batches, args.seed)))
+    figures = dlshogi_hcpe_figures if args.file.suffix == ".hcpe" else dlshogi_figures
+    print(json.dumps(figures(args.dlshogi_build, args.file, args.batch_size, args.batches, args.seed)))
+    return 0
+
+
+def command_tideborn_decode(args: argparse.Namespace) -> int:
+    print(json.dumps(tideborn_decode_figures(args.file, args.batch_size, args.batches, args.seed)))
     return 0
 
 
@@ -366,6 +445,17 @@ def main(argv: list[str] | None = None) -> int:
     first_open.add_argument("--dlshogi-build", type=Path, help="dlshogi source tree with cppshogi built (see --help)")
     first_open.add_argument("--repeats", type=positive_int, default=4)
 
+    decode = sub.add_parser("decode", help="decode per core, hcpe3 and hcpe: tideborn's worker against dlshogi's")
+    decode.add_argument("--file", type=Path, help="hcpe3 file to read (default: --games written as hcpe3)")
+    decode.add_argument("--games", type=Path, action="append", help="game records for the default file "
+                        "(repeatable; default samples/games)")
+    decode.add_argument("--copies", type=positive_int, default=1, help="write the games this many times")
+    decode.add_argument("--dlshogi-build", type=Path, required=True,
+                        help="dlshogi source tree with cppshogi built (see --help)")
+    decode.add_argument("--batch-size", type=positive_int, default=1024)
+    decode.add_argument("--batches", type=positive_int, default=20, help="timed batches per run")
+    decode.add_argument("--repeats", type=positive_int, default=4)
+
     check = sub.add_parser("check", help="compare tideborn's reading of a file with dlshogi's and a plain replay")
     check.add_argument("file", type=Path)
     check.add_argument("--dlshogi-build", type=Path)
@@ -388,9 +478,15 @@ def main(argv: list[str] | None = None) -> int:
     dlshogi.add_argument("--dump-average", type=Path, metavar="OUT.npz",
                          help="load with use_average and save every entry's targets instead (for `check`)")
 
+    ours = sub.add_parser("tideborn-decode", help="tideborn's decode alone, in this process (one JSON line)")
+    ours.add_argument("file", type=Path)
+    ours.add_argument("--batch-size", type=positive_int, default=1024)
+    ours.add_argument("--batches", type=positive_int, default=8)
+    ours.add_argument("--seed", type=int, default=0)
+
     args = parser.parse_args(argv)
-    commands = {"pipeline": command_pipeline, "open": command_open, "check": command_check, "make": command_make,
-                "dlshogi": command_dlshogi}
+    commands = {"pipeline": command_pipeline, "open": command_open, "decode": command_decode, "check": command_check,
+                "make": command_make, "dlshogi": command_dlshogi, "tideborn-decode": command_tideborn_decode}
     try:
         return commands[args.command](args)
     except UserError as exc:

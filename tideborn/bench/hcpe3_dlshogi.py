@@ -19,6 +19,9 @@ from tideborn.errors import UserError
 DLSHOGI_POLICY = 27 * 81
 DLSHOGI_FEATURES = (62, 57)
 """dlshogi's input planes as built by default (without NYUGYOKU_FEATURES): the same as cshogi's."""
+HCPE = np.dtype([("hcp", np.uint8, 32), ("eval", np.int16), ("bestMove16", np.uint16), ("gameResult", np.uint8),
+                 ("dummy", np.uint8)])
+"""dlshogi's HuffmanCodedPosAndEval record (38 bytes), as its `dlshogi.common` spells it."""
 
 
 def load_cppshogi(build: Path) -> types.ModuleType:
@@ -86,13 +89,14 @@ def dlshogi_figures(build: Path, path: Path, batch_size: int, batches: int, seed
         return order[np.arange(b * batch_size, (b + 1) * batch_size) % data.positions]
 
     data.decode(batch(0))  # first touch of the arrays and the threads is not throughput
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     positions = 0
     for b in range(1, batches + 1):
         positions += data.decode(batch(b))
     seconds = time.perf_counter() - started
     return {"load_seconds": data.load_seconds, "load_cpu_seconds": data.load_cpu_seconds, "positions": data.positions,
-            "positions_per_second": positions / seconds}
+            "positions_per_second": positions / seconds,
+            "positions_per_cpu_second": positions / (time.process_time() - cpu_started)}
 
 
 def dump_dlshogi_average(build: Path, path: Path, out: Path, batch_size: int = 512) -> None:
@@ -114,3 +118,36 @@ def dump_dlshogi_average(build: Path, path: Path, out: Path, batch_size: int = 5
             hcp[start + k] = np.frombuffer(data.hcp(start + k), np.uint8)
     np.savez(out, hcp=hcp, result=result, value=value, read=data.read, entry=np.concatenate(entries),
              label=np.concatenate(labels), probability=np.concatenate(probabilities))
+
+
+def dlshogi_hcpe_figures(build: Path, path: Path, batch_size: int, batches: int, seed: int) -> dict:
+    """dlshogi's hcpe training path on `path` in this process: the records read into memory and shuffled (its
+    `DataLoader` shuffles the whole array each epoch, untimed here), then `hcpe_decode_with_value` on
+    consecutive slices into preallocated arrays, as its `mini_batch` does: float planes zeroed and filled, move
+    labels, results and values."""
+    cppshogi = load_cppshogi(build)
+    started = time.perf_counter()
+    records = np.fromfile(path, dtype=HCPE)
+    np.random.default_rng(seed).shuffle(records)
+    load_seconds = time.perf_counter() - started
+    if len(records) == 0:
+        raise UserError(f"{path}: no hcpe record in it")
+    features1 = np.zeros((batch_size, DLSHOGI_FEATURES[0], 9, 9), np.float32)
+    features2 = np.zeros((batch_size, DLSHOGI_FEATURES[1], 9, 9), np.float32)
+    move = np.zeros(batch_size, np.int64)
+    result = np.zeros(batch_size, np.float32)
+    value = np.zeros(batch_size, np.float32)
+
+    def decode(b: int) -> int:  # wraps around a file smaller than the batches asked for
+        start = (b * batch_size) % max(1, len(records) - batch_size)
+        batch = records[start:start + batch_size]
+        n = len(batch)
+        cppshogi.hcpe_decode_with_value(batch, features1[:n], features2[:n], move[:n], result[:n], value[:n])
+        return n
+
+    decode(0)  # first touch of the arrays is not throughput
+    started, cpu_started = time.perf_counter(), time.process_time()
+    positions = sum(decode(b) for b in range(1, batches + 1))
+    return {"load_seconds": load_seconds, "positions": len(records),
+            "positions_per_second": positions / (time.perf_counter() - started),
+            "positions_per_cpu_second": positions / (time.process_time() - cpu_started)}

@@ -55,8 +55,11 @@ def move_by_move(path: Path) -> dict[str, np.ndarray]:
                             f"hcpe3 or is misaligned")
         try:
             board.set_hcp(start)
-        except RuntimeError as exc:
-            raise UserError(f"{where}: undecodable start position ({exc})") from None
+            decoded = not hcpe3_replay.more_pieces_than_a_set(board)
+        except RuntimeError:
+            decoded = False
+        if not decoded:
+            raise UserError(f"{where}: {hcpe3_replay.UNDECODABLE_START}; the file is not hcpe3 or is misaligned")
         out["game_offsets"].append(offset)
         p = offset + 36
         for i in range(move_num):

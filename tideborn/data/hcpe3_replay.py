@@ -102,6 +102,30 @@ def candidate_checks() -> np.ndarray:
     return _candidate_checks
 
 
+_PIECES_OF_A_SET = {1: 18, 2: 4, 3: 4, 4: 4, 5: 2, 6: 2, 7: 4, 8: 2}
+"""How many pieces of each of cshogi's piece types (pawn 1 ... rook 6, gold 7, king 8; a promoted piece counts
+as its unpromoted type) shogi has: at most these are in any position, on the board and in the hands."""
+_HAND_TYPES = (1, 2, 3, 4, 7, 5, 6)
+"""cshogi's piece type of each entry of `Board.pieces_in_hand` (pawn, lance, knight, silver, gold, bishop, rook)."""
+UNDECODABLE_START = "undecodable start position (no position of shogi's 40 pieces)"
+
+
+def more_pieces_than_a_set(board: cshogi.Board) -> bool:
+    """Whether the board holds more pieces of some type than shogi has. A HuffmanCodedPos holds 256 bits, all a
+    set of 40 pieces needs (fewer pieces, fewer bits); 32 damaged bytes that make more (a third rook, a 19th
+    pawn) have cshogi's decoder read past them, so what it builds differs from one reading to the next (memory
+    after the bytes, its own state): such a board is refused whatever it holds, the same way every time."""
+    counts = dict.fromkeys(_PIECES_OF_A_SET, 0)
+    for piece in board.pieces:
+        kind = piece & 15  # white's codes are black's + 16; 16, white's "no piece", gives 0
+        if kind:
+            counts[kind - 8 if kind > 8 else kind] += 1  # 15, a "promoted gold", counts as a gold
+    for hand in board.pieces_in_hand:
+        for kind, number in zip(_HAND_TYPES, hand):
+            counts[kind] += number
+    return any(counts[kind] > most for kind, most in _PIECES_OF_A_SET.items())
+
+
 def anchor_starts(game: np.ndarray, ply: np.ndarray, anchor_every: int = ANCHOR_EVERY) -> np.ndarray:
     """Which of the kept positions (their game and ply, in file order) the compact cache stores whole: every
     `anchor_every`-th ply of a game, and any position that does not follow the one before it by one move (a
@@ -386,9 +410,12 @@ class ReplayedPositions:
             start = starts[game_index]
             try:
                 board.set_hcp(start)
-            except RuntimeError as exc:
-                raise _BadMove(f"{self._where(game_index, k, base)}: undecodable start position ({exc})",
-                               first) from None
+                decoded = not more_pieces_than_a_set(board)
+            except RuntimeError:  # an incorrect Huffman code: one message for both, as which of the two a
+                decoded = False   # reading past the bytes meets can differ between readings
+            if not decoded:
+                raise _BadMove(f"{self._where(game_index, k, base)}: {UNDECODABLE_START}; the file is not hcpe3 or "
+                               f"is misaligned", first)
             # A board holding a piece code that is no piece (15: a "promoted gold", from a damaged start
             # position or a selected move is_legal lets through) crashes is_legal on some moves: such a
             # board is never given to the fast loop, whose candidates are checked with is_legal alone.

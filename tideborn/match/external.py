@@ -154,19 +154,25 @@ class EngineProcess:
 
     @staticmethod
     def _read_stdout(proc: subprocess.Popen, lines: queue.Queue) -> None:
-        for raw in proc.stdout:
-            try:
-                lines.put(raw.decode("utf-8").rstrip("\r\n"))
-            except UnicodeDecodeError:
-                lines.put(EngineError(f"it wrote bytes that are not text: {raw[:40]!r}"))
+        try:
+            for raw in proc.stdout:
+                try:
+                    lines.put(raw.decode("utf-8").rstrip("\r\n"))
+                except UnicodeDecodeError:
+                    lines.put(EngineError(f"it wrote bytes that are not text: {raw[:40]!r}"))
+        except ValueError:  # `kill` closed the pipe while this thread read it: the end of the output too
+            pass
         lines.put(None)  # the end of its output: it exited or closed stdout
 
     def _read_stderr(self, proc: subprocess.Popen) -> None:
         # Drained so an engine that writes much there never blocks on a full pipe; the last lines say why it died.
-        for raw in proc.stderr:
-            text = raw.decode("utf-8", "replace").strip()
-            if text:
-                self.stderr_tail.append(text)
+        try:
+            for raw in proc.stderr:
+                text = raw.decode("utf-8", "replace").strip()
+                if text:
+                    self.stderr_tail.append(text)
+        except ValueError:  # closed by `kill` while read here
+            pass
 
     def send(self, line: str) -> None:
         try:

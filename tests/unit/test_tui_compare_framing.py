@@ -15,6 +15,7 @@ from tests.helpers.common import until
 from tests.helpers.tui import compared, options
 from tideborn.humanize import compact
 from tideborn.rundir.events import encode_event
+from tideborn.tui import framing
 from tideborn.tui.app import create_app
 from tideborn.tui.plotting import Y_LABEL_WIDTH
 from tideborn.tui.screens import compare
@@ -204,3 +205,12 @@ async def test_by_wall_time_a_long_run_that_ran_after_the_others_is_not_cut_out_
         assert chart.span() == pytest.approx((FIXTURE_START + SECONDS_PER_LOGGED_STEP,
                                               later + 300 * SECONDS_PER_LOGGED_STEP))
         assert "cut" not in lines_of(chart)[0]
+
+
+def test_the_cut_goes_on_while_the_longest_of_the_rest_is_far_longer_than_the_others() -> None:
+    # 60 steps beside 1,500 and 7,000: the 60-step run fills the axis, not 4% of the 1,500 the first cut leaves
+    assert framing.framed_range([(0.0, 60.0), (0.0, 1500.0), (0.0, 7000.0)]) == (0.0, 60.0)
+    assert framing.framed_range([(0.0, 60.0), (0.0, 7000.0)]) == (0.0, 60.0)
+    # runs of similar lengths beside one far longer: cut to them, and no further
+    assert framing.framed_range([(0.0, 1000.0), (0.0, 1500.0), (0.0, 9000.0)]) == (0.0, 1500.0)
+    assert framing.framed_range([(0.0, 1000.0), (0.0, 1500.0)]) is None

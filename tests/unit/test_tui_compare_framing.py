@@ -207,10 +207,11 @@ async def test_by_wall_time_a_long_run_that_ran_after_the_others_is_not_cut_out_
         assert "cut" not in lines_of(chart)[0]
 
 
-def test_the_cut_goes_on_while_the_longest_of_the_rest_is_far_longer_than_the_others() -> None:
-    # 60 steps beside 1,500 and 7,000: the 60-step run fills the axis, not 4% of the 1,500 the first cut leaves
+def test_the_shortest_run_fills_at_least_a_quarter_of_the_axis_whatever_the_others() -> None:
+    # 60 steps beside 1,500 and 7,000, or beside 1,500 and 1,600: the first 60 shown, the longer runs cut there
     assert framing.framed_range([(0.0, 60.0), (0.0, 1500.0), (0.0, 7000.0)]) == (0.0, 60.0)
-    assert framing.framed_range([(0.0, 60.0), (0.0, 7000.0)]) == (0.0, 60.0)
-    # runs of similar lengths beside one far longer: cut to them, and no further
+    assert framing.framed_range([(0.0, 60.0), (0.0, 1500.0), (0.0, 1600.0)]) == (0.0, 60.0)
+    assert framing.framed_range([(0.0, 60.0), (0.0, 200.0), (0.0, 700.0), (0.0, 2500.0)]) == (0.0, 200.0)
+    # runs of similar lengths beside one far longer: cut to them; of similar lengths alone: all shown
     assert framing.framed_range([(0.0, 1000.0), (0.0, 1500.0), (0.0, 9000.0)]) == (0.0, 1500.0)
     assert framing.framed_range([(0.0, 1000.0), (0.0, 1500.0)]) is None

@@ -7,30 +7,35 @@ from __future__ import annotations
 from tideborn.tui.plotting import format_x
 
 CUT_RATIO = 4.0
-"""The default view is cut only where the longest run spans more than this many times what the others span
-together: runs of similar lengths are shown whole, as they read well that way."""
+"""The default view is cut only where some run spans more than this many times the shortest: runs of similar
+lengths are shown whole, as they read well that way."""
 
 
 def framed_range(extents: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """The x range the default view shows for runs of these extents: that of all but the longest, where
-    the longest spans more than CUT_RATIO times it, and again among those (runs of 60, 1,500 and 7,000 steps
-    show the first 60); None (show all) where no run is cut, and for fewer than two runs.
+    """The x range the default view shows for runs of these extents: that of the runs no longer than
+    CUT_RATIO times the shortest, the longer ones cut there; None (show all) where no run is that long, and
+    for fewer than two runs. So the shortest run fills at least a quarter of the axis, whatever the others'
+    lengths (60 steps beside 1,500 and 1,600, or beside 1,500 and 7,000: the first 60 shown).
 
-    The others' range, not the second-longest run's end alone: by step every run starts near step 0, so
-    the two are the same; by wall time runs that ran at different times are not cut for that alone, as
-    their durations, not their distance, decide. A cut never leaves the longest run out of view: by wall
-    time, one that ran wholly before or after the others is shown whole beside them."""
-    kept, shown = list(extents), None
-    while len(kept) >= 2:
-        longest = max(range(len(kept)), key=lambda i: kept[i][1] - kept[i][0])
-        others = [extent for i, extent in enumerate(kept) if i != longest]
-        lo, hi = min(lo for lo, _hi in others), max(hi for _lo, hi in others)
-        long_lo, long_hi = kept[longest]
-        if long_hi - long_lo <= CUT_RATIO * (hi - lo) or long_hi < lo or long_lo > hi:
-            break
-        # the others a single point each, at one x: room around it, as x_range gives
-        shown, kept = ((lo - 1, hi + 1) if hi <= lo else (lo, hi)), others
-    return shown
+    By spans, not by where runs end: by step every run starts near step 0, so the two are the same; by wall
+    time runs that ran at different times are not cut for that alone, as their durations, not their
+    distance, decide. A run of one point (no span) is shown, and no measure of the others. A cut never leaves
+    a run out of view: by wall time, where a long run ran wholly before or after the others, all are shown."""
+    if len(extents) < 2:
+        return None
+    spans = [hi - lo for lo, hi in extents]
+    lengths = [span for span in spans if span > 0]
+    if not lengths:
+        return None
+    limit = CUT_RATIO * min(lengths)
+    shown = [extent for extent, span in zip(extents, spans) if span <= limit]
+    cut = [extent for extent, span in zip(extents, spans) if span > limit]
+    if not cut:
+        return None
+    lo, hi = min(lo for lo, _hi in shown), max(hi for _lo, hi in shown)
+    if any(cut_hi < lo or cut_lo > hi for cut_lo, cut_hi in cut):
+        return None
+    return (lo - 1, hi + 1) if hi <= lo else (lo, hi)  # the shown runs a single point each: room around it
 
 
 def cut_label(shown: tuple[float, float], full_end: float, wall_time: bool) -> str:

@@ -107,8 +107,8 @@ def metrics_present(loaded: list[LoadedRun]) -> list[tuple[str, str]]:
 class CompareChart(LossPlot):
     """A chart a metric, every run's curve in it: one metric at a time (`chart` its index), or all in a grid
     (`chart` None) where they fit. Without a zoom, each chart's x range is its own data's (runs and metrics
-    of different lengths are not squashed into the longest's range), cut where one run is far longer than
-    the others (`tideborn.tui.framing`) until `0` shows all."""
+    of different lengths are not squashed into the longest's range), cut where runs are far longer than
+    the shortest (`tideborn.tui.framing`) until `0` shows all."""
 
     def __init__(self, options: PlotOptions, *, id: str | None = None) -> None:
         super().__init__(RunHistory(), options, id=id)
@@ -251,9 +251,10 @@ class CompareScreen(Screen):
             "named in the legend below the plot with its state and the metric's latest value (with the cursor "
             "on: its value at the cursor). The runs are followed: live ones grow as they train. n and p step "
             "through the metrics the runs have; g shows all of them in a grid (where they fit: about 160x40 and "
-            "up), each over its own data's steps. Where one run is more than four times as long as the others, "
-            "a chart ends where they end (its legend says \"cut ... of ...\"), so short runs are readable. + and "
-            "- zoom the x axis, [ and ] pan (the cursor, when on), 0 shows every run whole (again: the cut view), "
+            "up), each over its own data's steps. Where a run is more than four times as long as the shortest, "
+            "a chart ends where the shorter runs end (its legend says \"cut ... of ...\"), so short runs are "
+            "readable. + and - zoom the x axis, [ and ] pan (the cursor, when on), 0 shows every run whole (again: "
+            "the cut view), "
             "v puts a cursor on a logged point, t switches x between the step and the wall "
             "time (runs that ran at the same time line up). Eval and match points are marked with a dot; the "
             "Elo chart shades the 95% interval. m smooths (raw values stay faint underneath), l switches to a "

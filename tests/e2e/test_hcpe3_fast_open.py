@@ -17,7 +17,7 @@ from cshogi.dlshogi import make_move_label
 
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
 from tideborn.data import hcpe3, hcpe3_replay
-from tideborn.data.features import sane_kings
+from tideborn.data.features import material_problem, sane_kings
 from tideborn.data.hcpe3 import Hcpe3File, build_caches, build_positions, cache_path, iter_games
 from tideborn.data.sources import open_source
 from tideborn.errors import UserError
@@ -55,7 +55,7 @@ def move_by_move(path: Path) -> dict[str, np.ndarray]:
                             f"hcpe3 or is misaligned")
         try:
             board.set_hcp(start)
-            decoded = not hcpe3_replay.more_pieces_than_a_set(board)
+            decoded = material_problem(board) is None
         except RuntimeError:
             decoded = False
         if not decoded:

@@ -25,7 +25,7 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_move_label
 
-from tideborn.data.features import sane_kings
+from tideborn.data.features import material_problem, sane_kings
 from tideborn.errors import UserError
 
 HEADER_SIZE, MOVE_INFO_SIZE, MOVE_VISITS_SIZE = 36, 6, 4
@@ -102,28 +102,7 @@ def candidate_checks() -> np.ndarray:
     return _candidate_checks
 
 
-_PIECES_OF_A_SET = {1: 18, 2: 4, 3: 4, 4: 4, 5: 2, 6: 2, 7: 4, 8: 2}
-"""How many pieces of each of cshogi's piece types (pawn 1 ... rook 6, gold 7, king 8; a promoted piece counts
-as its unpromoted type) shogi has: at most these are in any position, on the board and in the hands."""
-_HAND_TYPES = (1, 2, 3, 4, 7, 5, 6)
-"""cshogi's piece type of each entry of `Board.pieces_in_hand` (pawn, lance, knight, silver, gold, bishop, rook)."""
 UNDECODABLE_START = "undecodable start position (no position of shogi's 40 pieces)"
-
-
-def more_pieces_than_a_set(board: cshogi.Board) -> bool:
-    """Whether the board holds more pieces of some type than shogi has. A HuffmanCodedPos holds 256 bits, all a
-    set of 40 pieces needs (fewer pieces, fewer bits); 32 damaged bytes that make more (a third rook, a 19th
-    pawn) have cshogi's decoder read past them, so what it builds differs from one reading to the next (memory
-    after the bytes, its own state): such a board is refused whatever it holds, the same way every time."""
-    counts = dict.fromkeys(_PIECES_OF_A_SET, 0)
-    for piece in board.pieces:
-        kind = piece & 15  # white's codes are black's + 16; 16, white's "no piece", gives 0
-        if kind:
-            counts[kind - 8 if kind > 8 else kind] += 1  # 15, a "promoted gold", counts as a gold
-    for hand in board.pieces_in_hand:
-        for kind, number in zip(_HAND_TYPES, hand):
-            counts[kind] += number
-    return any(counts[kind] > most for kind, most in _PIECES_OF_A_SET.items())
 
 
 def anchor_starts(game: np.ndarray, ply: np.ndarray, anchor_every: int = ANCHOR_EVERY) -> np.ndarray:
@@ -408,11 +387,15 @@ class ReplayedPositions:
                 raise _BadMove(f"{self._where(game_index, k, base)}: undecodable start position (king squares off "
                                f"the board); the file is not hcpe3 or is misaligned", first)
             start = starts[game_index]
+            # A HuffmanCodedPos's 256 bits are all a set of 40 pieces needs: 32 damaged bytes that decode to more
+            # of a kind (a third rook) made cshogi's decoder read past them, so what it built, or whether it met
+            # an incorrect code, differed from one reading to the next. Such a start is refused with one
+            # message whatever it holds, the same at every reading.
             try:
                 board.set_hcp(start)
-                decoded = not more_pieces_than_a_set(board)
-            except RuntimeError:  # an incorrect Huffman code: one message for both, as which of the two a
-                decoded = False   # reading past the bytes meets can differ between readings
+                decoded = material_problem(board) is None
+            except RuntimeError:
+                decoded = False
             if not decoded:
                 raise _BadMove(f"{self._where(game_index, k, base)}: {UNDECODABLE_START}; the file is not hcpe3 or "
                                f"is misaligned", first)
@@ -425,9 +408,7 @@ class ReplayedPositions:
                 if self._play_fast(ops[op_starts[game_index]:op_starts[game_index + 1]], first, hcp, repeating):
                     continue
                 del repeating[repeated_before:]
-                # back to the start position by taking the moves back, not by set_hcp again: a damaged start
-                # position can make cshogi's decoder read past the 32 bytes, so that a second decoding need
-                # not give the board the first gave (and a reading move by move saw)
+                # back to the start position by taking the moves back, cheaper than decoding it again
                 for _ in range(len(board.history)):
                     board.pop()
             self._play_carefully(plan, first, last, self._where(game_index, k, base), move_num, sane, hcp,

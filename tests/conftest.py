@@ -71,8 +71,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.path.is_relative_to(E2E):
             item.add_marker(pytest.mark.slow)
     # The longest files first (tests/helpers/order.py); within a file, the tests keep their order.
+    try:
+        seconds = order.recorded_seconds()
+    except order.DamagedRecord as exc:
+        raise pytest.UsageError(str(exc)) from None
     rank = {name: i for i, name in enumerate(order.longest_first((item.nodeid.split("::")[0] for item in items),
-                                                                   order.recorded_seconds()))}
+                                                                   seconds))}
     items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
 
 
@@ -86,7 +90,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if session.config.getoption("--write-file-seconds") and not hasattr(session.config, "workerinput"):
+    # Only from a run whose every test passed: an interrupted or failing run's files took what they took so far.
+    if (session.config.getoption("--write-file-seconds") and not hasattr(session.config, "workerinput")
+            and exitstatus == pytest.ExitCode.OK):
         order.record(_file_seconds)
 
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import order
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -110,4 +112,11 @@ def test_the_files_are_handed_out_longest_first_by_the_recorded_seconds(tmp_path
     record = tmp_path / "seconds.json"
     order.record({"x": 2.04, "y": 10.0}, record)
     assert order.recorded_seconds(record) == {"x": 2.0, "y": 10.0}
+    order.record({"y": 3.0, "z": 1.0}, record)  # a run of some files updates theirs, keeps the others'
+    assert order.recorded_seconds(record) == {"x": 2.0, "y": 3.0, "z": 1.0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seconds.json"]  # no temp file left
     assert order.recorded_seconds(tmp_path / "none.json") == {}
+    record.write_text('{"seconds": [1, 2]}')
+    with pytest.raises(order.DamagedRecord, match=r"seconds.json: not a record of seconds per test file .*"
+                                                  r"--write-file-seconds"):
+        order.recorded_seconds(record)

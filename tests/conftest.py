@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -93,7 +94,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # Only from a run whose every test passed: an interrupted or failing run's files took what they took so far.
     if (session.config.getoption("--write-file-seconds") and not hasattr(session.config, "workerinput")
             and exitstatus == pytest.ExitCode.OK):
-        order.record(_file_seconds)
+        try:
+            order.record(_file_seconds)
+        except (OSError, order.DamagedRecord) as exc:  # a full disk, a damaged record: it stays as it was
+            print(f"--write-file-seconds: {order.SECONDS_FILE} not written: {exc}", file=sys.stderr)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ def test_bf16_autocast_trains_on_the_cpu_with_finite_falling_losses(tmp_path: Pa
 
     events = events_of(run_dir)
     started = next(e for e in events if e["kind"] == "run_started")
-    assert started["precision"] == "bf16" and started["device"] == "cpu, bf16"
+    assert started["precision"] == "bf16" and started["device"] == "cpu, bf16, channels_last"
     losses = [as_float(e["loss"]) for e in step_events(events)]
     assert len(losses) == 6 and all(math.isfinite(loss) for loss in losses), losses
     assert losses[-1] < losses[0], losses
@@ -66,7 +66,7 @@ def test_the_gpu_check_runs_its_cpu_version_and_writes_json_and_markdown(tmp_pat
     assert "## Teacher-data run" in (out / "results.md").read_text()
     smoke = results["smoke"]
     assert (smoke["exit_code"], smoke["terminal"], smoke["steps"]) == (0, "run_finished", 20)
-    assert smoke["device_used"] == "cpu, fp32"
+    assert smoke["device_used"] == "cpu, fp32, channels_last"
     assert results["models"]["resnet2x32"]["flops_per_position"] > 0
     rows = {row["variant"]: row for row in results["sweep"]}
     assert set(rows) == {"default", "bf16"}

@@ -335,7 +335,8 @@ class RuntimeSettings:
     tf32: bool = True
     """Allow TF32 matrix multiplies and convolutions on CUDA."""
     channels_last: bool = True
-    """Use the channels_last memory format on CUDA (faster convolutions with tensor cores)."""
+    """Use the channels_last memory format for the network and its inputs (faster convolutions: tensor cores on
+    CUDA, oneDNN on the CPU)."""
     compile: bool = False
     """Compile the model with `torch.compile` (slower start, faster steps)."""
     compile_mode: str = "default"

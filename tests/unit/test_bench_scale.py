@@ -59,7 +59,8 @@ def test_help_names_every_figure(capsys) -> None:
         scale.main(["--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0
-    for words in ("first open", "later open", "launch to", "--dlshogi-build", "psutil", "--sizes"):
+    for words in ("first open", "later open", "launch to", "merged set", "per CPU second", "--dlshogi-build", "psutil",
+                  "--sizes"):
         assert words in out, words
 
 

@@ -10,13 +10,17 @@ shared by forked workers count in every process that maps them):
 - first open: `open_source` on the corpus with no derived file (hcpe3: every game replayed into the
   positions cache);
 - later open: the same again (hcpe3: the cache checked and mapped);
+- merged set (hcpe3): `data.use_average`'s merged positions built from the opened corpus (the averaged
+  cache written), timed from the open's end, and its process tree's peak RSS;
 - training: a real `tideborn train` process (`--network`, `--batch-size`, `--steps`, one `step` event a
   step): launch to the end of its first step (the first `step` event's time: the open, torch's start and
   the step), and the median positions/s of the steps after the first few;
 - cache bytes per position: every file the open left beside the corpus, over the positions read.
 
 `--repeats N` measures each N times, tideborn and dlshogi alternating, and prints times and positions/s as
-the median (min..max), memory as the largest.
+the median (min..max), memory as the largest. The first opens are compared per repetition both by wall clock
+and per CPU second of the opening process (each side's own CPU time around the open, without the process's
+start-up).
 
 With `--dlshogi-build DIR` (a dlshogi source tree with `cppshogi` built, as `python -m tideborn.bench.hcpe3
 --help` says; its `dlshogi/train.py` and the torch of this Python), the same for dlshogi on hcpe3 corpora:
@@ -64,9 +68,23 @@ OPEN_CHILD = r"""
 import json, sys, time
 from pathlib import Path
 from tideborn.data.sources import open_source
-started = time.perf_counter()
+started, cpu_started = time.perf_counter(), time.process_time()
 source = open_source([Path(sys.argv[1])], processes=1)
-print(json.dumps({"seconds": time.perf_counter() - started, "positions": len(source)}))
+print(json.dumps({"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
+                  "positions": len(source)}))
+"""
+
+AVERAGE_CHILD = r"""
+import json, sys, time
+from pathlib import Path
+from tideborn.config.schema import DataSettings, Settings
+from tideborn.data.average import averaged_source
+from tideborn.data.sources import open_source
+paths = [Path(sys.argv[1])]
+source = open_source(paths, processes=1)
+started = time.perf_counter()
+averaged = averaged_source(source, Settings(data=DataSettings(train=tuple(map(str, paths)), use_average=True)))
+print(json.dumps({"seconds": time.perf_counter() - started, "merged": len(averaged)}))
 """
 
 
@@ -142,10 +160,20 @@ def open_figures(path: Path) -> dict:
             raise _failed(f"opening {path.name}", run)
         result = json.loads(run.lines[-1][1])
         figures[f"{name}_open_seconds"], figures[f"{name}_open_rss"] = result["seconds"], run.peak_rss
+        figures[f"{name}_open_cpu_seconds"] = result["cpu_seconds"]
         figures["positions"] = result["positions"]
     derived = sum(p.stat().st_size for p in path.parent.iterdir() if p != path and p.is_file())
     figures["cache_bytes_per_position"] = derived / max(figures["positions"], 1)
     return figures
+
+
+def average_figures(path: Path, args: argparse.Namespace) -> dict:
+    """`data.use_average`'s merged set built in a fresh process from the opened corpus: seconds, peak RSS."""
+    run = run_sampled([sys.executable, "-c", AVERAGE_CHILD, str(path)], timeout=args.timeout)
+    if run.returncode != 0:
+        raise _failed(f"the merged set of {path.name}", run)
+    result = json.loads(run.lines[-1][1])
+    return {"average_seconds": result["seconds"], "average_rss": run.peak_rss, "merged": result["merged"]}
 
 
 def train_figures(path: Path, args: argparse.Namespace, scratch: Path) -> dict:
@@ -218,7 +246,8 @@ def dlshogi_figures(path: Path, seed: Seed, args: argparse.Namespace, scratch: P
     step_seconds = [(b[0] - a[0]) / (b[1] - a[1]) for a, b in zip(logged[1:], logged[2:])] or \
         [(logged[1][0] - logged[0][0]) / (logged[1][1] - logged[0][1])]
     per_step = statistics.median(step_seconds)
-    return {"first_open_seconds": loaded["load_seconds"], "first_open_rss": load.peak_rss,
+    return {"first_open_seconds": loaded["load_seconds"], "first_open_cpu_seconds": loaded["load_cpu_seconds"],
+            "first_open_rss": load.peak_rss,
             "positions": loaded["positions"],
             "launch_to_first_step": logged[0][0] - launched - (logged[0][1] - 1) * per_step,
             "positions_per_second": args.batch_size / per_step, "train_rss": run.peak_rss}
@@ -249,15 +278,18 @@ def print_row(size: int, kind: str, who: str, runs: list[dict]) -> None:
     later = _cell(values("later_open_seconds"), 2, " s") if values("later_open_seconds") else "-"
     cache = f"{max(values('cache_bytes_per_position')):.1f}" if values("cache_bytes_per_position") else "-"
     open_rss = max(values("first_open_rss") + values("later_open_rss"))
+    merged = (f"{_cell(values('average_seconds'), 2, ' s')}, {_mb(max(values('average_rss')))}"
+              if values("average_seconds") else "-")
     print(f"{size:>12,} {kind:6s} {who:9s} {runs[0]['positions']:>12,} | "
           f"{_cell(values('first_open_seconds'), 2, ' s')} | {later} | "
           f"{_cell(values('launch_to_first_step'), 1, ' s')} | {_mb(open_rss)} | {_mb(max(values('train_rss')))} | "
-          f"{cache} | {_cell(values('positions_per_second'), 0)}",
+          f"{cache} | {merged} | {_cell(values('positions_per_second'), 0)}",
           flush=True)
 
 
 HEADER = (f"{'size':>12s} {'format':6s} {'who':9s} {'positions':>12s} | first open | later open | launch to first "
-          f"step | open peak RSS | train peak RSS | cache B/position | positions/s training")
+          f"step | open peak RSS | train peak RSS | cache B/position | merged set (time, peak RSS) | "
+          f"positions/s training")
 
 
 def run_benchmark(args: argparse.Namespace) -> int:
@@ -299,6 +331,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
                 for _ in range(args.repeats):  # alternating, so that both see the same spells of load
                     _remove_derived(path)
                     figures = open_figures(path)
+                    if kind == "hcpe3":
+                        figures.update(average_figures(path, args))
                     figures.update(train_figures(path, args, scratch))
                     ours.append(figures)
                     if args.dlshogi_build is not None and kind == "hcpe3":
@@ -310,9 +344,11 @@ def run_benchmark(args: argparse.Namespace) -> int:
                     # within each repetition both saw much the same load: steadier than either figure
                     opens = [(b["first_open_seconds"] / b["positions"]) / (a["first_open_seconds"] / a["positions"])
                              for a, b in zip(ours, theirs)]
+                    opens_cpu = [(b["first_open_cpu_seconds"] / b["positions"])
+                                 / (a["first_open_cpu_seconds"] / a["positions"]) for a, b in zip(ours, theirs)]
                     rates = [a["positions_per_second"] / b["positions_per_second"] for a, b in zip(ours, theirs)]
-                    print(f"{'':12s} tideborn / dlshogi per repetition: first open rate {_cell(opens, 2)}, "
-                          f"positions/s training {_cell(rates, 2)}", flush=True)
+                    print(f"{'':12s} tideborn / dlshogi per repetition: first open rate {_cell(opens, 2)} (per CPU "
+                          f"second {_cell(opens_cpu, 2)}), positions/s training {_cell(rates, 2)}", flush=True)
                 print(f"{'':12s} ({path.stat().st_size / 1e6:,.0f} MB written in {written:.1f} s; load average "
                       f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})", flush=True)
                 shutil.rmtree(folder)

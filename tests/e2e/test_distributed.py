@@ -31,10 +31,23 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {event["step"]: event["loss"] for event in step_events(events_of(run_dir))}
 
 
-def test_two_process_smoke_run_end_to_end(tmp_path):
-    run_dir = tmp_path / "run"
-    result = torchrun(run_dir, "runtime.max_steps=6", "runtime.checkpoint_every=3", cwd=tmp_path)
+# A plain 2-rank run of 6 steps with checkpoints at 3 and 6: the end-to-end run itself, the run that a resume in
+# pieces must match, and the run that one process with twice the batch must match.
+STRAIGHT = ("runtime.max_steps=6", "runtime.checkpoint_every=3")
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory) -> Path:
+    """The STRAIGHT run under torchrun, made once for the tests that only read it; never modify it."""
+    base = tmp_path_factory.mktemp("straight")
+    run_dir = base / "run"
+    result = torchrun(run_dir, *STRAIGHT, cwd=base)
     assert result.returncode == 0, describe(result)
+    return run_dir
+
+
+def test_two_process_smoke_run_end_to_end(straight_run):
+    run_dir = straight_run
     events = events_of(run_dir)
     started = [e for e in events if e["kind"] == "run_started"]
     assert len(started) == 1 and started[0]["world_size"] == 2
@@ -63,28 +76,25 @@ def test_one_gradient_allreduce_per_step_whatever_the_accumulation(tmp_path):
     assert len(set(per_step)) == 1 and 1 <= per_step[0] <= 4, counts
 
 
-def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path):
+def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(straight_run, tmp_path):
     # One process with batch 32 in 2 micro-batches of 16 computes what 2 ranks with 16 each compute: the same
     # positions (the synthetic stream deals micro-batches to ranks in turn) and the same BatchNorm batches.
-    two, one = tmp_path / "two", tmp_path / "one"
-    result = torchrun(two, "runtime.max_steps=5", cwd=tmp_path)
-    assert result.returncode == 0, describe(result)
+    two, one = straight_run, tmp_path / "one"
     single = trainer_in_process("train", *settings_args(one, "optim.batch_size=32", "optim.accumulation_steps=2",
-                                                        "runtime.log_every=1", "runtime.max_steps=5"), cwd=tmp_path)
+                                                        "runtime.log_every=1", *STRAIGHT), cwd=tmp_path)
     assert single.returncode == 0, describe(single)
     a, b = losses(two), losses(one)
-    assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
     for step in a:
         assert a[step] == pytest.approx(b[step], rel=1e-5, abs=1e-6), step
-    pa, pb = parameters(two / "step-000000005.pt"), parameters(one / "step-000000005.pt")
+    pa, pb = parameters(two / "step-000000006.pt"), parameters(one / "step-000000006.pt")
     for name in pa:
         torch.testing.assert_close(pa[name], pb[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_resume_under_ddp_continues_exactly_and_another_world_size_goes_on_with_a_warning(tmp_path):
-    straight, pieces, other = tmp_path / "straight", tmp_path / "pieces", tmp_path / "other"
-    sets = ("runtime.max_steps=6", "runtime.checkpoint_every=3")
-    assert torchrun(straight, *sets, cwd=tmp_path).returncode == 0
+def test_resume_under_ddp_continues_exactly_and_another_world_size_goes_on_with_a_warning(straight_run, tmp_path):
+    straight, pieces, other = straight_run, tmp_path / "pieces", tmp_path / "other"
+    sets = STRAIGHT
     first = torchrun(pieces, *sets, cwd=tmp_path, extra=("--stop-at-step", "3"))
     assert first.returncode == 0, describe(first)
     # One process resumes what 2 wrote (the data order is global); the batch is per process, so it says the

@@ -1,8 +1,10 @@
 """A diverging run never costs the last healthy checkpoint, and a resume is exact on a busy machine (issue 22).
 
-Real trainer processes on real data: the issue's repro on the teacher games that ship with the project (a
-learning rate that ramps into an explosion), a healthy run resumed into one, a run stopped in the middle of a
-spike streak, and a resume whose thread count `runtime.threads = 0` would otherwise choose from the load.
+Real trainer runs on real data: the issue's repro on the teacher games that ship with the project (a learning
+rate that ramps into an explosion), a healthy run resumed into one, a run stopped in the middle of a spike
+streak, and a resume whose thread count `runtime.threads = 0` would otherwise choose from the load (that one
+in a process of its own, without OMP_NUM_THREADS). The runs read only their outputs and events, so the others
+run in the test process.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from tests.helpers.common import (
     child_env,
     describe,
     events_of,
-    run_trainer,
     settings_args,
     step_events,
     terminal_events,
     train,
+    trainer_in_process,
 )
 from tideborn.config.schema import WatchdogSettings
+from tideborn.data.cli import main as data_main
 from tideborn.network.checkpoint import CheckpointError, load_checkpoint, prune_checkpoints
 from tideborn.trainer.watchdog import GradientJudge
 
@@ -57,9 +60,7 @@ def teacher_root(tmp_path_factory) -> Path:
     for args in (["convert", str(SAMPLE_GAMES), "--output", str(teacher / "games.hcpe")],
                  ["split", str(teacher / "games.hcpe"), "--train", str(teacher / "train.hcpe"),
                   "--test", str(teacher / "test.hcpe")]):
-        done = subprocess.run([sys.executable, "-m", "tideborn.data", *args], cwd=root, env=child_env(),
-                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-        assert done.returncode == 0, describe(done)
+        assert data_main(args) == 0, args  # its messages are in the test's captured output
     return root
 
 
@@ -71,7 +72,8 @@ def test_the_issue_repro_keeps_the_last_healthy_checkpoint_names_it_and_resumes_
 
     run_dir = tmp_path / "run"
     data_root = f"paths.data_root={str(teacher_root)!r}"
-    result = run_trainer("train", *settings_args(run_dir, data_root, *DIVERGING, config=SMOKE_TEACHER), cwd=tmp_path)
+    result = trainer_in_process("train", *settings_args(run_dir, data_root, *DIVERGING, config=SMOKE_TEACHER),
+                                cwd=tmp_path)
     assert result.returncode == 1, describe(result)
     events = events_of(run_dir)
     norms = norms_by_step(events)
@@ -104,8 +106,8 @@ def test_the_issue_repro_keeps_the_last_healthy_checkpoint_names_it_and_resumes_
 
     # A plain `train` with a sane learning rate resumes from it, and the loss is where it was (the issue: 3.7e6).
     sane = ("optim.lr=0.05", f"runtime.max_steps={kept_step + 5}")
-    resumed = run_trainer("train", *settings_args(run_dir, data_root, *DIVERGING, *sane, config=SMOKE_TEACHER),
-                          cwd=tmp_path)
+    resumed = trainer_in_process("train", *settings_args(run_dir, data_root, *DIVERGING, *sane, config=SMOKE_TEACHER),
+                                 cwd=tmp_path)
     assert resumed.returncode == 0, describe(resumed)
     after = events_of(run_dir)
     started = [e for e in after if e["kind"] == "run_started"][-1]
@@ -211,10 +213,13 @@ def test_a_resume_with_automatic_threads_reuses_the_count_of_the_run_it_continue
     # More threads than this process may use: the automatic choice never picks it, whatever the load.
     threads = len(os.sched_getaffinity(0)) + 1
     common = ("runtime.log_every=1", "optim.batch_size=16", "runtime.checkpoint_every=2", "runtime.keep_checkpoints=5")
+    # The runs that set the count themselves need no environment of their own: they run in this process. The
+    # resume with `runtime.threads = 0` and the one that overrides the checkpoint's count run without
+    # OMP_NUM_THREADS, where the checkpoint's count is what the automatic choice would otherwise take.
     whole = tmp_path / "whole"
-    _train_free_threads(whole, *common, f"runtime.threads={threads}", "runtime.max_steps=6", cwd=tmp_path)
+    train(whole, *common, f"runtime.threads={threads}", "runtime.max_steps=6", cwd=tmp_path)
     run_dir = tmp_path / "run"
-    _train_free_threads(run_dir, *common, f"runtime.threads={threads}", "runtime.max_steps=3", cwd=tmp_path)
+    train(run_dir, *common, f"runtime.threads={threads}", "runtime.max_steps=3", cwd=tmp_path)
     resumed = _train_free_threads(run_dir, *common, "runtime.threads=0", "runtime.max_steps=6", cwd=tmp_path)
     started = [e for e in events_of(run_dir) if e["kind"] == "run_started"]
     assert [e["cpu_threads"] for e in started] == [threads, threads]

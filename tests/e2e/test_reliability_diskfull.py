@@ -46,8 +46,8 @@ def status_of(run_dir: Path) -> dict:
 
 
 def resume_to_the_end(run_dir: Path, cwd: Path, from_step: int, malformed: int) -> list[dict]:
-    result = train_with(run_dir, cwd, None)
-    assert result.returncode == 0, describe(result)
+    # Space is back: a plain resume, with no fault of its own, whose outputs alone are read (in this process).
+    train(run_dir, *SETS, cwd=cwd)
     events, bad_lines = read_history(run_dir)
     assert bad_lines == malformed
     last = [e for e in events if e["kind"] == "run_started"][-1]

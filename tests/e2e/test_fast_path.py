@@ -179,8 +179,14 @@ def real_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gpu-check") / "out"
     # A budget far above what the runs take: each run's time limit is a share of what is left of it, and on a
     # busy machine the default's share left the match too little.
-    code = bench_gpu.main(["--device", "cpu", "--quick", "--budget-seconds", "1500", "--out", str(out),
-                           "--runs", "teacher", "hcpe3", "resume", "match", "loader", "--variants", "deterministic"])
+    with pytest.MonkeyPatch.context() as env:
+        # Its processes on one CPU thread, as the suite's others (`child_env`): `match` keeps torch's thread per
+        # core, and on a busy 2-core machine its second thread spun in every layer, 15x the CPU of one thread.
+        env.setenv("OMP_NUM_THREADS", "1")
+        env.setenv("MKL_NUM_THREADS", "1")
+        code = bench_gpu.main(["--device", "cpu", "--quick", "--budget-seconds", "1500", "--out", str(out),
+                               "--runs", "teacher", "hcpe3", "resume", "match", "loader",
+                               "--variants", "deterministic"])
     assert code == 0, f"exit {code}: {(out / 'results.md').read_text() if (out / 'results.md').exists() else ''}"
     return out
 

@@ -134,7 +134,8 @@ def _loader(rows: list[dict] | None) -> list[str]:
         return ["Not run."]
     if rows[0].get("skipped"):
         return [f"Skipped: {rows[0]['skipped']}."]
-    lines = ["`TeacherBatches.next_batch` in a loop, no training, batch 1024, on the teacher run's records:", "",
+    lines = [f"`TeacherBatches.next_batch` in a loop, no training, {rows[0].get('batches', 200)} batches of 1024 "
+             f"after ten of warm-up, on the teacher run's records:", "",
              "| workers | pinned memory | planes packed | batches/s | positions/s |",
              "| ---: | --- | --- | ---: | ---: |"]
     for row in rows:

@@ -31,10 +31,11 @@ SAMPLE_GAMES = REPO_ROOT / "samples" / "games"
 
 TEACHER_POSITIONS = 14_000
 """Positions of seeded random games for the teacher-data run (530 KB of hcpe)."""
-CPU_TEACHER_SETS = ('data.kind="hcpe"', "data.test=[]", "optim.batch_size=256",
+CPU_TEACHER_SETS = ('data.kind="hcpe"', "data.test=[]", "optim.batch_size=64",
                     "runtime.max_steps=60", "runtime.log_every=10", "runtime.checkpoint_every=30", "runtime.threads=0")
 """On the CPU, on top of configs/smoke.toml: the real teacher path (decoding workers) for 60 steps of the small
-net, which is all a CPU can take in a check."""
+net at the smoke config's batch, which is all a CPU can take in a check (the step's cost grows with the batch;
+the path through the workers is the same at any batch)."""
 CUDA_TEACHER_SETS = ('data.kind="hcpe"', "data.test=[]", 'run.network="resnet10x192"', "optim.batch_size=1024",
                      "runtime.max_steps=120", "runtime.log_every=10", "runtime.checkpoint_every=60",
                      "runtime.threads=0", "runtime.gpu_event_seconds=1")
@@ -129,6 +130,9 @@ RESUME_SETS = ("runtime.log_every=1", "runtime.checkpoint_every=10", "runtime.ke
                "runtime.deterministic=true")
 """Deterministic kernels: with cuDNN's autotuning two CUDA processes can pick different kernels and differ
 from the second step on, which says nothing about resume; deterministic runs must agree bit for bit."""
+CPU_RESUME_SETS = ("optim.batch_size=16",)
+"""On the CPU, a quarter of the smoke batch: what resume must carry over (weights, optimizer, schedule, RNG
+states, data cursor) is the same at any batch, and the four runs' steps are most of their time after start-up."""
 
 
 def resume_check(device: str, out: Path, timeout_seconds: float, steps: int = 40) -> dict:
@@ -138,17 +142,16 @@ def resume_check(device: str, out: Path, timeout_seconds: float, steps: int = 40
     means the resumed run is as close to the straight one as two straight runs are to each other (within
     10x)."""
     half = steps // 2
+    sets = (*RESUME_SETS, *(CPU_RESUME_SETS if device == "cpu" else ()), f"runtime.max_steps={steps}")
     with tempfile.TemporaryDirectory(prefix="tideborn-resume-") as scratch:
         runs = {}
         for name in ("straight-a", "straight-b"):
-            runs[name] = training_run(f"resume-{name}", device, out, (*RESUME_SETS, f"runtime.max_steps={steps}"),
-                                      timeout_seconds, keep_run_dir=Path(scratch) / name)
+            runs[name] = training_run(f"resume-{name}", device, out, sets, timeout_seconds,
+                                      keep_run_dir=Path(scratch) / name)
         resumed_dir = Path(scratch) / "resumed"
-        runs["first-half"] = training_run("resume-first-half", device, out,
-                                          (*RESUME_SETS, f"runtime.max_steps={steps}"), timeout_seconds,
+        runs["first-half"] = training_run("resume-first-half", device, out, sets, timeout_seconds,
                                           keep_run_dir=resumed_dir, extra_args=("--stop-at-step", str(half)))
-        runs["resumed"] = training_run("resume-second-half", device, out,
-                                       (*RESUME_SETS, f"runtime.max_steps={steps}"), timeout_seconds,
+        runs["resumed"] = training_run("resume-second-half", device, out, sets, timeout_seconds,
                                        keep_run_dir=resumed_dir, fresh=False)
         a, b, resumed = (losses_by_step(Path(scratch) / n) for n in ("straight-a", "straight-b", "resumed"))
         weights = {name: final_weights(Path(scratch) / name, steps) for name in ("straight-a", "straight-b", "resumed")}
@@ -304,11 +307,19 @@ def describe_run(label: str, run: dict) -> str:
             f"{run['final_loss']}{rate}{wait}, {run['seconds']:.1f} s")
 
 
-def loader_speed(device: str, worker_counts: tuple[int, ...], batches: int = 200, batch_size: int = 1024) -> list[dict]:
+LOADER_BATCHES = 200
+CPU_LOADER_BATCHES = 50
+"""On the CPU a quarter of them: one combination runs there (no settings compared), for a rough figure and the
+path itself, and decoding 1024 positions a batch is nearly all of its cost."""
+
+
+def loader_speed(device: str, worker_counts: tuple[int, ...], batches: int | None = None,
+                 batch_size: int = 1024) -> list[dict]:
     """The teacher loader alone (`TeacherBatches.next_batch`, no training) on the teacher run's records: batches
     per second at each worker count, with and without pinned memory on CUDA, and with the planes packed eight to
     a byte (the CUDA default) or not. Beside the teacher run's data wait, it tells a loader too slow for the step
-    from one slowed by what runs beside it."""
+    from one slowed by what runs beside it. `batches` are timed after ten of warm-up (default: LOADER_BATCHES, on
+    the CPU CPU_LOADER_BATCHES)."""
     if missing := cshogi_missing():
         return [{"skipped": missing}]
     import torch
@@ -317,6 +328,8 @@ def loader_speed(device: str, worker_counts: tuple[int, ...], batches: int = 200
     from tideborn.config import load_settings
     from tideborn.data.loader import TeacherBatches
 
+    if batches is None:
+        batches = LOADER_BATCHES if device == "cuda" else CPU_LOADER_BATCHES
     rows = []
     with tempfile.TemporaryDirectory(prefix="tideborn-loader-") as scratch:
         data = Path(scratch) / "random-play.hcpe"
@@ -343,7 +356,7 @@ def loader_speed(device: str, worker_counts: tuple[int, ...], batches: int = 200
                 del batch
             finally:
                 loader.close()
-            rows.append({"workers": workers, "pin_memory": pinned, "packed": packed,
+            rows.append({"workers": workers, "pin_memory": pinned, "packed": packed, "batches": batches,
                          "batches_per_second": batches / seconds,
                          "positions_per_second": batches * batch_size / seconds})
             print(f"loader: {workers} worker(s), pin_memory {pinned}, packed {packed}: "

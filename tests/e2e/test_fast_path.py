@@ -181,7 +181,7 @@ def real_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # busy machine the default's share left the match too little.
     with pytest.MonkeyPatch.context() as env:
         # Its processes on one CPU thread, as the suite's others (`child_env`): `match` keeps torch's thread per
-        # core, and on a busy 2-core machine its second thread spun in every layer, 15x the CPU of one thread.
+        # core, and on a busy 2-core machine its second thread spun in every layer, several times the CPU of one.
         env.setenv("OMP_NUM_THREADS", "1")
         env.setenv("MKL_NUM_THREADS", "1")
         code = bench_gpu.main(["--device", "cpu", "--quick", "--budget-seconds", "1500", "--out", str(out),

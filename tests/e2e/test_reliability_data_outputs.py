@@ -7,12 +7,15 @@ Ctrl-C or SIGKILL; a split interrupted between its two files; paths that name th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import stat
 import subprocess
 import sys
+import typing
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +30,8 @@ from tests.helpers.common import (
     events_of,
     settings_args,
     terminal_events,
+    train,
+    trainer_in_process,
     truncated_while_read,
     wait_until,
 )
@@ -67,7 +72,8 @@ def test_a_teacher_file_truncated_during_training_fails_the_run_naming_it(tmp_pa
 # -- helpers ---------------------------------------------------------------------------------------------------
 
 FAULT_SITE = r'''
-"""Test-only (tests/e2e/test_reliability_data_outputs.py), loaded through PYTHONPATH:
+"""Test-only (tests/e2e/test_reliability_data_outputs.py), loaded through PYTHONPATH (or run in the test
+process for the disk-full fault, `fault_in_process`):
 TIDEBORN_FAULT_OUTPUT="NAME:sigint": this process gets a real SIGINT once the temp file of output NAME is
 fsynced (complete, not yet published), as if Ctrl-C was pressed then.
 TIDEBORN_FAULT_OUTPUT="NAME:enospc:BYTES": writes to that temp file fail with ENOSPC after BYTES bytes, as
@@ -140,6 +146,18 @@ def fault_env(tmp_path: Path, spec: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(site), str(REPO_ROOT)]), "TIDEBORN_FAULT_OUTPUT": spec}
 
 
+@contextlib.contextmanager
+def fault_in_process(monkeypatch: pytest.MonkeyPatch, spec: str) -> typing.Iterator[None]:
+    """FAULT_SITE's fault in this process for the block: the patch a process would get at its start, undone
+    after. For the disk-full fault only; a SIGINT is sent to a process of its own (`fault_env`)."""
+    assert ":enospc:" in spec, spec
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fdopen", os.fdopen)  # FAULT_SITE replaces it; the context puts the real one back
+        patch.setenv("TIDEBORN_FAULT_OUTPUT", spec)
+        exec(compile(FAULT_SITE, "sitecustomize.py", "exec"), {"__name__": "sitecustomize"})
+        yield
+
+
 def run_tool(command: list[str], cwd: Path, env: dict[str, str] | None = None, umask: int | None = None,
              timeout: float = 300) -> subprocess.CompletedProcess:
     """`command` as a real process. A tool that hangs (a FIFO opened for reading waits for a writer for
@@ -159,6 +177,33 @@ def run_data(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
 def run_export(checkpoint: Path, out: Path, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
     return run_tool([str(console_script()), "export", "--checkpoint", str(checkpoint), "--out", str(out)], cwd,
                     **kwargs)
+
+
+def export_in_process(checkpoint: Path, out: Path, capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
+    """`tideborn export` through the console script's own entry point (`tideborn.cli.main`) in this process,
+    with what it writes to file descriptors 1 and 2, and Python's warnings, as a process would print them. It
+    saves a process importing torch, onnx and onnxruntime again where a test reads only the exit status, the
+    message and the files; Ctrl-C needs a process of its own (`run_export`)."""
+    from tideborn.cli import main
+
+    argv = ["export", "--checkpoint", str(checkpoint), "--out", str(out)]
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        code = main(argv)
+    printed, said = capfd.readouterr()
+    said += "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
+    return subprocess.CompletedProcess(["tideborn", *argv], code, printed, said)
+
+
+@contextlib.contextmanager
+def umask_000() -> typing.Iterator[None]:
+    """This process's umask is 000 for the block, and as it was after it, however the block ends."""
+    previous = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 def temp_files(directory: Path) -> list[str]:
@@ -249,16 +294,18 @@ def test_data_outputs_are_0o644_and_their_directories_0o755_under_umask_000(game
                      "b": 0o755, "b/test.hcpe": 0o644, "b/test.games.csv": 0o644}
 
 
-def test_export_writes_0o644_under_umask_000_and_removes_a_killed_exports_temp_file(template_run, tmp_path):
-    # A temp file of an export that was SIGKILLed (its process is gone), and one of an export still running.
+def test_export_writes_0o644_under_umask_000_and_removes_a_killed_exports_temp_file(template_run, tmp_path, capfd):
+    # A temp file of an export that was SIGKILLed (its process is gone), and one of an export still running
+    # (this process's parent stands for it: the export runs in this process, and its own temp file is this pid's).
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     killed = tmp_path / f".model.onnx.tmp-{gone.pid}"
-    running = tmp_path / f".model.onnx.tmp-{os.getpid()}"
+    running = tmp_path / f".model.onnx.tmp-{os.getppid()}"
     killed.write_bytes(b"half a model")
     running.write_bytes(b"another export's model, being written")
 
-    done = run_export(template_run / "step-000000004.pt", tmp_path / "model.onnx", cwd=tmp_path, umask=0)
+    with umask_000():
+        done = export_in_process(template_run / "step-000000004.pt", tmp_path / "model.onnx", capfd)
     assert done.returncode == 0, describe(done)
     assert stat.S_IMODE((tmp_path / "model.onnx").stat().st_mode) == 0o644
     assert not killed.exists(), "the killed export's temp file was left behind"
@@ -268,9 +315,8 @@ def test_export_writes_0o644_under_umask_000_and_removes_a_killed_exports_temp_f
 
 def test_the_model_a_run_exports_into_its_run_directory_is_0o644_under_umask_000(tmp_path):
     run_dir = tmp_path / "run"
-    done = run_tool([sys.executable, "-m", "tideborn.trainer", "train", *settings_args(
-        run_dir, "runtime.max_steps=2", "optim.batch_size=16", "runtime.export_onnx=true")], tmp_path, umask=0)
-    assert done.returncode == 0, describe(done)
+    with umask_000():
+        train(run_dir, "runtime.max_steps=2", "optim.batch_size=16", "runtime.export_onnx=true", cwd=tmp_path)
     model = run_dir / "step-000000002.onnx"
     assert model.is_file() and stat.S_IMODE(model.stat().st_mode) == 0o644
 
@@ -291,8 +337,7 @@ def test_a_train_and_test_file_from_two_splits_are_refused_by_train_and_verify(g
                  second_test.with_suffix(".games.csv")):
         shutil.copy2(path, mixed / path.name)
 
-    trained = run_tool([sys.executable, "-m", "tideborn.trainer", "train", *teacher_sets(mixed, tmp_path / "run")],
-                       tmp_path)
+    trained = trainer_in_process("train", *teacher_sets(mixed, tmp_path / "run"), cwd=tmp_path)
     assert trained.returncode == 2, describe(trained)
     one_line(trained, rf"{mixed / 'train.hcpe'} and {mixed / 'test.hcpe'} come from different `data split` runs")
     assert not (tmp_path / "run").exists()
@@ -302,8 +347,7 @@ def test_a_train_and_test_file_from_two_splits_are_refused_by_train_and_verify(g
     assert "come from different `data split` runs" in verified.stdout
 
     # the same files from one split train
-    ok = run_tool([sys.executable, "-m", "tideborn.trainer", "train",
-                   *teacher_sets(tmp_path / "first", tmp_path / "run")], tmp_path)
+    ok = trainer_in_process("train", *teacher_sets(tmp_path / "first", tmp_path / "run"), cwd=tmp_path)
     assert ok.returncode == 0, describe(ok)
     assert run_data("verify", "first/train.hcpe", "first/test.hcpe", "--quiet", cwd=tmp_path).returncode == 0
 
@@ -415,10 +459,10 @@ def test_a_full_disk_while_split_writes_is_named_and_keeps_the_old_pair(games_hc
     assert temp_files(tmp_path / "pair") == []
 
 
-def test_a_full_disk_while_export_writes_is_named_and_keeps_the_old_model(template_run, tmp_path):
+def test_a_full_disk_while_export_writes_is_named_and_keeps_the_old_model(template_run, tmp_path, monkeypatch, capfd):
     (tmp_path / "model.onnx").write_bytes(b"the previous model")
-    done = run_export(template_run / "step-000000004.pt", tmp_path / "model.onnx", cwd=tmp_path,
-                      env=fault_env(tmp_path, "model.onnx:enospc:4096"))
+    with fault_in_process(monkeypatch, "model.onnx:enospc:4096"):
+        done = export_in_process(template_run / "step-000000004.pt", tmp_path / "model.onnx", capfd)
     assert done.returncode == 2, describe(done)
     one_line(done, r"^tideborn export: error: disk full writing \S+/model\.onnx; nothing was replaced")
     assert (tmp_path / "model.onnx").read_bytes() == b"the previous model"
@@ -434,12 +478,13 @@ def nearly_full_filesystem(small_filesystem):
     return mount_point
 
 
-def test_a_really_full_disk_is_named_by_convert_and_export(games_hcpe, template_run, tmp_path, nearly_full_filesystem):
+def test_a_really_full_disk_is_named_by_convert_and_export(games_hcpe, template_run, tmp_path, nearly_full_filesystem,
+                                                           capfd):
     done = run_data("convert", str(games_hcpe.parent / "games"), "--output", str(nearly_full_filesystem / "all.hcpe"),
                     "--quiet", cwd=tmp_path)
     assert done.returncode == 2, describe(done)
     one_line(done, r"^python -m tideborn\.data convert: error: disk full writing \S+/all\.hcpe; nothing was replaced")
-    done = run_export(template_run / "step-000000004.pt", nearly_full_filesystem / "model.onnx", cwd=tmp_path)
+    done = export_in_process(template_run / "step-000000004.pt", nearly_full_filesystem / "model.onnx", capfd)
     assert done.returncode == 2, describe(done)
     one_line(done, r"^tideborn export: error: disk full writing \S+/model\.onnx; nothing was replaced")
     assert sorted(p.name for p in nearly_full_filesystem.iterdir()) == ["filler"]

@@ -229,17 +229,19 @@ def test_a_hostile_cache_entry_is_left_alone_and_decoded_in_memory_with_one_warn
         assert not [p for p in data.iterdir() if ".tmp-" in p.name]
 
 
-def test_a_run_with_a_fifo_for_its_cache_trains_decoding_once_with_one_warning(games, tmp_path):
+def test_a_run_with_a_fifo_for_its_cache_trains_decoding_once_with_one_warning(games, tmp_path, no_hang):
     """End to end: the trainer's checks and its data loader share the positions decoded in memory (one
     'decoding' line, one warning), and the FIFO is neither opened for good nor replaced."""
-    from tests.helpers.common import run_trainer
+    from tests.helpers.common import trainer_in_process
 
     write_hcpe3(tmp_path / "a.hcpe3", games[:6], seed=106)
     os.mkfifo(cache_path(tmp_path / "a.hcpe3"))
-    done = run_trainer("train", *settings_args(
+    # In this process (the warnings said once a process start with none said: `fresh_warnings`); a FIFO
+    # opened for good would block, and `no_hang` fails the test instead of hanging the suite.
+    done = trainer_in_process("train", *settings_args(
         tmp_path / "run", f"paths.data_root={str(tmp_path)!r}", 'data.train=["a.hcpe3"]', "data.workers=0",
         "optim.batch_size=16", "runtime.max_steps=2", "data.test=[]", 'data.kind="auto"', config=TEACHER_CONFIG),
-        cwd=tmp_path, timeout=120)  # a hang fails the test rather than the suite; a run takes seconds
+        cwd=tmp_path)
     assert done.returncode == 0, describe(done)
     output = done.stdout + done.stderr
     assert output.count("hcpe3: decoding") == 1, output

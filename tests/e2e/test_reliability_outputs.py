@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import typing
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers.common import assert_user_error, child_env, describe, settings_args
+from tests.helpers.common import assert_user_error, settings_args, train
 from tideborn.network.checkpoint import CheckpointError, load_checkpoint
 from tideborn.rundir import MATCH_REFERENCE_FILE
 from tideborn.safefile import write_atomically
@@ -195,11 +194,8 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real run directory: four steps of the smoke net, with its events, checkpoints and match reference."""
     root = tmp_path_factory.mktemp("small-run")
     run_dir = root / "run"
-    result = subprocess.run([sys.executable, "-m", "tideborn.trainer", "train", *settings_args(
-        run_dir, "runtime.max_steps=4", "runtime.checkpoint_every=2", "runtime.match_every=2", "runtime.match_games=2",
-        "optim.batch_size=16", "data.workers=0")], cwd=root, env=child_env(), capture_output=True, text=True,
-        timeout=300, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, describe(result)
+    train(run_dir, "runtime.max_steps=4", "runtime.checkpoint_every=2", "runtime.match_every=2",
+          "runtime.match_games=2", "optim.batch_size=16", "data.workers=0", cwd=root)
     return run_dir
 
 

@@ -20,8 +20,8 @@ from tests.helpers.common import (
     assert_user_error,
     child_env,
     copy_run,
-    run_trainer,
     settings_args,
+    trainer_in_process,
     tree,
 )
 from tideborn.cli import main as tideborn_main
@@ -85,11 +85,11 @@ def test_summary_says_what_train_says_when_a_data_pattern_matches_nothing(workdi
     assert err == "" and not any(workdir.iterdir()), "summary writes nothing"
 
 
-@pytest.mark.slow  # a trainer process, and the template run
+@pytest.mark.slow  # a trainer run, and the template run
 def test_summary_says_what_train_says_when_there_is_nothing_to_train(template_run, tmp_path, capsys):
     run_dir = copy_run(template_run, tmp_path / "run")  # 4 steps of runtime.max_steps=4
     args = settings_args(run_dir, *TEMPLATE_SETS)
-    trained = run_trainer("train", *args, cwd=tmp_path)
+    trained = trainer_in_process("train", *args, cwd=tmp_path)
     assert trained.returncode == 0 and trained.stderr == ""
     said = trained.stdout.strip()
     assert said.startswith(f"nothing to train: {run_dir / 'step-000000004.pt'} is at step 4"), said

@@ -1,5 +1,6 @@
-"""The smoke run end to end through the installed `tideborn` console script, as the README tells a
-new user to try it: train, look at the summary, start over with --fresh."""
+"""The smoke run end to end, as the README tells a new user to try it: train (through the installed `tideborn`
+console script, a real process), look at the summary, start over with --fresh (the same commands run in the test
+process: they read and write only the run's files, and the script's start-up is proven by the first)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.common import SMOKE_CONFIG, describe, events_of, run_trainer, step_events, terminal_events
+from tests.helpers.common import (
+    SMOKE_CONFIG,
+    describe,
+    events_of,
+    run_trainer,
+    step_events,
+    terminal_events,
+    trainer_in_process,
+)
 from tideborn.network.checkpoint import load_checkpoint
 from tideborn.rundir import ARCHIVE_DIR, EVENTS_FILE, list_checkpoints
 from tideborn.rundir.events import TERMINAL_KINDS
@@ -50,7 +59,7 @@ def test_smoke_run_finishes_with_valid_events_and_a_loadable_checkpoint(smoke) -
 
 def test_summary_shows_parameters_flops_and_the_run_directory(smoke) -> None:
     work, _ = smoke
-    result = run_trainer("summary", "--config", str(SMOKE_CONFIG), cwd=work, script=True)
+    result = trainer_in_process("summary", "--config", str(SMOKE_CONFIG), cwd=work)
     assert result.returncode == 0, describe(result)
 
     weights = load_checkpoint(work / SMOKE_RUN_DIR / "step-000000020.pt")["model"]
@@ -68,8 +77,7 @@ def test_fresh_archives_old_checkpoints_and_events_and_starts_at_step_0(smoke) -
     old_events = (run_dir / EVENTS_FILE).read_bytes()
     old_checkpoints = {path.name: path.read_bytes() for _, path in list_checkpoints(run_dir)}
 
-    result = run_trainer("train", "--config", str(SMOKE_CONFIG), "--fresh", "--stop-at-step", "2",
-                         cwd=work, script=True)
+    result = trainer_in_process("train", "--config", str(SMOKE_CONFIG), "--fresh", "--stop-at-step", "2", cwd=work)
     assert result.returncode == 0, describe(result)
 
     archives = list((run_dir / ARCHIVE_DIR).iterdir())

@@ -30,8 +30,8 @@ from tests.helpers.common import (
     copy_run,
     describe,
     events_of,
-    run_trainer,
     settings_args,
+    trainer_in_process,
     tree,
     until,
 )
@@ -110,8 +110,8 @@ def test_start_on_a_finished_run_refuses_with_the_trainers_message(template_run,
     line = assert_user_error(result.stderr, r"nothing to train: .*step-000000004\.pt is at step 4, "
                                             r"and runtime\.max_steps is 4")
     assert result.stdout == "" and tree(run_dir) == before  # nothing launched, nothing written
-    # The trainer, asked the same, says the very same thing.
-    trained = run_trainer("train", *settings_args(run_dir, *TEMPLATE_SETS), cwd=tmp_path)
+    # The trainer, asked the same, says the very same thing (in this process: only its answer is read).
+    trained = trainer_in_process("train", *settings_args(run_dir, *TEMPLATE_SETS), cwd=tmp_path)
     assert trained.returncode == 0 and trained.stdout.strip() == line.split(": error: ", 1)[1]
     status = tool("status", "--out-dir", str(run_dir))
     assert status.returncode == 0 and "state       finished" in status.stdout, describe(status)
@@ -351,7 +351,7 @@ def test_a_lock_left_by_a_dead_trainers_child_is_told_as_such(tmp_path, pids):
     assert_user_error(result.stderr, rf"a leftover child of dead trainer pid {dead.pid} .*still holds "
                                      r"\.trainer\.lock; it lets go within seconds")
     assert not (run_dir / "train.pid").exists()
-    trained = run_trainer("train", *settings_args(run_dir, *ENDLESS), cwd=tmp_path)
+    trained = trainer_in_process("train", *settings_args(run_dir, *ENDLESS), cwd=tmp_path)
     assert trained.returncode == 2
     assert_user_error(trained.stderr, rf"leftover child of dead trainer pid {dead.pid}")
 

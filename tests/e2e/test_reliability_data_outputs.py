@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -158,14 +159,13 @@ def fault_in_process(monkeypatch: pytest.MonkeyPatch, spec: str) -> typing.Itera
         yield
 
 
-def run_tool(command: list[str], cwd: Path, env: dict[str, str] | None = None, umask: int | None = None,
+def run_tool(command: list[str], cwd: Path, env: dict[str, str] | None = None,
              timeout: float = 300) -> subprocess.CompletedProcess:
     """`command` as a real process. A tool that hangs (a FIFO opened for reading waits for a writer for
     ever) fails the test instead of hanging the suite."""
-    extra = {} if umask is None else {"umask": umask}
     try:
         return subprocess.run(command, cwd=cwd, env=child_env(env), capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL, **extra)
+                              timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{' '.join(command)} did not finish in {timeout} s (hung?)")
 
@@ -179,21 +179,47 @@ def run_export(checkpoint: Path, out: Path, cwd: Path, **kwargs) -> subprocess.C
                     **kwargs)
 
 
-def export_in_process(checkpoint: Path, out: Path, capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
-    """`tideborn export` through the console script's own entry point (`tideborn.cli.main`) in this process,
-    with what it writes to file descriptors 1 and 2, and Python's warnings, as a process would print them. It
-    saves a process importing torch, onnx and onnxruntime again where a test reads only the exit status, the
-    message and the files; Ctrl-C needs a process of its own (`run_export`)."""
-    from tideborn.cli import main
+def in_process(main: typing.Callable[[list[str]], int], argv: list[str], cwd: Path,
+               capfd: pytest.CaptureFixture[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    """A command's `main(argv)` run in this process, in `cwd`, as its process would end: what it writes to file
+    descriptors 1 and 2 and Python's warnings on stderr, argparse's refusals as exit statuses. It saves a
+    process's start (torch, onnx and onnxruntime imported again, for an export) where a test reads only the
+    exit status, the message and the files; Ctrl-C, a file cut under a running command and a FIFO given as
+    an input keep a real process. A command that blocks (a FIFO opened for writing waits for a reader for
+    ever) fails the test after `timeout` seconds instead of hanging the suite."""
+    def expired(signum, frame):
+        raise TimeoutError(f"{' '.join(argv)} did not finish in {timeout} s (blocked?)")
 
-    argv = ["export", "--checkpoint", str(checkpoint), "--out", str(out)]
     capfd.readouterr()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")
-        code = main(argv)
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(timeout)
+    try:
+        with contextlib.chdir(cwd), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            try:
+                code = main(argv)
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     printed, said = capfd.readouterr()
     said += "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
-    return subprocess.CompletedProcess(["tideborn", *argv], code, printed, said)
+    return subprocess.CompletedProcess(argv, code, printed, said)
+
+
+def data_in_process(*args: str, cwd: Path, capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
+    """`python -m tideborn.data ARGS` in this process (`in_process`)."""
+    from tideborn.data.cli import main
+
+    return in_process(main, list(args), cwd, capfd)
+
+
+def export_in_process(checkpoint: Path, out: Path, capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
+    """`tideborn export` through the console script's own entry point (`tideborn.cli.main`), in this process."""
+    from tideborn.cli import main
+
+    return in_process(main, ["export", "--checkpoint", str(checkpoint), "--out", str(out)], out.parent, capfd)
 
 
 @contextlib.contextmanager
@@ -258,14 +284,16 @@ def same_kind(path: Path, kind: str) -> bool:
 # -- outputs are regular files, 0o644 whatever the umask -------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
-def test_data_outputs_refuse_to_replace_what_is_not_a_regular_file(games_hcpe, tmp_path, kind):
+def test_data_outputs_refuse_to_replace_what_is_not_a_regular_file(games_hcpe, tmp_path, capfd, kind):
     make_special(tmp_path / "special.hcpe", kind)
-    done = run_data("convert", str(games_hcpe.parent / "games"), "--output", "special.hcpe", cwd=tmp_path)
+    done = data_in_process("convert", str(games_hcpe.parent / "games"), "--output", "special.hcpe", cwd=tmp_path,
+                           capfd=capfd)
     assert done.returncode == 2, describe(done)
     one_line(done, rf"--output special\.hcpe: is a {'directory' if kind == 'directory' else ''}")
     for flag in ("--train", "--test"):
         other = "--test" if flag == "--train" else "--train"
-        done = run_data("split", str(games_hcpe), flag, "special.hcpe", other, "other.hcpe", cwd=tmp_path)
+        done = data_in_process("split", str(games_hcpe), flag, "special.hcpe", other, "other.hcpe", cwd=tmp_path,
+                               capfd=capfd)
         assert done.returncode == 2, describe(done)
         one_line(done, rf"{flag} special\.hcpe: is a")
     assert same_kind(tmp_path / "special.hcpe", kind), "the special file was replaced"
@@ -282,11 +310,14 @@ def test_export_refuses_to_replace_what_is_not_a_regular_file(template_run, tmp_
     assert same_kind(tmp_path / "model.onnx", kind) and temp_files(tmp_path) == []
 
 
-def test_data_outputs_are_0o644_and_their_directories_0o755_under_umask_000(games_hcpe, tmp_path):
+def test_data_outputs_are_0o644_and_their_directories_0o755_under_umask_000(games_hcpe, tmp_path, capfd):
     games = str(games_hcpe.parent / "games")
-    assert run_data("convert", games, "--output", "new/dir/all.hcpe", "--quiet", cwd=tmp_path, umask=0).returncode == 0
-    done = run_data("split", "new/dir/all.hcpe", "--train", "a/train.hcpe", "--test", "b/test.hcpe", "--quiet",
-                    "--test-fraction", "0.3", cwd=tmp_path, umask=0)
+    with umask_000():
+        converted = data_in_process("convert", games, "--output", "new/dir/all.hcpe", "--quiet", cwd=tmp_path,
+                                    capfd=capfd)
+        assert converted.returncode == 0
+        done = data_in_process("split", "new/dir/all.hcpe", "--train", "a/train.hcpe", "--test", "b/test.hcpe",
+                               "--quiet", "--test-fraction", "0.3", cwd=tmp_path, capfd=capfd)
     assert done.returncode == 0, describe(done)
     modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*")}
     assert modes == {"new": 0o755, "new/dir": 0o755, "new/dir/all.hcpe": 0o644, "new/dir/all.games.csv": 0o644,
@@ -328,7 +359,7 @@ def teacher_sets(directory: Path, run_dir: Path) -> list[str]:
                          'runtime.progress="plain"', config=TEACHER_CONFIG)
 
 
-def test_a_train_and_test_file_from_two_splits_are_refused_by_train_and_verify(games_hcpe, tmp_path):
+def test_a_train_and_test_file_from_two_splits_are_refused_by_train_and_verify(games_hcpe, tmp_path, capfd):
     first_train, _ = split_into(games_hcpe, tmp_path / "first", seed=1)
     _, second_test = split_into(games_hcpe, tmp_path / "second", seed=2)
     mixed = tmp_path / "mixed"
@@ -342,14 +373,15 @@ def test_a_train_and_test_file_from_two_splits_are_refused_by_train_and_verify(g
     one_line(trained, rf"{mixed / 'train.hcpe'} and {mixed / 'test.hcpe'} come from different `data split` runs")
     assert not (tmp_path / "run").exists()
 
-    verified = run_data("verify", "mixed/train.hcpe", "--quiet", cwd=tmp_path)
+    verified = data_in_process("verify", "mixed/train.hcpe", "--quiet", cwd=tmp_path, capfd=capfd)
     assert verified.returncode == 1, describe(verified)
     assert "come from different `data split` runs" in verified.stdout
 
     # the same files from one split train
     ok = trainer_in_process("train", *teacher_sets(tmp_path / "first", tmp_path / "run"), cwd=tmp_path)
     assert ok.returncode == 0, describe(ok)
-    assert run_data("verify", "first/train.hcpe", "first/test.hcpe", "--quiet", cwd=tmp_path).returncode == 0
+    assert data_in_process("verify", "first/train.hcpe", "first/test.hcpe", "--quiet", cwd=tmp_path,
+                           capfd=capfd).returncode == 0
 
 
 class _Killed(BaseException):
@@ -446,13 +478,13 @@ def test_ctrl_c_while_export_writes_keeps_the_old_model_and_leaves_no_temp_file(
 
 # -- a full disk --------------------------------------------------------------------------------------------
 
-def test_a_full_disk_while_split_writes_is_named_and_keeps_the_old_pair(games_hcpe, tmp_path):
+def test_a_full_disk_while_split_writes_is_named_and_keeps_the_old_pair(games_hcpe, tmp_path, monkeypatch, capfd):
     split_into(games_hcpe, tmp_path / "pair", seed=1)
     before = snapshot(tmp_path / "pair")
     # the train file is written; the test file gets 1,000 bytes in, then the disk is full
-    done = run_data("split", str(games_hcpe), "--train", "pair/train.hcpe", "--test", "pair/test.hcpe",
-                    "--seed", "2", "--test-fraction", "0.3", cwd=tmp_path,
-                    env=fault_env(tmp_path, "test.hcpe:enospc:1000"))
+    with fault_in_process(monkeypatch, "test.hcpe:enospc:1000"):
+        done = data_in_process("split", str(games_hcpe), "--train", "pair/train.hcpe", "--test", "pair/test.hcpe",
+                               "--seed", "2", "--test-fraction", "0.3", cwd=tmp_path, capfd=capfd)
     assert done.returncode == 2, describe(done)
     one_line(done, r"^python -m tideborn\.data split: error: disk full writing pair/test\.hcpe; nothing was replaced")
     assert snapshot(tmp_path / "pair") == before
@@ -480,8 +512,8 @@ def nearly_full_filesystem(small_filesystem):
 
 def test_a_really_full_disk_is_named_by_convert_and_export(games_hcpe, template_run, tmp_path, nearly_full_filesystem,
                                                            capfd):
-    done = run_data("convert", str(games_hcpe.parent / "games"), "--output", str(nearly_full_filesystem / "all.hcpe"),
-                    "--quiet", cwd=tmp_path)
+    done = data_in_process("convert", str(games_hcpe.parent / "games"), "--output",
+                           str(nearly_full_filesystem / "all.hcpe"), "--quiet", cwd=tmp_path, capfd=capfd)
     assert done.returncode == 2, describe(done)
     one_line(done, r"^python -m tideborn\.data convert: error: disk full writing \S+/all\.hcpe; nothing was replaced")
     done = export_in_process(template_run / "step-000000004.pt", nearly_full_filesystem / "model.onnx", capfd)
@@ -494,12 +526,12 @@ def test_a_really_full_disk_is_named_by_convert_and_export(games_hcpe, template_
 
 @pytest.mark.parametrize("train, test", [("a.hcpe", "a.HCPE"), ("a.hcpe", "sub/../a.hcpe"),
                                          ("a.hcpe", "link.hcpe")])
-def test_split_refuses_train_and_test_that_are_one_file(games_hcpe, tmp_path, train, test):
+def test_split_refuses_train_and_test_that_are_one_file(games_hcpe, tmp_path, capfd, train, test):
     # a.HCPE: one file on a case-insensitive file system, and one game index (a.games.csv) everywhere
     (tmp_path / "sub").mkdir()
     (tmp_path / "a.hcpe").write_bytes(b"")
     os.link(tmp_path / "a.hcpe", tmp_path / "link.hcpe")
-    done = run_data("split", str(games_hcpe), "--train", train, "--test", test, cwd=tmp_path)
+    done = data_in_process("split", str(games_hcpe), "--train", train, "--test", test, cwd=tmp_path, capfd=capfd)
     assert done.returncode == 2, describe(done)
     one_line(done, r"--train a\.hcpe and --test \S+ name the same file")
     assert (tmp_path / "a.hcpe").read_bytes() == b""

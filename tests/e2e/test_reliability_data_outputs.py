@@ -215,11 +215,12 @@ def data_in_process(*args: str, cwd: Path, capfd: pytest.CaptureFixture[str]) ->
     return in_process(main, list(args), cwd, capfd)
 
 
-def export_in_process(checkpoint: Path, out: Path, capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
+def export_in_process(checkpoint: Path, out: Path, cwd: Path,
+                      capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
     """`tideborn export` through the console script's own entry point (`tideborn.cli.main`), in this process."""
     from tideborn.cli import main
 
-    return in_process(main, ["export", "--checkpoint", str(checkpoint), "--out", str(out)], out.parent, capfd)
+    return in_process(main, ["export", "--checkpoint", str(checkpoint), "--out", str(out)], cwd, capfd)
 
 
 @contextlib.contextmanager
@@ -336,7 +337,7 @@ def test_export_writes_0o644_under_umask_000_and_removes_a_killed_exports_temp_f
     running.write_bytes(b"another export's model, being written")
 
     with umask_000():
-        done = export_in_process(template_run / "step-000000004.pt", tmp_path / "model.onnx", capfd)
+        done = export_in_process(template_run / "step-000000004.pt", tmp_path / "model.onnx", tmp_path, capfd)
     assert done.returncode == 0, describe(done)
     assert stat.S_IMODE((tmp_path / "model.onnx").stat().st_mode) == 0o644
     assert not killed.exists(), "the killed export's temp file was left behind"
@@ -494,7 +495,7 @@ def test_a_full_disk_while_split_writes_is_named_and_keeps_the_old_pair(games_hc
 def test_a_full_disk_while_export_writes_is_named_and_keeps_the_old_model(template_run, tmp_path, monkeypatch, capfd):
     (tmp_path / "model.onnx").write_bytes(b"the previous model")
     with fault_in_process(monkeypatch, "model.onnx:enospc:4096"):
-        done = export_in_process(template_run / "step-000000004.pt", tmp_path / "model.onnx", capfd)
+        done = export_in_process(template_run / "step-000000004.pt", tmp_path / "model.onnx", tmp_path, capfd)
     assert done.returncode == 2, describe(done)
     one_line(done, r"^tideborn export: error: disk full writing \S+/model\.onnx; nothing was replaced")
     assert (tmp_path / "model.onnx").read_bytes() == b"the previous model"
@@ -516,7 +517,7 @@ def test_a_really_full_disk_is_named_by_convert_and_export(games_hcpe, template_
                            str(nearly_full_filesystem / "all.hcpe"), "--quiet", cwd=tmp_path, capfd=capfd)
     assert done.returncode == 2, describe(done)
     one_line(done, r"^python -m tideborn\.data convert: error: disk full writing \S+/all\.hcpe; nothing was replaced")
-    done = export_in_process(template_run / "step-000000004.pt", nearly_full_filesystem / "model.onnx", capfd)
+    done = export_in_process(template_run / "step-000000004.pt", nearly_full_filesystem / "model.onnx", tmp_path, capfd)
     assert done.returncode == 2, describe(done)
     one_line(done, r"^tideborn export: error: disk full writing \S+/model\.onnx; nothing was replaced")
     assert sorted(p.name for p in nearly_full_filesystem.iterdir()) == ["filler"]

@@ -525,14 +525,15 @@ def test_a_really_full_disk_is_named_by_convert_and_export(games_hcpe, template_
 
 # -- paths that are one file; FIFOs as inputs ------------------------------------------------------------------
 
-@pytest.mark.parametrize("train, test", [("a.hcpe", "a.HCPE"), ("a.hcpe", "sub/../a.hcpe"),
-                                         ("a.hcpe", "link.hcpe")])
-def test_split_refuses_train_and_test_that_are_one_file(games_hcpe, tmp_path, capfd, train, test):
+@pytest.mark.parametrize("train_name, test_name", [("a.hcpe", "a.HCPE"), ("a.hcpe", "sub/../a.hcpe"),
+                                                   ("a.hcpe", "link.hcpe")])
+def test_split_refuses_train_and_test_that_are_one_file(games_hcpe, tmp_path, capfd, train_name, test_name):
     # a.HCPE: one file on a case-insensitive file system, and one game index (a.games.csv) everywhere
     (tmp_path / "sub").mkdir()
     (tmp_path / "a.hcpe").write_bytes(b"")
     os.link(tmp_path / "a.hcpe", tmp_path / "link.hcpe")
-    done = data_in_process("split", str(games_hcpe), "--train", train, "--test", test, cwd=tmp_path, capfd=capfd)
+    done = data_in_process("split", str(games_hcpe), "--train", train_name, "--test", test_name, cwd=tmp_path,
+                           capfd=capfd)
     assert done.returncode == 2, describe(done)
     one_line(done, r"--train a\.hcpe and --test \S+ name the same file")
     assert (tmp_path / "a.hcpe").read_bytes() == b""

@@ -1,9 +1,9 @@
 """What the USI engine thinks with, behind one small interface (`Thinker.think`), and how long it may think.
 
 `PolicyThinker` plays the net's policy alone (`--playouts 0` or `1`): the legal move with the largest policy
-logit, its value as the score; a mate in one (cshogi's `mate_move_in_1ply`) is always taken. `SearchThinker`
-runs the PUCT search of `tideborn.match.search` (`--playouts N` > 1). `move_budget_ms` is the time rule the
-engine keeps to (docs/match.md, "In a shogi GUI (USI)").
+logit, its value as the score; a mate in one (`mate_in_one`: cshogi's `mate_move_in_1ply`, out of check) is
+always taken. `SearchThinker` runs the PUCT search of `tideborn.match.search` (`--playouts N` > 1).
+`move_budget_ms` is the time rule the engine keeps to (docs/match.md, "In a shogi GUI (USI)").
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class PolicyThinker:
         return policy[0], float(value[0])
 
     def think(self, board, limits, stop, on_info) -> Thought:
-        mate = board.mate_move_in_1ply()
+        mate = mate_in_one(board)
         policy, value = self.evaluate(board)
         if mate:
             return Thought(mate, MAX_CP, 1, 1, (mate,), mate=1)
@@ -101,7 +101,7 @@ class SearchThinker:
     name: str = "search"
 
     def think(self, board, limits, stop, on_info) -> Thought:
-        mate = board.mate_move_in_1ply()
+        mate = mate_in_one(board)
         if mate:
             return Thought(mate, MAX_CP, 1, 1, (mate,), mate=1)
 
@@ -116,6 +116,13 @@ class SearchThinker:
         result = self.searcher.think(board.copy(), playouts=playouts, deadline=limits.deadline, stop=stop,
                                      on_info=relay)
         return _thought_of(result, result.move)
+
+
+def mate_in_one(board: cshogi.Board) -> int:
+    """A move that mates at once, or 0. cshogi's one-ply mate search is for positions not in check: in check it
+    can answer a move that mates but leaves the mover's own king in check (an illegal move, seen in play: a gold
+    dropped next to the other king while a promoted knight checked one's own)."""
+    return 0 if board.is_check() else board.mate_move_in_1ply()
 
 
 def _thought_of(info, move: int) -> Thought:

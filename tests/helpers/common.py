@@ -83,16 +83,20 @@ def run_trainer(*args: str, cwd: Path, script: bool = False, timeout: float = RU
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def trainer_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def trainer_in_process(*args: str, cwd: Path, console: bool = False) -> subprocess.CompletedProcess:
     """`python -m tideborn.trainer ARGS` run to completion in this process, as `run_trainer` would run it in a
     child: in `cwd`, on one CPU thread, with what it writes to stdout and stderr (file descriptors 1 and 2
     too) captured. It saves the child's start-up (Python and torch imported again, seconds each time) where a
     test reads only the outputs, events and exit status; signals, kills and environments need a real process.
-    An exception the trainer does not turn into an exit status fails the test with its traceback."""
+    An exception the trainer does not turn into an exit status fails the test with its traceback.
+    `console`: `tideborn ARGS` instead, through the console script's own `main` (any command, named `tideborn`)."""
     import torch
 
+    from tideborn.cli import main as console_main
     from tideborn.data.cachefile import take_cache_warnings
-    from tideborn.trainer.cli import main
+    from tideborn.trainer.cli import main as trainer_main
+
+    main = console_main if console else trainer_main
 
     saved_env = {name: os.environ.get(name) for name in CHILD_ENV_REMOVED + ("OMP_NUM_THREADS",)}
     saved_threads, saved_cwd = torch.get_num_threads(), os.getcwd()
@@ -140,7 +144,8 @@ def trainer_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                     os.environ[name] = value
         out.seek(0)
         err.seek(0)
-        return subprocess.CompletedProcess([*TRAINER_MODULE, *args], code, out.read().decode("utf-8", "replace"),
+        command = [str(console_script())] if console else TRAINER_MODULE
+        return subprocess.CompletedProcess([*command, *args], code, out.read().decode("utf-8", "replace"),
                                            err.read().decode("utf-8", "replace"))
 
 

@@ -17,10 +17,19 @@ import pytest
 from tests.helpers.common import REPO_ROOT, child_env, console_script, copy_run, trainer_in_process, tree
 from tideborn.data.cli import build_parser as data_parser
 from tideborn.tools.train_run import build_parser as run_parser
+from tideborn.tools.train_run import main as run_tools_main
 from tideborn.trainer.cli import build_parser as trainer_parser
 
 
 def tideborn(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`tideborn ARGS` through the console script's own `main`, in this process: these tests read only the exit
+    status and the lines written, which `main` makes itself. The console script and `python -m
+    tideborn.tools.train_run` as real processes: `tideborn_process`, in the tests of the bare `tideborn` and of
+    an empty directory (and `tideborn-tui`'s in the monitor's)."""
+    return trainer_in_process(*args, cwd=cwd, console=True)
+
+
+def tideborn_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(console_script()), *args], cwd=cwd, env=child_env(), capture_output=True,
                           text=True, timeout=120, stdin=subprocess.DEVNULL)
 
@@ -116,12 +125,13 @@ def test_every_commands_error_line_has_one_style(tmp_path, args, command, code):
 
 
 @pytest.mark.parametrize("command", ["status", "stop", "watch"])
-def test_the_run_tools_errors_have_the_same_style_when_run_as_a_module(tmp_path, command):
-    done = subprocess.run([sys.executable, "-m", "tideborn.tools.train_run", command, "--out-dir", "missing"],
-                          cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 3
-    [line] = done.stderr.strip().splitlines()
+def test_the_run_tools_errors_have_the_same_style_when_run_as_a_module(tmp_path, monkeypatch, capsys, command):
+    # `python -m tideborn.tools.train_run` runs this `main` with its default prog; the module run as a real
+    # process is in the empty directory's test below
+    monkeypatch.chdir(tmp_path)
+    assert run_tools_main([command, "--out-dir", "missing"]) == 3
+    done = capsys.readouterr()
+    [line] = done.err.strip().splitlines()
     assert line == f"python -m tideborn.tools.train_run {command}: error: missing: no such directory"
 
 
@@ -179,9 +189,10 @@ def test_config_is_described_the_same_way_everywhere():
 
 
 def test_bare_tideborn_prints_its_usage_to_stderr_and_help_to_stdout(tmp_path):
-    bare = tideborn(cwd=tmp_path)
+    # the console script as a real process: what the in-process `tideborn` above stands for
+    bare = tideborn_process(cwd=tmp_path)
     assert bare.returncode == 2 and bare.stdout == "" and "usage: tideborn COMMAND" in bare.stderr
-    asked = tideborn("--help", cwd=tmp_path)
+    asked = tideborn_process("--help", cwd=tmp_path)
     assert asked.returncode == 0 and asked.stderr == "" and "usage: tideborn COMMAND" in asked.stdout
 
 

@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import typing
 from pathlib import Path
 
 import pytest
@@ -64,8 +65,23 @@ def test_the_readme_asks_once_to_activate_the_environment_before_any_bare_comman
             assert number > activation[0], f"README: `{command}` comes before `{ACTIVATE}`"
 
 
+@pytest.fixture(scope="module")
+def help_of() -> typing.Callable[[list[str]], subprocess.CompletedProcess]:
+    """Each `--help` command line run once: README commands with the same program and subcommand words
+    (`./scripts/test.sh` and `./scripts/test.sh -m 'not slow'`) ask for the same help, seconds each for
+    the test script (it checks the environment, then pytest loads its plugins)."""
+    done: dict[tuple[str, ...], subprocess.CompletedProcess] = {}
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess:
+        if tuple(argv) not in done:
+            done[tuple(argv)] = subprocess.run(argv, cwd=REPO_ROOT, env=activated_env(), capture_output=True,
+                                               text=True, timeout=180, stdin=subprocess.DEVNULL)
+        return done[tuple(argv)]
+    return run
+
+
 @pytest.mark.parametrize("command", sorted({c for _, c in commands() if c != ACTIVATE}))
-def test_each_readme_command_exists_and_its_help_works(command):
+def test_each_readme_command_exists_and_its_help_works(command, help_of):
     argv = help_argv(command)
     program = argv[0]
     if program == "uv" and shutil.which("uv") is None:
@@ -75,8 +91,7 @@ def test_each_readme_command_exists_and_its_help_works(command):
         assert path.is_file() and os.access(path, os.X_OK), f"README: `{command}`: {program} is not an executable"
     elif program != "uv":
         assert (VENV_BIN / program).is_file(), f"README: `{command}`: {program} is not in the environment"
-    done = subprocess.run(argv, cwd=REPO_ROOT, env=activated_env(), capture_output=True, text=True, timeout=180,
-                          stdin=subprocess.DEVNULL)
+    done = help_of(argv)
     assert done.returncode == 0, f"`{shlex.join(argv)}` exited {done.returncode}: {done.stderr[-2000:]}"
     assert done.stdout.strip(), f"`{shlex.join(argv)}` printed no help"
     if "Traceback" in done.stderr:

@@ -58,12 +58,31 @@ KIF_GAME = """手合割：平手
 """
 
 
-def run_data(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_data_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m tideborn.data ARGS` as its own process: the entry point users type."""
     return subprocess.run([sys.executable, "-m", "tideborn.data", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=120)
 
 
-def test_convert_writes_every_position_with_its_move_and_the_games_result(tmp_path):
+@pytest.fixture
+def run_data(capfd, monkeypatch):
+    """`python -m tideborn.data ARGS` run in this process (its `main`, in `cwd`), with what it wrote to stdout
+    and stderr, file descriptors included: the tools' outputs and messages without a process start each."""
+
+    def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        capfd.readouterr()
+        try:
+            code = data_main(list(args))
+        except SystemExit as exit_:  # argparse's refusals, as the process would end
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess([sys.executable, "-m", "tideborn.data", *args], code, out, err)
+
+    return run
+
+
+def test_convert_writes_every_position_with_its_move_and_the_games_result(tmp_path, run_data):
     (tmp_path / "games").mkdir()
     (tmp_path / "games" / "a.csa").write_text(CSA_GAME, encoding="utf-8")
     (tmp_path / "games" / "b.kif").write_bytes(KIF_GAME.encode("cp932"))  # GUIs write KIF in Shift_JIS
@@ -88,7 +107,7 @@ def test_convert_writes_every_position_with_its_move_and_the_games_result(tmp_pa
         (0, 4, 4, "white_win"), (4, 3, 3, "black_win")]
 
 
-def test_convert_filters_games(tmp_path):
+def test_convert_filters_games(tmp_path, run_data):
     games = tmp_path / "games"
     games.mkdir()
     (games / "a.csa").write_text(CSA_GAME, encoding="utf-8")
@@ -111,7 +130,7 @@ def test_convert_filters_games(tmp_path):
     assert "duplicate 1" in done.stdout and "under 4 plies 2" in done.stdout
 
 
-def test_split_keeps_games_whole_and_leaks_no_position(tmp_path):
+def test_split_keeps_games_whole_and_leaks_no_position(tmp_path, run_data):
     random_csa_games(tmp_path / "games", 30)
     assert run_data("convert", "games", "-o", "all.hcpe", cwd=tmp_path).returncode == 0
     done = run_data("split", "all.hcpe", "--train", "train.hcpe", "--test", "test.hcpe",
@@ -133,14 +152,15 @@ def test_split_keeps_games_whole_and_leaks_no_position(tmp_path):
 
 def test_split_needs_the_game_index(tmp_path):
     write_records(tmp_path / "all.hcpe", hcpe_records(random_positions(10)))
-    done = run_data("split", "all.hcpe", "--train", "a.hcpe", "--test", "b.hcpe", cwd=tmp_path)
+    # as its own process: the entry point and its name in the message are what users see
+    done = run_data_process("split", "all.hcpe", "--train", "a.hcpe", "--test", "b.hcpe", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "python -m tideborn.data split: error: all.games.csv: no game index; split needs the index that "
         "`convert` writes beside its output (game boundaries are not stored in hcpe records)"]
 
 
-def test_verify_lists_planted_bad_records_and_fails(tmp_path):
+def test_verify_lists_planted_bad_records_and_fails(tmp_path, run_data):
     records = hcpe_records(random_positions(40, seed=9))
     records["bestMove16"][5] = 0
     records["bestMove16"][12] = (40 << 7) | 40  # 5e to 5e: never a legal move
@@ -188,7 +208,7 @@ def test_inspect_reports_counts_results_evals_plies_and_duplicates(tmp_path, cap
     assert "b.bin: psv, 20 records (800 bytes)" in text
 
 
-def test_inspect_takes_the_ply_range_from_the_game_index(tmp_path):
+def test_inspect_takes_the_ply_range_from_the_game_index(tmp_path, run_data):
     random_csa_games(tmp_path / "games", 4, seed=3)
     assert run_data("convert", "games", "-o", "all.hcpe", cwd=tmp_path).returncode == 0
     done = run_data("inspect", "all.hcpe", cwd=tmp_path)
@@ -203,7 +223,7 @@ def test_inspect_takes_the_ply_range_from_the_game_index(tmp_path):
     (["convert", "missing-dir", "-o", "x.hcpe"], "missing-dir: no such file or directory"),
     (["convert", ".", "-o", "x.bin"], "name the output NAME.hcpe"),
 ])
-def test_bad_arguments_get_one_line_and_exit_status_2(tmp_path, args, message):
+def test_bad_arguments_get_one_line_and_exit_status_2(tmp_path, args, message, run_data):
     done = run_data(*args, cwd=tmp_path)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr
@@ -216,7 +236,7 @@ def test_the_data_tools_do_not_import_torch():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
-def test_the_smoke_teacher_commands_make_the_files_its_config_reads(tmp_path):
+def test_the_smoke_teacher_commands_make_the_files_its_config_reads(tmp_path, run_data):
     config = Path(__file__).resolve().parents[2] / "configs" / "smoke-teacher.toml"
     commands = [line.lstrip("# ").strip() for line in config.read_text(encoding="utf-8").splitlines()
                 if line.startswith("#   python -m tideborn.data")]
@@ -250,7 +270,7 @@ def test_real_ki2_records_cshogi_cannot_read_convert(name, plies, result):
         board.push(move)
 
 
-def test_ki2_and_csa_with_shogi_server_client_lines_convert_from_the_command_line(tmp_path):
+def test_ki2_and_csa_with_shogi_server_client_lines_convert_from_the_command_line(tmp_path, run_data):
     games = tmp_path / "games"
     games.mkdir()
     for name in ("20091203.ki2", "denou3-1.ki2"):
@@ -266,7 +286,7 @@ def test_ki2_and_csa_with_shogi_server_client_lines_convert_from_the_command_lin
     assert "({})" not in done.stdout + done.stderr
 
 
-def test_nothing_convertible_is_named_not_printed_as_a_raw_dict(tmp_path):
+def test_nothing_convertible_is_named_not_printed_as_a_raw_dict(tmp_path, run_data):
     (tmp_path / "bad.ki2").write_text("先手：a\n▲９九玉\n", encoding="utf-8")
     done = run_data("convert", "bad.ki2", "-o", "all.hcpe", cwd=tmp_path)
     assert done.returncode == 2

@@ -4,6 +4,8 @@ input is one line and exit status 2."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -27,6 +29,7 @@ from tideborn.match.play import DRAW, Game, _judge, new_games
 from tideborn.match.run import run_match
 from tideborn.network.checkpoint import load_checkpoint
 from tideborn.network.model import build_model
+from tideborn.tools import train_run
 
 WCSC28 = SAMPLE_GAMES / "wcsc28"
 """The WCSC28 engine games that ship with the project (samples/games/wcsc28/README.md)."""
@@ -68,11 +71,15 @@ def nets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def trained_vs_untrained(nets) -> tuple[dict, Path]:
+    # `tideborn match --json` in this process (its `main`): the games are the same, a process start is saved;
+    # the command as its own process is test_bad_input_is_one_line_and_exit_2's.
     games = nets["root"] / "games"
-    result = match(str(nets["trained"]), str(nets["untrained"]), "--games", "40", "--parallel", "40",
-                   "--save-games", str(games), "--json", cwd=nets["root"])
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout), games
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = match_main([str(nets["trained"]), str(nets["untrained"]), "--games", "40", "--parallel", "40",
+                           "--save-games", str(games), "--json"])
+    assert code == 0, err.getvalue()
+    return json.loads(out.getvalue()), games
 
 
 def test_trained_net_beats_the_untrained_net_by_a_clear_margin(trained_vs_untrained):
@@ -142,6 +149,7 @@ def test_saved_games_round_trip_through_cshogi(trained_vs_untrained):
 
 
 def test_bad_input_is_one_line_and_exit_2(nets, tmp_path, capsys):
+    # As its own process, the command as users run it: its exit status and its one line on stderr.
     missing = match(str(tmp_path / "nope.pt"), str(nets["trained"]), cwd=tmp_path)
     assert missing.returncode == 2
     assert_user_error(missing.stderr, r"nope\.pt: no such checkpoint")
@@ -239,7 +247,7 @@ def test_elo_estimate():
     assert estimate([1.0] * 4).as_dict()["elo"] is None  # infinite in JSON as null
 
 
-def test_match_every_during_a_run_writes_match_events_and_status_watch_and_monitor_show_elo(tmp_path):
+def test_match_every_during_a_run_writes_match_events_and_status_watch_and_monitor_show_elo(tmp_path, capsys):
     run_dir = tmp_path / "run"
     result = trainer_in_process("train", *settings_args(
         run_dir, "runtime.max_steps=4", "runtime.checkpoint_every=2", "runtime.match_every=2",
@@ -255,18 +263,19 @@ def test_match_every_during_a_run_writes_match_events_and_status_watch_and_monit
     assert not (run_dir / "step-000000002.pt").exists()
     assert load_checkpoint(run_dir / "match-reference.pt")["step"] == 2
 
-    status = subprocess.run([sys.executable, "-m", "tideborn.tools.train_run", "status", "--out-dir", str(run_dir)],
-                            env=child_env(), capture_output=True, text=True, timeout=60)
-    assert "match       step 4 vs step 2: Elo" in status.stdout, status.stdout
-    assert "elo curve   2:+0 4:" in status.stdout
-    status_json = subprocess.run([sys.executable, "-m", "tideborn.tools.train_run", "status", "--out-dir",
-                                  str(run_dir), "--json"], env=child_env(), capture_output=True, text=True,
-                                 timeout=60)
-    curve = json.loads(status_json.stdout)["elo_curve"]
+    def run_tool(*args: str) -> str:
+        """The run tools' command in this process (its `main`): its stdout."""
+        capsys.readouterr()
+        train_run.main([*args, "--out-dir", str(run_dir)])
+        return capsys.readouterr().out
+
+    status = run_tool("status")
+    assert "match       step 4 vs step 2: Elo" in status, status
+    assert "elo curve   2:+0 4:" in status
+    curve = json.loads(run_tool("status", "--json"))["elo_curve"]
     assert [point[0] for point in curve] == [2, 4]
-    watch = subprocess.run([sys.executable, "-m", "tideborn.tools.train_run", "watch", "--out-dir", str(run_dir),
-                            "--format", "text"], env=child_env(), capture_output=True, text=True, timeout=60)
-    assert " match step 4 vs step 2: Elo " in watch.stdout, watch.stdout
+    watch = run_tool("watch", "--format", "text")
+    assert " match step 4 vs step 2: Elo " in watch, watch
 
     from tideborn.tui.widgets.header import elo_curve_text
 

@@ -49,6 +49,27 @@ def games() -> list:
     return sample_games()
 
 
+@pytest.fixture(scope="module")
+def big_hcpe3(games, tmp_path_factory) -> tuple[bytes, dict]:
+    """An hcpe3 file that takes seconds to decode (its bytes), and its positions decoded in memory: the same
+    for both signals, so decoded once here rather than in each test."""
+    path = tmp_path_factory.mktemp("big") / "big.hcpe3"
+    write_hcpe3(path, games, seed=2363)
+    content = path.read_bytes() * 50  # seconds of decoding
+    path.write_bytes(content)
+    return content, build_positions(path)["arrays"]
+
+
+@pytest.fixture(scope="module")
+def merge_inputs(games, tmp_path_factory) -> list[bytes]:
+    """The two hcpe3 files both interrupted merges read (their bytes): written once, for both signals."""
+    folder = tmp_path_factory.mktemp("merge-inputs")
+    paths = [folder / "a.hcpe3", folder / "b.hcpe3"]
+    write_hcpe3(paths[0], games, seed=2361)
+    write_hcpe3(paths[1], games, seed=2362, book_plies=0)
+    return [paths[0].read_bytes() * 3, paths[1].read_bytes()]
+
+
 def settings_for(paths: list[Path]) -> Settings:
     return Settings(data=DataSettings(train=tuple(map(str, paths)), use_average=True))
 
@@ -73,11 +94,10 @@ def interrupt(script: str, args: list[str], ready: str, signal_name: str, after:
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
-def test_a_merge_interrupted_leaves_no_set_a_later_run_trusts(games, tmp_path, signal_name):
+def test_a_merge_interrupted_leaves_no_set_a_later_run_trusts(merge_inputs, tmp_path, signal_name):
     paths = [tmp_path / "a.hcpe3", tmp_path / "b.hcpe3"]
-    write_hcpe3(paths[0], games, seed=2361)
-    write_hcpe3(paths[1], games, seed=2362, book_plies=0)
-    paths[0].write_bytes(paths[0].read_bytes() * 3)
+    for path, content in zip(paths, merge_inputs, strict=True):
+        path.write_bytes(content)
     for path in paths:  # the positions caches first: the child spends its time merging
         Hcpe3File(path).positions()
     source = open_source(paths)
@@ -100,16 +120,15 @@ def test_a_merge_interrupted_leaves_no_set_a_later_run_trusts(games, tmp_path, s
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
-def test_a_compact_cache_build_interrupted_leaves_no_cache_a_later_open_trusts(games, tmp_path, signal_name):
+def test_a_compact_cache_build_interrupted_leaves_no_cache_a_later_open_trusts(big_hcpe3, tmp_path, signal_name):
+    content, want = big_hcpe3
     path = tmp_path / "big.hcpe3"
-    write_hcpe3(path, games, seed=2363)
-    path.write_bytes(path.read_bytes() * 50)  # seconds of decoding
+    path.write_bytes(content)
     returncode = interrupt(DECODE, [str(path)], "hcpe3: decoding", signal_name, 0.3)
     assert returncode != 0, "the decode ended before the signal: make the input larger"
     left = cache_path(path)
     if left.exists():
         assert hcpe3.read_arrays(left, hcpe3.CACHE_FORMAT) is not None, "a partial cache at its name"
-    want = build_positions(path)["arrays"]
     got = Hcpe3File(path).positions()
     assert got.cached and all(np.array_equal(np.asarray(got.arrays[name]), want[name]) for name in want)
     assert leftovers(tmp_path) == []

@@ -193,47 +193,63 @@ FIELD_NAMES = ["step", "time", "pid", "host", "launcher_pid", "max_steps", "batc
                "grad_norm_max", "grad_norms", "eval_scales", "policy_accuracy_legal"]
 
 
+# The strategies the composites below draw from, built once: built inside them, hypothesis would build and
+# check them again for every line of every example (most of these tests' time), for the same draws.
+EVENT_KINDS = st.one_of(st.sampled_from(KINDS), st.text(max_size=8))
+EVENT_FIELDS = st.lists(st.sampled_from(FIELD_NAMES), max_size=8, unique=True)
+EVENT_STEPS = st.integers(min_value=0, max_value=10**6)
+EVENT_TIMES = st.floats(min_value=0, max_value=4e9)
+EVENT_PIDS = st.sampled_from([1, os.getpid(), 2**22 + 7])
+
+
 @st.composite
 def events(draw) -> dict:
     """An event line's object: a real kind (mostly), with fields of the right or of any type."""
-    event = {"kind": draw(st.one_of(st.sampled_from(KINDS), st.text(max_size=8)))}
-    for name in draw(st.lists(st.sampled_from(FIELD_NAMES), max_size=8, unique=True)):
+    event = {"kind": draw(EVENT_KINDS)}
+    for name in draw(EVENT_FIELDS):
         event[name] = draw(ODD)
     if draw(st.booleans()):
-        event["step"] = draw(st.integers(min_value=0, max_value=10**6))
+        event["step"] = draw(EVENT_STEPS)
     if draw(st.booleans()):
-        event["time"] = draw(st.floats(min_value=0, max_value=4e9))
+        event["time"] = draw(EVENT_TIMES)
     if event["kind"] in ("run_started", "step") and draw(st.booleans()):
-        event.setdefault("pid", draw(st.sampled_from([1, os.getpid(), 2**22 + 7])))
+        event.setdefault("pid", draw(EVENT_PIDS))
     return event
+
+
+EVENTS = events()
+LINE_COUNTS = st.integers(0, 25)
+LINE_FORMS = st.sampled_from(["event", "event", "event", "bytes", "json", "blank"])
+NOT_UTF8_TAILS = st.binary(max_size=40)
+NOT_EVENTS = st.one_of(JSON_VALUES, st.dictionaries(st.text(max_size=5).filter(lambda k: k != "kind"), JSON_VALUES,
+                                                    max_size=3),
+                       st.builds(lambda v: {"kind": v}, JSON_VALUES.filter(lambda v: not isinstance(v, str))))
+BLANK_LINES = st.sampled_from([b"", b" ", b"\t", b"\r"])
 
 
 @st.composite
 def event_lines(draw) -> tuple[list[bytes], list[dict], int]:
     """(lines without newlines, the events among them in order, how many are malformed)."""
     lines, good, bad = [], [], 0
-    for _ in range(draw(st.integers(0, 25))):
-        what = draw(st.sampled_from(["event", "event", "event", "bytes", "json", "blank"]))
+    for _ in range(draw(LINE_COUNTS)):
+        what = draw(LINE_FORMS)
         if what == "event":  # a real kind mostly, but `time` or `step` may be of the wrong type
-            event = draw(events())
+            event = draw(EVENTS)
             lines.append(json.dumps(event).encode())
             if well_formed(event):
                 good.append(event)
             else:
                 bad += 1
         elif what == "bytes":  # never JSON: not valid UTF-8
-            lines.append(b"\xff" + draw(st.binary(max_size=40)).replace(b"\n", b""))
+            lines.append(b"\xff" + draw(NOT_UTF8_TAILS).replace(b"\n", b""))
             bad += 1
         elif what == "json":  # JSON, but not an event object
-            not_a_string = JSON_VALUES.filter(lambda v: not isinstance(v, str))
-            value = draw(st.one_of(JSON_VALUES, st.dictionaries(st.text(max_size=5).filter(lambda k: k != "kind"),
-                                                                   JSON_VALUES, max_size=3),
-                                   st.builds(lambda v: {"kind": v}, not_a_string)))
+            value = draw(NOT_EVENTS)
             assume(not (isinstance(value, dict) and isinstance(value.get("kind"), str)))
             lines.append(json.dumps(value).encode())
             bad += 1
         else:
-            lines.append(draw(st.sampled_from([b"", b" ", b"\t", b"\r"])))
+            lines.append(draw(BLANK_LINES))
     return lines, good, bad
 
 

@@ -376,22 +376,29 @@ NOT_READ = {"directory", "fifo", "socket", "symlink to a directory", "symlink lo
 """Forms that are not a regular file (or cannot be resolved to one): readers must report them, not read them."""
 
 
+RUN_FILE_FORMS = st.sampled_from(FILE_FORMS)
+EVENT_FILE_LINES = event_lines()
+DEEP_LINES = st.lists(st.one_of(DEEP_JSON, DEEP_EVENT), max_size=3)
+PID_FILE_CONTENTS = st.one_of(PID_FILES, DEEP_JSON)
+OTHER_CONTENTS = st.one_of(st.binary(max_size=40), DEEP_JSON)
+
+
 @st.composite
 def run_dir_contents(draw) -> dict[str, tuple[str, bytes]]:
     """For each run file: its form (FILE_FORMS) and, where it has content, the bytes."""
     contents: dict[str, tuple[str, bytes]] = {}
     for name in (EVENTS_FILE, LOG_FILE, PID_FILE, "launch.json", "archive"):
-        form = draw(st.sampled_from(FILE_FORMS))
+        form = draw(RUN_FILE_FORMS)
         if name == EVENTS_FILE:
-            lines, _good, _bad = draw(event_lines())
-            lines += draw(st.lists(st.one_of(DEEP_JSON, DEEP_EVENT), max_size=3))
+            lines, _good, _bad = draw(EVENT_FILE_LINES)
+            lines += draw(DEEP_LINES)
             content = b"".join(line + b"\n" for line in draw(st.permutations(lines)))
         elif name == LOG_FILE:
             content = draw(LOGS)
         elif name == PID_FILE:
-            content = draw(st.one_of(PID_FILES, DEEP_JSON))
+            content = draw(PID_FILE_CONTENTS)
         else:
-            content = draw(st.one_of(st.binary(max_size=40), DEEP_JSON))
+            content = draw(OTHER_CONTENTS)
         contents[name] = (form, content)
     return contents
 

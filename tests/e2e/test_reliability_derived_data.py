@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.common import REPO_ROOT, events_of, run_trainer, settings_args
+from tests.helpers.common import REPO_ROOT, events_of, settings_args, trainer_in_process
 from tests.helpers.hcpe3 import records_of_positions, sample_games, write_hcpe3
 from tideborn.config.schema import DataSettings, Settings
 from tideborn.data import cachefile
@@ -292,7 +292,10 @@ def test_cache_warnings_during_train_are_warning_events(games, tmp_path):
     (tmp_path / "elsewhere").write_bytes(b"not a cache")
     cache_path(tmp_path / "a.hcpe3").symlink_to(tmp_path / "elsewhere")
     run_dir = tmp_path / "run"
-    done = run_trainer("train", *settings_args(
+    # In this process: the warnings said once per cache and process were forgotten by `fresh_warnings`, and the
+    # positions read above are not kept in memory (only a cache that cannot be written is), so the trainer
+    # opens both caches from disk as a trainer process would.
+    done = trainer_in_process("train", *settings_args(
         run_dir, f"paths.data_root={str(tmp_path)!r}", 'data.train=["a.hcpe3", "b.hcpe3"]', "data.test=[]",
         'data.kind="auto"', "runtime.max_steps=2", "optim.batch_size=16", "data.workers=0",
         config=TEACHER_CONFIG), cwd=tmp_path)

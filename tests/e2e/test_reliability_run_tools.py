@@ -28,6 +28,7 @@ import pytest
 from tests.helpers.common import REPO_ROOT, SMOKE_CONFIG, assert_user_error, child_env, describe, out_dir_set
 from tests.helpers.reliability import TOOL, launched_runs, tool, wait_for
 from tideborn.rundir.events import EventWriter, read_events
+from tideborn.tools import train_run
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 # Goes on until stopped: a step event each step, no periodic checkpoints.
@@ -68,6 +69,14 @@ def start_endless(run_dir: Path, runs: list[Path]) -> int:
     assert result.returncode == 0, describe(result)
     wait_for(lambda: sum(e["kind"] == "step" for e in read_events(run_dir / "events.jsonl")) >= 3, "three steps")
     return json.loads((run_dir / "train.pid").read_text())["pid"]
+
+
+def stop_as_owner(capsys: pytest.CaptureFixture[str], run_dir: Path) -> None:
+    """`train_run stop` by the run's owner, in this process (a process would cost its Python start): the run
+    is stopped (exit status 0)."""
+    code = train_run.main(["stop", "--out-dir", str(run_dir)])
+    out, err = capsys.readouterr()
+    assert code == 0, f"exit {code}\n--- stdout\n{out}\n--- stderr\n{err}"
 
 
 def as_nobody(*args: str, home: Path, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -112,7 +121,8 @@ asyncio.run(main())
 
 
 @needs_nobody
-def test_another_users_trainer_is_not_stopped_and_the_line_says_whose_it_is(open_tmp: Path, runs: list[Path]):
+def test_another_users_trainer_is_not_stopped_and_the_line_says_whose_it_is(open_tmp: Path, runs: list[Path],
+                                                                              capsys):
     run_dir = open_tmp / "roots-run"
     pid = start_endless(run_dir, runs)
     owner = rf"the trainer, pid {pid}, belongs to root \(uid 0\), and you are nobody \(uid 65534\): you cannot stop it"
@@ -130,8 +140,7 @@ def test_another_users_trainer_is_not_stopped_and_the_line_says_whose_it_is(open
     events = read_events(run_dir / "events.jsonl")
     assert not [e for e in events if e["kind"] in ("stop_requested", "run_stopped")]  # nothing was signalled
     assert os.kill(pid, 0) is None
-    stopped = tool("stop", "--out-dir", str(run_dir))  # its owner can
-    assert stopped.returncode == 0, describe(stopped)
+    stop_as_owner(capsys, run_dir)  # its owner can
 
 
 @needs_nobody
@@ -171,9 +180,9 @@ def test_another_users_unreadable_run_is_one_line_from_every_tool(open_tmp: Path
 
 # -- must 9: rename-style rotation is seen ----------------------------------------------------------------------
 
-def test_a_live_trainer_continues_a_renamed_events_file_and_readers_see_the_gap(tmp_path: Path, runs: list[Path]):
+def test_a_live_trainer_continues_a_renamed_events_file_and_readers_see_the_gap(tmp_path: Path, runs: list[Path],
+                                                                                capsys):
     from tideborn.rundir.state import RunTracker
-    from tideborn.tools import train_run
     from tideborn.tui.follow import RunFollower
     from tideborn.tui.messages import AnomaliesFound, EventsArrived
 
@@ -218,8 +227,7 @@ def test_a_live_trainer_continues_a_renamed_events_file_and_readers_see_the_gap(
         arrived = [m for m in follower.poll() if isinstance(m, EventsArrived)]
         assert arrived and arrived[0].reset and arrived[0].events[0]["kind"] == "warning"
         assert not follower.tracker.anomalies()
-        stopped = tool("stop", "--out-dir", str(run_dir))
-        assert stopped.returncode == 0, describe(stopped)
+        stop_as_owner(capsys, run_dir)
         assert watch.wait(timeout=120) is not None
     finally:
         if watch.poll() is None:

@@ -32,6 +32,7 @@ from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE
 from tideborn.rundir.events import EventReader, encode_event, read_events
 from tideborn.rundir.files import LogReader, read_pid_record
 from tideborn.rundir.state import RunTracker
+from tideborn.tools import train_run
 
 TOOL = [sys.executable, "-m", "tideborn.tools.train_run"]
 WAIT_SECONDS = 120  # a reader or run that never gets there fails the test; not a performance threshold
@@ -43,6 +44,19 @@ DEEP = b"[" * 100_000
 def tool(*args: str, timeout: float = WAIT_SECONDS) -> subprocess.CompletedProcess:
     return subprocess.run([*TOOL, *args], cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def tool_here(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:
+    """The tool's `main(args)` in this process, as its process would end (a process costs its Python start
+    each time). An exception it lets out fails the test, as a traceback would; a hang meets the test's
+    timeout (pytest-timeout) instead of the subprocess's."""
+    capsys.readouterr()
+    try:
+        code = train_run.main(list(args))
+    except SystemExit as exit_:  # argparse's refusals
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess([*TOOL, *args], code, out, err)
 
 
 def wait_for(condition: typing.Callable[[], object], what: str, timeout: float = WAIT_SECONDS):
@@ -180,7 +194,7 @@ def steps_in(path: Path) -> int:
     return sum(1 for e in read_events(path) if e["kind"] == "step") if path.exists() else 0
 
 
-def test_status_stop_and_watch_keep_a_real_run_through_copytruncate(tmp_path: Path, launched) -> None:
+def test_status_stop_and_watch_keep_a_real_run_through_copytruncate(tmp_path: Path, launched, capsys) -> None:
     run_dir = tmp_path / "run"
     launched.append(run_dir)
     started = tool("start", *settings_args(run_dir, *ENDLESS))
@@ -204,15 +218,15 @@ def test_status_stop_and_watch_keep_a_real_run_through_copytruncate(tmp_path: Pa
         new_first = json.loads(first_line(events_path))
         assert new_first["kind"] == "step" and read_events(rotated)[0]["kind"] == "run_started"
 
-        status = tool("status", "--out-dir", str(run_dir))
+        status = tool_here(capsys, "status", "--out-dir", str(run_dir))
         assert status.returncode == 0, describe(status)
         assert f"running (pid {pid} " in status.stdout and "no run_started" not in status.stdout, status.stdout
         assert "events.jsonl does not begin with run_started" in status.stdout
-        report = json.loads(tool("status", "--out-dir", str(run_dir), "--json").stdout)
+        report = json.loads(tool_here(capsys, "status", "--out-dir", str(run_dir), "--json").stdout)
         assert report["state"] == "running" and report["pid"] == pid and report["launch_started"]
         assert report["events_rotated"] and report["run_started_missing"] and report["step"] >= new_first["step"]
 
-        stop = tool("stop", "--out-dir", str(run_dir), "--timeout", "60")
+        stop = tool_here(capsys, "stop", "--out-dir", str(run_dir), "--timeout", "60")
         assert stop.returncode == 0, describe(stop)
         assert "the run ended: run_stopped at step" in stop.stdout and "(SIGTERM)" in stop.stdout, stop.stdout
         out, err = watch.communicate(timeout=WAIT_SECONDS)
@@ -248,7 +262,7 @@ def ended_run(run_dir: Path, *middle: bytes) -> None:
 
 
 @pytest.mark.timeout(WAIT_SECONDS)
-def test_json_nested_100000_deep_is_one_malformed_line_to_every_reader(tmp_path: Path) -> None:
+def test_json_nested_100000_deep_is_one_malformed_line_to_every_reader(tmp_path: Path, capsys) -> None:
     """It raised RecursionError in status, watch, stop and the TUI (which then exited 0)."""
     from tideborn.tui.follow import RunFollower
     from tideborn.tui.history import load_history
@@ -259,14 +273,14 @@ def test_json_nested_100000_deep_is_one_malformed_line_to_every_reader(tmp_path:
     tracker = RunTracker(run_dir)
     kinds = [e["kind"] for e in tracker.refresh().events]
     assert kinds == ["run_started", "step", "warning", "run_finished"] and tracker.events.malformed == 2
-    status = tool("status", "--out-dir", str(run_dir), "--json")
+    status = tool_here(capsys, "status", "--out-dir", str(run_dir), "--json")
     assert status.returncode == 0 and "Traceback" not in status.stderr, describe(status)
     report = json.loads(status.stdout)
     assert report["state"] == "finished" and report["events_malformed"] == 2
-    watch = tool("watch", "--out-dir", str(run_dir))
+    watch = tool_here(capsys, "watch", "--out-dir", str(run_dir))
     assert watch.returncode == 0 and "Traceback" not in watch.stderr, describe(watch)
     assert [json.loads(line)["kind"] for line in watch.stdout.splitlines()] == kinds
-    stop = tool("stop", "--out-dir", str(run_dir))
+    stop = tool_here(capsys, "stop", "--out-dir", str(run_dir))
     assert stop.returncode == 3 and "already ended (run_finished at step 20)" in stop.stderr, describe(stop)
     follower = RunFollower(run_dir, use_nvml=False)
     follower.poll()
@@ -276,7 +290,7 @@ def test_json_nested_100000_deep_is_one_malformed_line_to_every_reader(tmp_path:
 
     (run_dir / PID_FILE).write_bytes(DEEP)
     for command in ("status", "watch", "stop"):
-        result = tool(command, "--out-dir", str(run_dir))
+        result = tool_here(capsys, command, "--out-dir", str(run_dir))
         assert result.returncode == 2, describe(result)
         one_line_error(result.stderr, "train.pid: not a train.pid written by train_run start")
         assert "nested deeper than 100 levels" in result.stderr
@@ -297,7 +311,8 @@ def make_odd(path: Path, what: str) -> None:
 @pytest.mark.timeout(WAIT_SECONDS)
 @pytest.mark.parametrize("what", ["fifo", "directory"])
 @pytest.mark.parametrize("name", [EVENTS_FILE, LOG_FILE])
-def test_a_fifo_or_directory_for_a_run_file_is_an_anomaly_never_a_hang(tmp_path: Path, name: str, what: str) -> None:
+def test_a_fifo_or_directory_for_a_run_file_is_an_anomaly_never_a_hang(tmp_path: Path, name: str, what: str,
+                                                                         capsys) -> None:
     """status hung on a FIFO (and watch, and the TUI's follower); a directory raised IsADirectoryError."""
     from tideborn.tui.follow import RunFollower
     from tideborn.tui.messages import AnomaliesFound
@@ -312,10 +327,10 @@ def test_a_fifo_or_directory_for_a_run_file_is_an_anomaly_never_a_hang(tmp_path:
     kind = "a FIFO (named pipe)" if what == "fifo" else "a directory"
     message = f"run_file: {name} cannot be read: {kind}, not a regular file"
 
-    status = tool("status", "--out-dir", str(run_dir), timeout=60)
+    status = tool_here(capsys, "status", "--out-dir", str(run_dir))
     assert status.returncode == 1 and "Traceback" not in status.stderr, describe(status)
     assert f"! {message}" in status.stdout, status.stdout
-    report = json.loads(tool("status", "--out-dir", str(run_dir), "--json", timeout=60).stdout)
+    report = json.loads(tool_here(capsys, "status", "--out-dir", str(run_dir), "--json").stdout)
     assert [a["evidence"] for a in report["anomalies"]] == [{"file": name, "problem": f"{kind}, not a regular file"}]
     if name == LOG_FILE:
         assert report["state"] == "finished"  # the events are read all the same
@@ -342,7 +357,8 @@ def test_a_fifo_or_directory_for_a_run_file_is_an_anomaly_never_a_hang(tmp_path:
 
 @pytest.mark.timeout(WAIT_SECONDS)
 @pytest.mark.parametrize("what", ["fifo", "directory", "nested"])
-def test_a_train_pid_that_is_a_fifo_a_directory_or_nested_json_is_one_line_exit_2(tmp_path: Path, what) -> None:
+def test_a_train_pid_that_is_a_fifo_a_directory_or_nested_json_is_one_line_exit_2(tmp_path: Path, what,
+                                                                                  capsys) -> None:
     run_dir = tmp_path / "run"
     ended_run(run_dir)
     if what == "nested":
@@ -350,7 +366,7 @@ def test_a_train_pid_that_is_a_fifo_a_directory_or_nested_json_is_one_line_exit_
     else:
         make_odd(run_dir / PID_FILE, what)
     for command in ("status", "stop", "watch"):
-        result = tool(command, "--out-dir", str(run_dir), timeout=60)
+        result = tool_here(capsys, command, "--out-dir", str(run_dir))
         assert result.returncode == 2, describe(result)
         one_line_error(result.stderr, f"{run_dir / PID_FILE}: ")
 
@@ -406,17 +422,17 @@ async def test_the_tui_shows_odd_run_files_as_anomalies_and_keeps_running(tmp_pa
         assert pilot.app.return_code is None
 
 
-def test_an_archive_that_is_a_file_is_refused_by_fresh_and_ignored_by_readers(tmp_path: Path) -> None:
+def test_an_archive_that_is_a_file_is_refused_by_fresh_and_ignored_by_readers(tmp_path: Path, capsys) -> None:
     """`--fresh` moves old checkpoints and events into archive/: a file there crashed the trainer (its
     FileExistsError in train.log) after `start` had said it started."""
     run_dir = tmp_path / "run"
     ended_run(run_dir)
     (run_dir / "archive").write_text("not a directory\n")
-    started = tool("start", *settings_args(run_dir, *ENDLESS), "--fresh")
+    started = tool_here(capsys, "start", *settings_args(run_dir, *ENDLESS), "--fresh")
     assert started.returncode == 2, describe(started)
     one_line_error(started.stderr, "archive is not a directory")
     assert not (run_dir / PID_FILE).exists()
-    status = tool("status", "--out-dir", str(run_dir))
+    status = tool_here(capsys, "status", "--out-dir", str(run_dir))
     assert status.returncode == 0 and "state       finished" in status.stdout, describe(status)
 
 

@@ -137,9 +137,9 @@ def test_start_status_stop_then_resume_and_watch(tmp_path, launched, capsys):
     assert report["step"] >= 1 and report["max_steps"] == 1_000_000 and report["loss"]["loss"] > 0
 
     pid_file = (run_dir / "train.pid").read_bytes()
-    second = tool("start", *settings_args(run_dir, *ENDLESS))
-    assert second.returncode == 2
-    assert_user_error(second.stderr, rf"already going there: pid {pid} ")
+    code, _, err = call(capsys, "start", *settings_args(run_dir, *ENDLESS))  # refused before any launch
+    assert code == 2
+    assert_user_error(err, rf"already going there: pid {pid} ")
     assert (run_dir / "train.pid").read_bytes() == pid_file
 
     code, out, err = call(capsys, "stop", "--out-dir", str(run_dir), "--timeout", "60")
@@ -160,15 +160,15 @@ def test_start_status_stop_then_resume_and_watch(tmp_path, launched, capsys):
     # Started again, it resumes from the stop's checkpoint; watch follows it to its end.
     target = stopped["step"] + 3
     start_run(launched, run_dir, *ENDLESS, extra=("--stop-at-step", str(target)))
-    watched = tool("watch", "--out-dir", str(run_dir))
-    assert watched.returncode == 0, describe(watched)
-    lines = [json.loads(line) for line in watched.stdout.splitlines()]
+    code, watched, err = call(capsys, "watch", "--out-dir", str(run_dir))
+    assert code == 0, watched + err
+    lines = [json.loads(line) for line in watched.splitlines()]
     assert [e["kind"] for e in lines].count("run_started") == 2
     assert lines[-1]["kind"] == "run_stopped" and lines[-1]["step"] == target
     resumed = [e for e in lines if e["kind"] == "run_started"][-1]
     assert resumed["resumed_from"].endswith(f"step-{stopped['step']:09d}.pt") and resumed["step"] == stopped["step"]
     if shutil.which("jq"):
-        parsed = subprocess.run(["jq", "-c", ".kind"], input=watched.stdout, capture_output=True, text=True)
+        parsed = subprocess.run(["jq", "-c", ".kind"], input=watched, capture_output=True, text=True)
         assert parsed.returncode == 0 and parsed.stdout.splitlines()[-1] == '"run_stopped"'
 
 
@@ -195,9 +195,9 @@ def test_a_trainer_started_in_a_terminal_is_seen_and_guarded(tmp_path, start_tra
     code, out, _ = call(capsys, "status", "--out-dir", str(run_dir), "--json")
     report = json.loads(out)
     assert code == 0 and report["state"] == "running" and report["pid"] == trainer.pid and not report["pid_file"]
-    refused = tool("start", *settings_args(run_dir, *ENDLESS))
-    assert refused.returncode == 2
-    assert_user_error(refused.stderr, rf"already going there: pid {trainer.pid} ")
+    code, _, err = call(capsys, "start", *settings_args(run_dir, *ENDLESS))
+    assert code == 2
+    assert_user_error(err, rf"already going there: pid {trainer.pid} ")
     assert not (run_dir / "train.pid").exists() and not (run_dir / "train.log").exists()
     code, _, err = call(capsys, "stop", "--out-dir", str(run_dir))
     assert code == 3 and "no train.pid" in err
@@ -331,14 +331,15 @@ def test_status_json_for_no_run_and_the_tideborn_run_command(tmp_path):
     (("optim.lr=-1",), r"optim\.lr must be > 0"),
     (("runtime.max_step=3",), r"unknown key runtime\.max_step \(did you mean runtime\.max_steps\?\)"),
 ])
-def test_bad_settings_launch_nothing(tmp_path, sets, pattern):
+def test_bad_settings_launch_nothing(tmp_path, sets, pattern, capsys):
     run_dir = tmp_path / "run"
-    result = tool("start", *settings_args(run_dir, *sets))
-    assert result.returncode == 2 and result.stdout == ""
-    assert_user_error(result.stderr, pattern)
+    code, out, err = call(capsys, "start", *settings_args(run_dir, *sets))
+    assert code == 2 and out == ""
+    assert_user_error(err, pattern)
     assert not run_dir.exists()
-    missing = tool("start", "--config", str(tmp_path / "nope.toml"), "--set", f"runtime.out_dir={str(run_dir)!r}")
-    assert missing.returncode == 2 and "config file not found" in missing.stderr and not run_dir.exists()
+    code, _, err = call(capsys, "start", "--config", str(tmp_path / "nope.toml"), "--set",
+                        f"runtime.out_dir={str(run_dir)!r}")
+    assert code == 2 and "config file not found" in err and not run_dir.exists()
 
 
 def test_watch_streams_a_crafted_run_through_a_torn_line_and_a_truncated_log(tmp_path, processes):

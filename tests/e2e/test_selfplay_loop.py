@@ -36,10 +36,16 @@ POLL = 0.2
 """Seconds between looks at the events (each reads the whole file: often enough, without starving the trainer)."""
 WINDOW = 300
 MIN_POSITIONS = 200
+RESCAN = 1.0
+"""The trainer's rescan interval: well above the producer's 0.3 s between the appends of one file. A file still
+being appended joins only if it stays unwritten for a whole interval (or two scans see it unchanged); with the
+interval equal to that gap, a producer slowed by a busy machine can leave a file at a whole game long enough for
+it to join, and the next append then makes it leave the window (a file left once, under load, in a run of this
+test)."""
 LOOP_SETS = ('data.kind="auto"', 'run.network=""', "model.blocks=1", "model.channels=8", "data.workers=0",
              "optim.batch_size=16", "runtime.log_every=1", "runtime.checkpoint_every=10", "runtime.keep_checkpoints=50",
              "runtime.progress=plain", "runtime.max_steps=100000", "runtime.export_every=25", "runtime.export_keep=2",
-             "data.watch=true", "data.rescan_seconds=0.3", f"data.window_positions={WINDOW}",
+             "data.watch=true", f"data.rescan_seconds={RESCAN}", f"data.window_positions={WINDOW}",
              f"data.window_min_positions={MIN_POSITIONS}")
 
 

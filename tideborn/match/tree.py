@@ -144,11 +144,10 @@ def new_node(board: cshogi.Board, plies_left: int | None, draw_value: float) -> 
     if plies_left is not None and plies_left <= 0:
         node.terminal = 1.0 - draw_value
         return node
-    if not board.is_check():  # cshogi's one-ply mate search is for positions not in check
-        mate = board.mate_move_in_1ply()
-        if mate:
-            node.terminal, node.proven, node.mate_move = 1.0, WIN, mate
-            return node
+    mate = mate_in_one(board)
+    if mate:
+        node.terminal, node.proven, node.mate_move = 1.0, WIN, mate
+        return node
     return _with_moves(node, board, list(board.legal_moves))
 
 
@@ -363,8 +362,14 @@ def _root_node(board: cshogi.Board) -> Node:
     if not moves:
         node.terminal, node.proven = 0.0, LOSS
         return node
-    if not board.is_check():
-        node.mate_move = board.mate_move_in_1ply()
-        if node.mate_move:
-            node.proven = WIN
+    node.mate_move = mate_in_one(board)
+    if node.mate_move:
+        node.proven = WIN
     return _with_moves(node, board, moves)
+
+
+def mate_in_one(board: cshogi.Board) -> int:
+    """A move that mates at once, or 0. cshogi's one-ply mate search is for positions not in check: in check it
+    can answer a move that mates but leaves the mover's own king in check (an illegal move, seen in play: a gold
+    dropped next to the other king while a promoted knight checked one's own)."""
+    return 0 if board.is_check() else board.mate_move_in_1ply()

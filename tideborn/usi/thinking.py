@@ -18,6 +18,8 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features, make_move_label
 
+from tideborn.match.tree import mate_in_one
+
 EVAL_COEF = 756.0
 """dlshogi's scale between a value logit and centipawns: value = sigmoid(cp / 756), as its engine reports."""
 MAX_CP = 30000
@@ -116,13 +118,6 @@ class SearchThinker:
         result = self.searcher.think(board.copy(), playouts=playouts, deadline=limits.deadline, stop=stop,
                                      on_info=relay)
         return _thought_of(result, result.move)
-
-
-def mate_in_one(board: cshogi.Board) -> int:
-    """A move that mates at once, or 0. cshogi's one-ply mate search is for positions not in check: in check it
-    can answer a move that mates but leaves the mover's own king in check (an illegal move, seen in play: a gold
-    dropped next to the other king while a promoted knight checked one's own)."""
-    return 0 if board.is_check() else board.mate_move_in_1ply()
 
 
 def _thought_of(info, move: int) -> Thought:

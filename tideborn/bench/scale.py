@@ -54,6 +54,7 @@ from pathlib import Path
 
 import psutil
 
+from tideborn.bench import average
 from tideborn.bench.scale_corpus import Seed, make_seed, write_hcpe3_corpus, write_hcpe_corpus
 from tideborn.cliparser import OneLineParser, positive_int
 from tideborn.errors import UserError, report_user_error
@@ -74,18 +75,6 @@ print(json.dumps({"seconds": time.perf_counter() - started, "cpu_seconds": time.
                   "positions": len(source)}))
 """
 
-AVERAGE_CHILD = r"""
-import json, sys, time
-from pathlib import Path
-from tideborn.config.schema import DataSettings, Settings
-from tideborn.data.average import averaged_source
-from tideborn.data.sources import open_source
-paths = [Path(sys.argv[1])]
-source = open_source(paths, processes=1)
-started = time.perf_counter()
-averaged = averaged_source(source, Settings(data=DataSettings(train=tuple(map(str, paths)), use_average=True)))
-print(json.dumps({"seconds": time.perf_counter() - started, "merged": len(averaged)}))
-"""
 
 
 @dataclass
@@ -169,11 +158,11 @@ def open_figures(path: Path) -> dict:
 
 def average_figures(path: Path, args: argparse.Namespace) -> dict:
     """`data.use_average`'s merged set built in a fresh process from the opened corpus: seconds, peak RSS."""
-    run = run_sampled([sys.executable, "-c", AVERAGE_CHILD, str(path)], timeout=args.timeout)
+    run = run_sampled([sys.executable, "-c", average.CHILD, "average", str(path)], timeout=args.timeout)
     if run.returncode != 0:
         raise _failed(f"the merged set of {path.name}", run)
     result = json.loads(run.lines[-1][1])
-    return {"average_seconds": result["seconds"], "average_rss": run.peak_rss, "merged": result["merged"]}
+    return {"average_seconds": result["seconds"], "average_rss": run.peak_rss}
 
 
 def train_figures(path: Path, args: argparse.Namespace, scratch: Path) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 
+from tideborn.bench.gpu_runs import LOADER_BATCHES
+
 
 def _rate(value: float) -> str:
     return f"{value:,.0f}"
@@ -134,8 +136,9 @@ def _loader(rows: list[dict] | None) -> list[str]:
         return ["Not run."]
     if rows[0].get("skipped"):
         return [f"Skipped: {rows[0]['skipped']}."]
-    lines = [f"`TeacherBatches.next_batch` in a loop, no training, {rows[0].get('batches', 200)} batches of 1024 "
-             f"after ten of warm-up, on the teacher run's records:", "",
+    batches = rows[0].get("batches", LOADER_BATCHES)  # reports from before the count was recorded: the default
+    lines = [f"`TeacherBatches.next_batch` in a loop, no training, {batches} batches of 1024 after ten of warm-up, "
+             f"on the teacher run's records:", "",
              "| workers | pinned memory | planes packed | batches/s | positions/s |",
              "| ---: | --- | --- | ---: | ---: |"]
     for row in rows:

@@ -57,7 +57,7 @@ import psutil
 from tideborn.bench import average
 from tideborn.bench.scale_corpus import Seed, make_seed, write_hcpe3_corpus, write_hcpe_corpus
 from tideborn.cliparser import OneLineParser, positive_int
-from tideborn.errors import UserError, report_user_error
+from tideborn.errors import UserError, report_interrupted, report_user_error
 
 THIS_TREE = Path(__file__).resolve().parents[2]
 CACHE_BYTES_PER_POSITION = 60
@@ -113,22 +113,30 @@ def run_sampled(command: list[str], env: dict | None = None, timeout: float = 36
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     process, peak, stopped = psutil.Process(child.pid), 0, False
-    while child.poll() is None:
-        try:
-            peak = max(peak, tree_rss(process))
-        except psutil.NoSuchProcess:
-            break
-        if not stopped and (time.time() - started > timeout or (stop_when is not None and stop_when(lines))):
-            stopped = True
-            os.killpg(child.pid, signal.SIGTERM)
+    try:
+        while child.poll() is None:
             try:
-                child.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-            if time.time() - started > timeout:
-                child.wait()
-                raise UserError(f"{' '.join(command[:4])} ...: no result within {timeout:.0f} s")
-        time.sleep(interval)
+                peak = max(peak, tree_rss(process))
+            except psutil.NoSuchProcess:
+                break
+            if not stopped and (time.time() - started > timeout or (stop_when is not None and stop_when(lines))):
+                stopped = True
+                os.killpg(child.pid, signal.SIGTERM)
+                try:
+                    child.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(child.pid, signal.SIGKILL)
+                if time.time() - started > timeout:
+                    child.wait()
+                    raise UserError(f"{' '.join(command[:4])} ...: no result within {timeout:.0f} s")
+            time.sleep(interval)
+    except BaseException:
+        # Ctrl-C (or any error) here: the child is in a session of its own, so the terminal's SIGINT never
+        # reached it; it must not go on measuring in a scratch folder about to be removed.
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        raise
     child.wait()
     reader.join(5)
     return Sampled(child.returncode, time.time() - started, peak, lines)
@@ -393,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_benchmark(args)
     except UserError as exc:
         return report_user_error(exc, "bench_scale")
+    except KeyboardInterrupt:  # a benchmark writes only its scratch folder, removed on the way out
+        return report_interrupted("bench_scale")
 
 
 if __name__ == "__main__":

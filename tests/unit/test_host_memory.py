@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import statistics
 from pathlib import Path
 
 import pytest
@@ -44,13 +45,16 @@ def test_a_cpu_training_step_reuses_the_memory_the_last_step_freed(tmp_path: Pat
     settings = load_settings(None, overrides, environ={}).settings
     state = TrainingState(settings, resolve_device(settings.runtime), DistEnv())
     state.restore(StartPoint())
-    for step in range(5):  # the first steps map the memory the steps need, and the heap's layout settles
+    for step in range(3):  # the first steps map the memory the steps need
         state.train_step(step)
-    before = _faults()
-    for step in range(5, 8):
+    per_step = []
+    for step in range(3, 12):
+        before = _faults()
         state.train_step(step)
-    faults = _faults() - before
-    # Before the setting: 10,000 to 19,000 faults per step on this net (glibc unmapped and trimmed what each
-    # step freed); after it, none in most steps, a block now and then while the heap's layout settles.
-    assert faults < 3 * ACTIVATION_PAGES, (f"{faults} page faults in 3 steps "
-                                           f"(one activation is {ACTIVATION_PAGES} pages)")
+        per_step.append(_faults() - before)
+    # Without the setting: 60,000 to 110,000 faults in every step on this net (glibc unmaps and trims what each
+    # step freed). With it, none in most steps, and now and then one activation's block or two while the heap's
+    # layout settles, at any step and more often after a long history in the process (4,020 in 3 steps once in
+    # the full suite): the median step tells the two apart where a sum over a few steps did not.
+    assert statistics.median(per_step) < ACTIVATION_PAGES, (f"page faults per step: {per_step} "
+                                                            f"(one activation is {ACTIVATION_PAGES} pages)")

@@ -48,14 +48,16 @@ def teacher_sets(device: str) -> tuple[str, ...]:
     return CUDA_TEACHER_SETS if device == "cuda" else CPU_TEACHER_SETS
 
 
-def cshogi_missing() -> str | None:
-    """Why cshogi cannot be used here (None when it can): not installed, or a wheel built for another numpy."""
-    if importlib.util.find_spec("cshogi") is None:
-        return "cshogi is not installed here (carry its wheel to run the teacher-data path)"
-    try:
-        import cshogi  # noqa: F401
-    except ImportError as exc:
-        return f"cshogi does not import here: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+def teacher_data_missing() -> str | None:
+    """Why the teacher-data path cannot run here (None when it can): cshogi or numba (the decoder's compiled loop)
+    not installed, or a wheel built for another numpy."""
+    for name in ("cshogi", "numba"):
+        if importlib.util.find_spec(name) is None:
+            return f"{name} is not installed here (carry its wheel to run the teacher-data path)"
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            return f"{name} does not import here: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
     return None
 
 
@@ -69,7 +71,7 @@ def teacher_run(device: str, out: Path, timeout_seconds: float, workers: int | N
     """The teacher-format data path (random-play hcpe records) with `workers` decoding processes (None: the
     default of `data.workers`); skipped, and said so, where cshogi is not installed (stock PyTorch images
     lack it). `keep_run_dir` keeps the run directory (its checkpoints) there."""
-    if missing := cshogi_missing():
+    if missing := teacher_data_missing():
         return {"skipped": missing}
     from tideborn.bench.data import random_game_records  # imports cshogi
 
@@ -112,7 +114,7 @@ def hcpe3_run(device: str, out: Path, timeout_seconds: float, copies: int = 4) -
     """hcpe3 self-play-format data (the shipped sample games, written as hcpe3 with made-up visit counts,
     `copies` times) through the trainer at the teacher run's net and batch: the first open builds the
     positions cache inside the run."""
-    if missing := cshogi_missing():
+    if missing := teacher_data_missing():
         return {"skipped": missing}
     from tideborn.bench.hcpe3_file import write_hcpe3_from_games  # imports cshogi
 
@@ -205,7 +207,7 @@ def match_speed(checkpoints: tuple[Path, Path], out: Path, devices: tuple[str, .
                 max_moves: int, timeout_seconds: float) -> dict:
     """`tideborn match A B --json` on each device with the same games, openings and plies: games per second
     of play (the networks' load excluded, as `match` reports it)."""
-    if missing := cshogi_missing():
+    if missing := teacher_data_missing():
         return {"skipped": missing}
     result: dict = {"games": games, "max_moves": max_moves, "checkpoints": [str(p) for p in checkpoints]}
     for device in devices:
@@ -320,7 +322,7 @@ def loader_speed(device: str, worker_counts: tuple[int, ...], batches: int | Non
     a byte (the CUDA default) or not. Beside the teacher run's data wait, it tells a loader too slow for the step
     from one slowed by what runs beside it. `batches` are timed after ten of warm-up (default: LOADER_BATCHES, on
     the CPU CPU_LOADER_BATCHES)."""
-    if missing := cshogi_missing():
+    if missing := teacher_data_missing():
         return [{"skipped": missing}]
     import torch
 

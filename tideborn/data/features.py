@@ -35,6 +35,9 @@ CHUNK = 32
 scratch, within a core's L2 cache."""
 
 
+_NO_MOVES = np.zeros(0, dtype=np.int64)
+
+
 class BadRecord(Exception):
     """Record `position` (within the batch handed to `decode`) cannot be used; `reason` says why."""
 
@@ -175,8 +178,12 @@ def _flush_chunk(chunk1: np.ndarray, chunk2: np.ndarray, filled: int, features1:
 class Decoder:
     """Decodes batches of one record kind; one per process (it owns a cshogi Board and scratch planes)."""
 
-    def __init__(self, kind: str, eval_scale: float, value_lambda: float, bad_records: str = "skip"):
+    def __init__(self, kind: str, eval_scale: float, value_lambda: float, bad_records: str = "skip",
+                 compiled: bool = True):
         self.kind = kind
+        self.compiled = compiled and kind == "hcpe"
+        """hcp positions go through `compiled.decode_batch` (the same arrays, from one compiled loop), cshogi
+        decoding only what it leaves; psv positions, and all with `compiled=False`, through cshogi alone."""
         self.eval_scale = eval_scale
         self.value_lambda = value_lambda
         self.bad_records = bad_records
@@ -230,6 +237,8 @@ class Decoder:
         record (each file's fitted one, `data.eval_scale_fit`) instead of the decoder's. `positions`: a plan
         that sets the board to record i's position from another one (a compact positions cache's anchors and
         the moves from there: `hcpe3_compact.ReplayPlan`) instead of `set_hcp` of the record's packed one."""
+        if self.compiled:
+            return self._decode_compiled(records, features1_out, eval_scale, positions)
         n = len(records)
         packed = packed_positions(records)
         results = results_for_side_to_move(records, self.kind)
@@ -249,7 +258,7 @@ class Decoder:
         set_position = board.set_hcp if self.kind == "hcpe" else board.set_psfen
         replay = positions is not None
         if replay:  # the plan's lists, read in the loop without a call per position
-            anchors, replay_moves, bounds = positions.anchors, positions.moves, positions.bounds
+            anchors, replay_moves, bounds = positions.anchors, positions.moves.tolist(), positions.bounds.tolist()
             set_anchor, push = board.set_hcp, board.push_move16
         from_stored = board.move_from_move16 if self.kind == "hcpe" else board.move_from_psv
         is_legal, fill_planes = board.is_legal, board._dlshogi_make_input_features  # = make_input_features
@@ -283,10 +292,75 @@ class Decoder:
                 _flush_chunk(chunk1, chunk2, filled, features1, features2, count)
                 filled = 0
         _flush_chunk(chunk1, chunk2, filled, features1, features2, count)
-        kept = kept[:count]
+        return self._batch(records, results, kept[:count], features1[:count], features2[:count], policy[:count],
+                           skipped, eval_scale)
+
+    def _batch(self, records: np.ndarray, results: np.ndarray, kept: np.ndarray, features1: np.ndarray,
+               features2: np.ndarray, policy: np.ndarray, skipped: list[tuple[int, str]],
+               eval_scale: np.ndarray | None) -> DecodedBatch:
+        """The decoded batch of the `kept` records, with their value targets."""
         result = results[kept]
         evals = evals_for_side_to_move(records, self.kind)[kept]
         scale = self.eval_scale if eval_scale is None else np.asarray(eval_scale, dtype=np.float64)[kept]
         value = value_targets(result, evals, scale, self.value_lambda)
         eval_value = value_targets(result, evals, scale, 1.0)
-        return DecodedBatch(features1[:count], features2[:count], policy[:count], value, result, eval_value, skipped)
+        return DecodedBatch(features1, features2, policy, value, result, eval_value, skipped)
+
+    def _decode_compiled(self, records: np.ndarray, features1_out: np.ndarray | None,
+                         eval_scale: np.ndarray | None, positions: typing.Any) -> DecodedBatch:
+        """`decode` of hcp positions: the compiled loop decodes the batch in place, and the positions it leaves
+        (`compiled.SLOW`: an odd record, a move it does not certify) are decoded here by cshogi, in order, with
+        the loop's messages; the kept rows are then moved up over the skipped ones."""
+        # Imported here, not at the top: numba's import and the compiled code's load take about 0.3 s, which
+        # only a process that decodes should pay (the monitor, the engine and the synthetic runs import this
+        # module too).
+        from tideborn.data import compiled
+        n = len(records)
+        packed = packed_positions(records)
+        results = results_for_side_to_move(records, self.kind)
+        kings_ok = sane_kings(packed)
+        decodable = kings_ok & ~np.isnan(results)
+        moves16 = stored_move(records, self.kind)
+        features1 = np.zeros((n, FEATURES1_NUM, 9, 9), np.uint8) if features1_out is None else features1_out
+        flat = features1.view()
+        flat.shape = (n, FEATURES1_NUM, 81)  # raises rather than copy: the rows must be written where they are
+        features2 = np.zeros((n, FEATURES2_NUM), dtype=np.uint8)
+        policy = np.zeros(n, dtype=np.int64)
+        status = np.zeros(n, dtype=np.uint8)
+        if positions is None:
+            anchors, replay_moves, bounds = packed, _NO_MOVES, _NO_MOVES
+        else:
+            anchors, replay_moves, bounds = positions.anchors, positions.moves, positions.bounds
+        compiled.decode_batch(packed, moves16, decodable, anchors, replay_moves, bounds, flat, features2, policy,
+                              status)
+        skipped: list[tuple[int, str]] = []
+        board = self.board
+        chunk1, chunk2 = self._chunk1, self._chunk2
+        for i in np.flatnonzero(status == compiled.SLOW).tolist():
+            if not decodable[i]:
+                raise BadRecord(i, self.undecodable_reason(packed[i], bool(kings_ok[i]), float(results[i])))
+            try:
+                if positions is None:
+                    board.set_hcp(packed[i])
+                else:
+                    board.set_hcp(anchors[i])
+                    for replay_move in replay_moves[bounds[i]:bounds[i + 1]].tolist():
+                        board.push_move16(replay_move)
+            except RuntimeError as exc:
+                raise BadRecord(i, f"undecodable position ({exc})") from None
+            move, reason = self.move_reason(int(moves16[i]))
+            if reason is not None:
+                if self.bad_records == "error":
+                    raise BadRecord(i, reason + " (data.bad_records=\"error\")")
+                skipped.append((i, reason))
+                continue
+            board._dlshogi_make_input_features(chunk1[0], chunk2[0])
+            _flush_chunk(chunk1, chunk2, 1, features1, features2, i + 1)
+            policy[i] = make_move_label(move, board.turn)
+        kept = kept_positions(n, skipped)
+        count = len(kept)
+        if skipped:
+            features1[:count] = features1[kept]
+            features1[count:] = 0  # the rows past the batch stay zeroed, as the caller handed them over
+            features2, policy = features2[kept], policy[kept]
+        return self._batch(records, results, kept, features1[:count], features2, policy, skipped, eval_scale)

@@ -188,10 +188,11 @@ class CompactPositions:
         start_hcp = self.start_hcp(indices)
         counts = steps
         flat = np.repeat(indices - counts - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
-        moves = np.asarray(self.stored["move16"][flat]).tolist()
+        moves = np.asarray(self.stored["move16"][flat]).astype(np.int64)
         packed = start_hcp.copy()
         packed[:, 0] = (packed[:, 0] & 0xFE) | (((start_hcp[:, 0] & 1) ^ (steps & 1)) & 1)
-        return packed, ReplayPlan(list(start_hcp), moves, np.concatenate([[0], np.cumsum(counts)]).tolist())
+        return packed, ReplayPlan(np.ascontiguousarray(start_hcp), moves,
+                                  np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
 
     def replay(self, indices: np.ndarray) -> np.ndarray:
         """The hcp of each position: its anchor's, with the selected moves from there played (cshogi)."""
@@ -260,8 +261,12 @@ class ReplayPlan:
     """How the decoder reaches position i of a batch: `set_hcp(anchors[i])`, then `push_move16` of
     `moves[bounds[i]:bounds[i + 1]]` (`features.Decoder.decode`)."""
 
-    def __init__(self, anchors: list[np.ndarray], moves: list[int], bounds: list[int]):
-        self.anchors, self.moves, self.bounds = anchors, moves, bounds
+    def __init__(self, anchors: np.ndarray, moves: np.ndarray, bounds: np.ndarray):
+        self.anchors = anchors
+        """[n, 32] uint8: each position's anchor hcp."""
+        self.moves = moves
+        """int64 move16s, position i's at `bounds[i]:bounds[i + 1]`."""
+        self.bounds = bounds
 
 
 def labels_of(turns: np.ndarray, move16: np.ndarray) -> np.ndarray:

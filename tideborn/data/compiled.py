@@ -1,0 +1,397 @@
+"""The per-position decode in compiled code: hcp records (or a compact cache's anchors and the moves from there)
+into dlshogi's input planes and move labels, a batch per call.
+
+cshogi (1.1) has no batch call: `features.Decoder`'s loop makes four to five calls into it per position from
+Python (`set_hcp`, `push_move16`, `move_from_move16`, `is_legal`, `make_input_features`), about 8 us a position
+against dlshogi's 6 us for its whole C++ loop. This module does the same work in one numba-compiled loop, on a
+mailbox board, and writes the same bytes as cshogi does: its Huffman tables, its piece codes, its attack planes
+(`_dlshogi_make_input_features`), its move labels (`__dlshogi_make_move_label`) and its `is_legal`
+(`moveIsPseudoLegal<false>` and `pseudoLegalMoveIsLegal`; cshogi's src/position.cpp and src/cshogi.h).
+
+It only certifies what it is sure cshogi agrees with. A position it does not decode the usual way (a Huffman code
+it does not know, a code running past the 256 bits, more pieces of a kind than a game has), a stored move it does
+not certify as legal (an empty or odd move16, a move cshogi might call illegal, a pawn drop in front of the king:
+cshogi's pawn-drop mate test), or a replay move that is not a plain move of the side to move gets `SLOW`: the
+caller decodes that position with cshogi itself, which gives the same arrays or the same message as before.
+tests/unit/test_decode_compiled.py holds it to cshogi's output position by position.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+SLOW = 0
+"""Status of a position the caller must decode with cshogi."""
+DONE = 1
+"""Status of a position whose planes, hand/check values and label were written."""
+
+_BLACK_KING, _WHITE_KING = 8, 24
+_FEATURES1_PER_COLOR = 31  # 14 piece planes, 14 attack planes, 3 attack-count planes
+_HAND_PLANES = 28  # per color: 8 pawns, 4 lances, 4 knights, 4 silvers, 4 golds, 2 bishops, 2 rooks
+
+
+def _table(entries: dict[tuple[int, int], int]) -> np.ndarray:
+    """[bits, code] -> piece (or 0 for an empty square / a piece in the box); -1 where no code is."""
+    table = np.full((10, 512), -1, dtype=np.int8)
+    for (code, bits), piece in entries.items():
+        table[bits, code] = piece
+    return table
+
+
+# cshogi's HuffmanCodedPos tables (position.cpp), code read least significant bit first: (code, bits) -> piece,
+# pieces by Apery's numbers (black 1..14, white 17..30; pawn 1, lance 2, knight 3, silver 4, bishop 5, rook 6,
+# gold 7, king 8, promoted 9..14).
+_BOARD_CODES = _table({
+    (0b0, 1): 0,
+    (0b1, 4): 1, (0b11, 6): 2, (0b111, 6): 3, (0b1011, 6): 4, (0b11111, 8): 5, (0b111111, 8): 6, (0b1111, 6): 7,
+    (0b1001, 4): 9, (0b100011, 6): 10, (0b100111, 6): 11, (0b101011, 6): 12, (0b10011111, 8): 13,
+    (0b10111111, 8): 14,
+    (0b101, 4): 17, (0b10011, 6): 18, (0b10111, 6): 19, (0b11011, 6): 20, (0b1011111, 8): 21, (0b1111111, 8): 22,
+    (0b101111, 6): 23,
+    (0b1101, 4): 25, (0b110011, 6): 26, (0b110111, 6): 27, (0b111011, 6): 28, (0b11011111, 8): 29,
+    (0b11111111, 8): 30,
+})
+_HAND_CODES = _table({
+    (0b0, 3): 1, (0b100, 3): 17, (0b1, 5): 2, (0b10001, 5): 18, (0b11, 5): 3, (0b10011, 5): 19,
+    (0b101, 5): 4, (0b10101, 5): 20, (0b111, 5): 7, (0b10111, 5): 23, (0b11111, 7): 5, (0b1011111, 7): 21,
+    (0b111111, 7): 6, (0b1111111, 7): 22,
+    # the piece box: pieces in neither hand nor on the board
+    (0b10, 3): 0, (0b1001, 5): 0, (0b1011, 5): 0, (0b1101, 5): 0, (0b11101, 5): 0, (0b1111, 7): 0,
+    (0b101111, 7): 0,
+})
+# Piece type -> hand index (cshogi's order: pawn lance knight silver gold bishop rook); -1: not a hand piece.
+_HAND_INDEX = np.array([-1, 0, 1, 2, 3, 5, 6, 4, -1, -1, -1, -1, -1, -1, -1], dtype=np.int64)
+_HAND_PLANE_START = np.array([0, 8, 12, 16, 20, 24, 26], dtype=np.int64)
+_HAND_PLANE_MAX = np.array([8, 4, 4, 4, 4, 2, 2], dtype=np.int64)
+# The most of each piece type (pawn..gold, by type number) a game has, board and hands together.
+_MATERIAL_LIMIT = np.array([0, 18, 4, 4, 4, 2, 2, 4], dtype=np.int64)
+
+
+def _moves() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per piece type, black's one-square steps and sliding directions as (file delta, rank delta); white's are
+    the same with the rank delta negated. A square is file * 9 + rank, rank 0 black's far side."""
+    forward = [(0, -1)]
+    diagonal = [(-1, -1), (1, -1), (-1, 1), (1, 1)]
+    orthogonal = [(0, -1), (-1, 0), (1, 0), (0, 1)]
+    gold = [(0, -1), (-1, -1), (1, -1), (-1, 0), (1, 0), (0, 1)]
+    steps = {1: forward, 3: [(-1, -2), (1, -2)], 4: [(0, -1), (-1, -1), (1, -1), (-1, 1), (1, 1)], 7: gold,
+             8: diagonal + orthogonal, 9: gold, 10: gold, 11: gold, 12: gold, 13: orthogonal, 14: diagonal}
+    slides = {2: forward, 5: diagonal, 6: orthogonal, 13: diagonal, 14: orthogonal}
+    step_table = np.zeros((15, 8, 2), dtype=np.int64)
+    step_count = np.zeros(15, dtype=np.int64)
+    slide_table = np.zeros((15, 4, 2), dtype=np.int64)
+    slide_count = np.zeros(15, dtype=np.int64)
+    for piece_type, deltas in steps.items():
+        step_count[piece_type] = len(deltas)
+        step_table[piece_type, :len(deltas)] = deltas
+    for piece_type, deltas in slides.items():
+        slide_count[piece_type] = len(deltas)
+        slide_table[piece_type, :len(deltas)] = deltas
+    return step_table, step_count, slide_table, slide_count
+
+
+_STEPS, _STEP_COUNT, _SLIDES, _SLIDE_COUNT = _moves()
+
+
+@njit(cache=True, nogil=True)
+def _bit(data, at):
+    return (data[at >> 3] >> (at & 7)) & 1
+
+
+@njit(cache=True, nogil=True)
+def _set_hcp(hcp, board, hands, kings):
+    """cshogi's `Position::set_hcp` onto `board` (81 pieces), `hands` ([2, 7] counts) and `kings`; returns the
+    side to move, or -1 where cshogi would not decode it the usual way (the caller then asks cshogi)."""
+    board[:] = 0
+    hands[:] = 0
+    turn = np.int64(hcp[0] & 1)  # bit 0 the side to move, bits 1-7 black's king square, 8-14 white's
+    black_king = np.int64(hcp[0] >> 1)
+    white_king = np.int64(hcp[1] & 0x7F)
+    if black_king >= 81 or white_king >= 81 or black_king == white_king:
+        return -1
+    board[black_king] = _BLACK_KING
+    board[white_king] = _WHITE_KING
+    kings[0], kings[1] = black_king, white_king
+    at = 15
+    for sq in range(81):
+        if sq == black_king or sq == white_king:
+            continue
+        code, bits, piece = 0, 0, -1
+        while bits <= 8:
+            if at >= 256:
+                return -1
+            code |= _bit(hcp, at) << bits
+            at += 1
+            bits += 1
+            piece = _BOARD_CODES[bits, code]
+            if piece >= 0:
+                break
+        if piece < 0:
+            return -1
+        board[sq] = piece
+    while at < 256:
+        code, bits, piece = 0, 0, -1
+        while bits <= 8:
+            if at >= 256:
+                return -1
+            code |= _bit(hcp, at) << bits
+            at += 1
+            bits += 1
+            piece = _HAND_CODES[bits, code]
+            if piece >= 0:
+                break
+        if piece < 0:
+            return -1
+        if piece:
+            hands[piece >> 4, _HAND_INDEX[piece & 15]] += 1
+    if not _material_ok(board, hands):
+        return -1
+    return turn
+
+
+@njit(cache=True, nogil=True)
+def _material_ok(board, hands):
+    counts = np.zeros(8, dtype=np.int64)
+    for sq in range(81):
+        piece_type = board[sq] & 15
+        if piece_type == 0 or piece_type == 8:
+            continue
+        counts[piece_type - 8 if piece_type > 8 else piece_type] += 1
+    for color in range(2):
+        for piece_type in range(1, 8):
+            counts[piece_type] += hands[color, _HAND_INDEX[piece_type]]
+    for piece_type in range(1, 8):
+        if counts[piece_type] > _MATERIAL_LIMIT[piece_type]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _attacks(board, sq, target):
+    """Whether the piece on `sq` attacks square `target` on this board."""
+    piece = board[sq]
+    piece_type = piece & 15
+    sign = 1 if piece < 16 else -1
+    file, rank = sq // 9, sq % 9
+    for k in range(_STEP_COUNT[piece_type]):
+        f, r = file + _STEPS[piece_type, k, 0], rank + sign * _STEPS[piece_type, k, 1]
+        if 0 <= f < 9 and 0 <= r < 9 and f * 9 + r == target:
+            return True
+    for k in range(_SLIDE_COUNT[piece_type]):
+        df, dr = _SLIDES[piece_type, k, 0], sign * _SLIDES[piece_type, k, 1]
+        f, r = file + df, rank + dr
+        while 0 <= f < 9 and 0 <= r < 9:
+            if f * 9 + r == target:
+                return True
+            if board[f * 9 + r]:
+                break
+            f += df
+            r += dr
+    return False
+
+
+@njit(cache=True, nogil=True)
+def _attacked(board, target, by):
+    """Whether a piece of color `by` attacks square `target`."""
+    for sq in range(81):
+        piece = board[sq]
+        if piece and (piece >> 4) == by and _attacks(board, sq, target):
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def _features(board, hands, turn, kings, planes, hand_planes, counts):
+    """cshogi's `_dlshogi_make_input_features` as bytes into zeroed `planes` [62, 81] and `hand_planes` [57]."""
+    counts[:] = 0
+    for sq in range(81):
+        piece = board[sq]
+        if not piece:
+            continue
+        color = piece >> 4
+        piece_type = piece & 15
+        sign = 1 if color == 0 else -1
+        base = (color if turn == 0 else 1 - color) * _FEATURES1_PER_COLOR
+        planes[base + piece_type - 1, sq if turn == 0 else 80 - sq] = 1
+        attack_plane = base + 14 + piece_type - 1
+        file, rank = sq // 9, sq % 9
+        for k in range(_STEP_COUNT[piece_type]):
+            f, r = file + _STEPS[piece_type, k, 0], rank + sign * _STEPS[piece_type, k, 1]
+            if 0 <= f < 9 and 0 <= r < 9:
+                t = f * 9 + r
+                planes[attack_plane, t if turn == 0 else 80 - t] = 1
+                counts[color, t] += 1
+        for k in range(_SLIDE_COUNT[piece_type]):
+            df, dr = _SLIDES[piece_type, k, 0], sign * _SLIDES[piece_type, k, 1]
+            f, r = file + df, rank + dr
+            while 0 <= f < 9 and 0 <= r < 9:
+                t = f * 9 + r
+                planes[attack_plane, t if turn == 0 else 80 - t] = 1
+                counts[color, t] += 1
+                if board[t]:
+                    break
+                f += df
+                r += dr
+    for color in range(2):
+        base = (color if turn == 0 else 1 - color) * _FEATURES1_PER_COLOR + 28
+        for sq in range(81):
+            number = min(counts[color, sq], 3)
+            for k in range(number):
+                planes[base + k, sq if turn == 0 else 80 - sq] = 1
+        hand_base = (color if turn == 0 else 1 - color) * _HAND_PLANES
+        for hand_index in range(7):
+            number = min(hands[color, hand_index], _HAND_PLANE_MAX[hand_index])
+            for k in range(number):
+                hand_planes[hand_base + _HAND_PLANE_START[hand_index] + k] = 1
+    # in check: a piece of the side not to move attacks the king of the side to move
+    hand_planes[56] = 1 if counts[1 - turn, kings[turn]] > 0 else 0
+
+
+@njit(cache=True, nogil=True)
+def _legal(board, hands, turn, kings, move16):
+    """True only where cshogi's `is_legal(move_from_move16(move16))` is True (False: ask cshogi)."""
+    if move16 == 0 or move16 & 0x8000:
+        return False
+    to = move16 & 0x7F
+    origin = (move16 >> 7) & 0x7F
+    if to >= 81:
+        return False
+    them = 1 - turn
+    if origin >= 81:  # a drop: origin is 80 + piece type
+        piece_type = origin - 80
+        if piece_type > 7 or board[to] or hands[turn, _HAND_INDEX[piece_type]] == 0:
+            return False
+        if piece_type == 1:
+            for rank in range(9):  # two pawns on a file
+                if board[(to // 9) * 9 + rank] == turn * 16 + 1:
+                    return False
+            if to + (-1 if turn == 0 else 1) == kings[them]:  # cshogi's pawn-drop mate test: left to it
+                return False
+        board[to] = turn * 16 + piece_type
+        safe = not _attacked(board, kings[turn], them)
+        board[to] = 0
+        return safe
+    piece = board[origin]
+    if not piece or (piece >> 4) != turn:
+        return False
+    captured = board[to]
+    if captured and (captured >> 4) == turn:
+        return False
+    if not _attacks(board, origin, to):
+        return False
+    board[to] = piece
+    board[origin] = 0
+    safe = not _attacked(board, to if (piece & 15) == 8 else kings[turn], them)
+    board[origin] = piece
+    board[to] = captured
+    return safe
+
+
+@njit(cache=True, nogil=True)
+def _push(board, hands, turn, kings, move16):
+    """cshogi's `push_move16` of a plain move of the side to move; False (board undefined) for anything else."""
+    if move16 & 0x8000:
+        return False
+    to = move16 & 0x7F
+    origin = (move16 >> 7) & 0x7F
+    if to >= 81 or (board[to] and (board[to] >> 4) == turn):
+        return False
+    if origin >= 81:
+        piece_type = origin - 80
+        if piece_type > 7 or board[to] or hands[turn, _HAND_INDEX[piece_type]] == 0:
+            return False
+        hands[turn, _HAND_INDEX[piece_type]] -= 1
+        board[to] = turn * 16 + piece_type
+        return True
+    piece = board[origin]
+    if not piece or (piece >> 4) != turn:
+        return False
+    piece_type = piece & 15
+    promote = (move16 >> 14) & 1
+    if promote and (piece_type >= 7):  # gold, king and promoted pieces do not promote
+        return False
+    captured = board[to]
+    if captured:
+        captured_type = captured & 15
+        if captured_type == 8:
+            return False
+        unpromoted = captured_type - 8 if captured_type > 8 else captured_type
+        hands[turn, _HAND_INDEX[unpromoted]] += 1
+    board[to] = piece + 8 * promote
+    board[origin] = 0
+    if piece_type == 8:
+        kings[turn] = to
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _label(move16, turn):
+    """cshogi's `__dlshogi_make_move_label` (the move from the side to move's view)."""
+    to = move16 & 0x7F
+    origin = (move16 >> 7) & 0x7F
+    if origin >= 81:
+        return 81 * (20 + origin - 81) + (to if turn == 0 else 80 - to)
+    if turn == 1:
+        to, origin = 80 - to, 80 - origin
+    dir_x = origin // 9 - to // 9
+    dir_y = to % 9 - origin % 9
+    if dir_y < 0 and dir_x == 0:
+        direction = 0
+    elif dir_y == -2 and dir_x == -1:
+        direction = 8
+    elif dir_y == -2 and dir_x == 1:
+        direction = 9
+    elif dir_y < 0 and dir_x < 0:
+        direction = 1
+    elif dir_y < 0 and dir_x > 0:
+        direction = 2
+    elif dir_y == 0 and dir_x < 0:
+        direction = 3
+    elif dir_y == 0 and dir_x > 0:
+        direction = 4
+    elif dir_y > 0 and dir_x == 0:
+        direction = 5
+    elif dir_y > 0 and dir_x < 0:
+        direction = 6
+    else:
+        direction = 7
+    if move16 & 0x4000:
+        direction += 10
+    return 81 * direction + to
+
+
+@njit(cache=True, nogil=True)
+def decode_batch(packed, moves16, usable, anchors, replay_moves, bounds, planes, hand_planes, labels, status):
+    """Decode each position i with `usable[i]` into row i of `planes` ([n, 62, 81] uint8) and
+    `hand_planes` ([n, 57] uint8), its move label into `labels[i]`, and `status[i]` = DONE; SLOW where cshogi must
+    decode it (the rows are then left as they were). Positions come from `packed` ([n, 32] hcp), or, where
+    `bounds` is not empty, from `anchors[i]` and `replay_moves[bounds[i]:bounds[i + 1]]` played from there."""
+    board = np.zeros(81, dtype=np.int64)
+    hands = np.zeros((2, 7), dtype=np.int64)
+    kings = np.zeros(2, dtype=np.int64)
+    counts = np.zeros((2, 81), dtype=np.int64)
+    replay = len(bounds) > 0
+    for i in range(len(packed)):
+        status[i] = SLOW
+        if not usable[i]:
+            continue
+        turn = _set_hcp(anchors[i] if replay else packed[i], board, hands, kings)
+        if turn < 0:
+            continue
+        if replay:
+            played = True
+            for k in range(bounds[i], bounds[i + 1]):
+                if not _push(board, hands, turn, kings, replay_moves[k]):
+                    played = False
+                    break
+                turn = 1 - turn
+            if not played or not _material_ok(board, hands):
+                continue
+        if not _legal(board, hands, turn, kings, moves16[i]):
+            continue
+        planes[i] = 0
+        hand_planes[i] = 0
+        _features(board, hands, turn, kings, planes[i], hand_planes[i], counts)
+        labels[i] = _label(moves16[i], turn)
+        status[i] = DONE

@@ -1,7 +1,7 @@
-"""hcpe3's first open, issue 23 must 1: the fast loop (`_play_fast`: each game's candidates and moves as one
-list of ops, nothing but the cshogi calls per op) reads what the move-by-move loop reads (`_play_carefully`,
-the loop as it was, which the fast one hands a game to whenever something is not plainly right), and the
-first open holds the file's arrays once.
+"""hcpe3's first open, issue 23 must 1: the compiled loop (`compiled.play_games`) and the fast loop (`_play_fast`:
+each game's candidates and moves as one list of ops, nothing but the cshogi calls per op) read what the
+move-by-move loop reads (`_play_carefully`, the loop as it was, which the fast ones hand a game to whenever
+something is not plainly right), and the first open holds the file's arrays once.
 
 The comparison forces the careful loop on every game (`_play_fast` answering False, as it does at a bad
 move) and compares arrays, or the first error's words, with the fast reading: on the shipped games with six
@@ -10,14 +10,18 @@ first open writes), and on copies with faults injected."""
 
 from __future__ import annotations
 
+import collections
+import random
 import tracemalloc
 from pathlib import Path
 
+import cshogi
 import numpy as np
 import pytest
 
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
 from tideborn.data import hcpe3, hcpe3_replay
+from tideborn.data.games import Game
 from tideborn.errors import UserError
 
 
@@ -44,8 +48,13 @@ def reading(path: Path, full: bool) -> tuple:
     return "ok", arrays, built["meta"]
 
 
+def no_compiled(starts, *args) -> tuple[list[int], np.ndarray]:
+    return [0] * len(starts), np.zeros(0, np.uint8)
+
+
 def careful_reading(path: Path, full: bool, monkeypatch) -> tuple:
     with monkeypatch.context() as patch:
+        patch.setattr(hcpe3_replay.ReplayedPositions, "_play_compiled", staticmethod(no_compiled))
         patch.setattr(hcpe3_replay.ReplayedPositions, "_play_fast", lambda *args: False)
         return reading(path, full)
 
@@ -60,12 +69,103 @@ def test_the_fast_loop_reads_what_the_move_by_move_loop_reads(selfplay, monkeypa
         return played[-1]
 
     monkeypatch.setattr(hcpe3_replay.ReplayedPositions, "_play_fast", counted)
+    monkeypatch.setattr(hcpe3_replay.ReplayedPositions, "_play_compiled", staticmethod(no_compiled))
     got = reading(selfplay, full)
     monkeypatch.undo()
     assert played and all(played), "every game of the shipped ones is read by the fast loop"
     want = careful_reading(selfplay, full, monkeypatch)
     assert want[0] == "ok" and want[2]["positions"] > 5000 and want[2]["repetitions"] > 0
     assert got == want
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["full layout", "compact layout"])
+def test_the_compiled_loop_reads_what_the_move_by_move_loop_reads(selfplay, monkeypatch, full):
+    """The compiled loop (`compiled.play_games`) plays every game of the shipped ones, repetitions included
+    (cshogi's `is_draw` rules: a draw, superior or inferior repetition left out, a perpetual check kept)."""
+    played, fast = [], []
+    compiled_loop = hcpe3_replay.ReplayedPositions._play_compiled
+    python_loop = hcpe3_replay.ReplayedPositions._play_fast
+
+    def counted_compiled(*args):
+        games, gaps = compiled_loop(*args)
+        played.extend(games)
+        return games, gaps
+
+    def counted_fast(self, *args):
+        fast.append(python_loop(self, *args))
+        return fast[-1]
+
+    monkeypatch.setattr(hcpe3_replay.ReplayedPositions, "_play_compiled", staticmethod(counted_compiled))
+    monkeypatch.setattr(hcpe3_replay.ReplayedPositions, "_play_fast", counted_fast)
+    got = reading(selfplay, full)
+    monkeypatch.undo()
+    want = careful_reading(selfplay, full, monkeypatch)
+    assert want[0] == "ok" and want[2]["repetitions"] > 0
+    assert got == want
+    assert played and all(played) and not fast, (sum(played), len(played), len(fast))
+
+
+def shuffling_games(seed: int, count: int) -> tuple[list[Game], collections.Counter]:
+    """Games that come back to their positions: after a random opening, each side mostly takes back its last
+    move, or checks (so that perpetual checks occur); and how often cshogi's `is_draw(16)` answered what."""
+    rng = random.Random(seed)
+    board = cshogi.Board()
+    games, kinds = [], collections.Counter()
+    for _ in range(count):
+        board.reset()
+        for _ in range(rng.randint(10, 40)):
+            board.push(rng.choice(list(board.legal_moves)))
+        sfen, moves = board.sfen(), []
+        for _ in range(rng.randint(40, 160)):
+            legal = list(board.legal_moves)
+            if not legal:
+                break
+            back = []
+            if len(moves) >= 2 and not cshogi.move_is_drop(moves[-2]):
+                last = moves[-2]
+                back = [m for m in legal if cshogi.move_from(m) == cshogi.move_to(last)
+                        and cshogi.move_to(m) == cshogi.move_from(last) and not cshogi.move_is_promotion(m)]
+            checks = []
+            for m in legal:
+                board.push(m)
+                if board.is_check():
+                    checks.append(m)
+                board.pop()
+            r = rng.random()
+            move = (back[0] if back and (r < 0.6 or back[0] in checks) else
+                    rng.choice(checks) if checks and r < 0.85 else rng.choice(legal))
+            board.push(move)
+            moves.append(move)
+            kinds[board.is_draw(16)] += 1
+        games.append(Game(source="made up", sfen=sfen, moves=moves, result=cshogi.DRAW))
+    return games, kinds
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["full layout", "compact layout"])
+def test_repetitions_of_every_kind_are_read_as_the_move_by_move_loop_reads(tmp_path, monkeypatch, full):
+    """Draws, superior and inferior repetitions (left out) and perpetual checks (kept), as cshogi's `is_draw`
+    tells them, found by the compiled loop itself: it plays every game, with the same arrays as the careful
+    loop."""
+    games, kinds = shuffling_games(2327, 40)
+    assert all(kinds[kind] > 3 for kind in (cshogi.REPETITION_DRAW, cshogi.REPETITION_WIN, cshogi.REPETITION_LOSE,
+                                            cshogi.REPETITION_SUPERIOR, cshogi.REPETITION_INFERIOR)), kinds
+    path = tmp_path / "shuffling.hcpe3"
+    write_hcpe3(path, games, seed=2327, book_plies=0)
+    played = []
+    compiled_loop = hcpe3_replay.ReplayedPositions._play_compiled
+
+    def counted_compiled(*args):
+        games_played, gaps = compiled_loop(*args)
+        played.extend(games_played)
+        return games_played, gaps
+
+    monkeypatch.setattr(hcpe3_replay.ReplayedPositions, "_play_compiled", staticmethod(counted_compiled))
+    got = reading(path, full)
+    monkeypatch.undo()
+    want = careful_reading(path, full, monkeypatch)
+    assert want[0] == "ok" and want[2]["repetitions"] > 100
+    assert got == want
+    assert len(played) == len(games) and all(played)
 
 
 def _damaged(good: bytes, rng: np.random.Generator, case: int) -> bytes:

@@ -10,8 +10,8 @@ mailbox board, and writes the same bytes as cshogi does: its Huffman tables, its
 
 It only certifies what it is sure cshogi agrees with. A position it does not decode the usual way (a Huffman code
 it does not know, a code running past the 256 bits, more pieces of a kind than a game has), a stored move it does
-not certify as legal (an empty or odd move16, a move cshogi might call illegal, a pawn drop in front of the king:
-cshogi's pawn-drop mate test), or a replay move that is not a plain move of the side to move gets `SLOW`: the
+not certify as legal (an empty or odd move16, a move cshogi might call illegal, a pawn drop that mates), or a
+replay move that is not a plain move of the side to move gets `SLOW`: the
 caller decodes that position with cshogi itself, which gives the same arrays or the same message as before.
 tests/unit/test_decode_compiled.py holds it to cshogi's output position by position.
 """
@@ -92,6 +92,35 @@ def _moves() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 
 _STEPS, _STEP_COUNT, _SLIDES, _SLIDE_COUNT = _moves()
+_DIRECTIONS = np.array([(0, -1), (-1, -1), (1, -1), (-1, 0), (1, 0), (-1, 1), (1, 1), (0, 1)], dtype=np.int64)
+"""The eight lines out of a square, each the opposite of the one at 7 minus its index."""
+
+
+def _reach() -> np.ndarray:
+    """[piece, direction]: 1 where the piece attacks the next square in `_DIRECTIONS[direction]`, 2 where it
+    slides on along it, 0 where it does not attack that way (knights: none; `_attacked` looks for them)."""
+    reach = np.zeros((32, 8), dtype=np.int64)
+    for piece in range(32):
+        piece_type, sign = piece & 15, (1 if piece < 16 else -1)
+        if piece_type == 0 or piece_type == 15 or piece in (16, 31):
+            continue
+        for k in range(_STEP_COUNT[piece_type]):
+            step = (_STEPS[piece_type, k, 0], sign * _STEPS[piece_type, k, 1])
+            for d, direction in enumerate(_DIRECTIONS.tolist()):
+                if tuple(direction) == step:
+                    reach[piece, d] = max(reach[piece, d], 1)
+        for k in range(_SLIDE_COUNT[piece_type]):
+            slide = (_SLIDES[piece_type, k, 0], sign * _SLIDES[piece_type, k, 1])
+            for d, direction in enumerate(_DIRECTIONS.tolist()):
+                if tuple(direction) == slide:
+                    reach[piece, d] = 2
+    return reach
+
+
+_REACH = _reach()
+_DIRECTION_INDEX = np.full((3, 3), -1, dtype=np.int64)
+for _index, (_df, _dr) in enumerate(_DIRECTIONS.tolist()):
+    _DIRECTION_INDEX[_df + 1, _dr + 1] = _index
 
 
 @njit(cache=True, nogil=True)
@@ -169,36 +198,104 @@ def _material_ok(board, hands):
 
 @njit(cache=True, nogil=True)
 def _attacks(board, sq, target):
-    """Whether the piece on `sq` attacks square `target` on this board."""
+    """Whether the piece on `sq` attacks square `target` on this board: the line from one to the other, the
+    piece's reach along it, and the squares between empty."""
     piece = board[sq]
-    piece_type = piece & 15
-    sign = 1 if piece < 16 else -1
-    file, rank = sq // 9, sq % 9
-    for k in range(_STEP_COUNT[piece_type]):
-        f, r = file + _STEPS[piece_type, k, 0], rank + sign * _STEPS[piece_type, k, 1]
-        if 0 <= f < 9 and 0 <= r < 9 and f * 9 + r == target:
-            return True
-    for k in range(_SLIDE_COUNT[piece_type]):
-        df, dr = _SLIDES[piece_type, k, 0], sign * _SLIDES[piece_type, k, 1]
-        f, r = file + df, rank + dr
-        while 0 <= f < 9 and 0 <= r < 9:
-            if f * 9 + r == target:
-                return True
-            if board[f * 9 + r]:
-                break
-            f += df
-            r += dr
-    return False
+    df, dr = target // 9 - sq // 9, target % 9 - sq % 9
+    if (piece & 15) == 3:  # a knight: one file over, two ranks forward
+        return (df == 1 or df == -1) and dr == (-2 if piece < 16 else 2)
+    if df == 0 and dr == 0:
+        return False
+    if not (df == 0 or dr == 0 or df == dr or df == -dr):
+        return False
+    step_f = (df > 0) - (df < 0)
+    step_r = (dr > 0) - (dr < 0)
+    reach = _REACH[piece, _DIRECTION_INDEX[step_f + 1, step_r + 1]]
+    distance = max(abs(df), abs(dr))
+    if reach == 0 or (reach == 1 and distance > 1):
+        return False
+    for k in range(1, distance):
+        if board[sq + k * (step_f * 9 + step_r)]:
+            return False
+    return True
 
 
 @njit(cache=True, nogil=True)
 def _attacked(board, target, by):
-    """Whether a piece of color `by` attacks square `target`."""
-    for sq in range(81):
-        piece = board[sq]
-        if piece and (piece >> 4) == by and _attacks(board, sq, target):
-            return True
+    """Whether a piece of color `by` attacks square `target`: the first piece out along each line from it, and
+    the two squares a knight of `by` would attack it from."""
+    file, rank = target // 9, target % 9
+    for d in range(8):
+        df, dr = _DIRECTIONS[d, 0], _DIRECTIONS[d, 1]
+        f, r = file + df, rank + dr
+        distance = 1
+        while 0 <= f < 9 and 0 <= r < 9:
+            piece = board[f * 9 + r]
+            if piece:
+                # the piece attacks back along the opposite direction (7 - d in `_DIRECTIONS`' order)
+                reach = _REACH[piece, 7 - d]
+                if (piece >> 4) == by and (reach == 2 or (reach == 1 and distance == 1)):
+                    return True
+                break
+            f += df
+            r += dr
+            distance += 1
+    knight = 3 + 16 * by
+    r = rank + (2 if by == 0 else -2)  # a black knight attacks two ranks up, so it stands two ranks down
+    if 0 <= r < 9:
+        for f in (file - 1, file + 1):
+            if 0 <= f < 9 and board[f * 9 + r] == knight:
+                return True
     return False
+
+
+@njit(cache=True, nogil=True)
+def _line(a, b):
+    """Apery's `squareRelation` class of two squares: 1 a file, 2 a rank, 3 and 4 the diagonals, 0 none."""
+    df, dr = b // 9 - a // 9, b % 9 - a % 9
+    if df == 0:
+        return 1
+    if dr == 0:
+        return 2
+    if df == dr:
+        return 3
+    if df == -dr:
+        return 4
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _pawn_drop_mate(board, us, sq, king):
+    """cshogi's `isPawnDropCheckMate(us, sq)` (position.cpp): no piece of the other side but its king can take
+    the pawn (a pinned piece only along its pin), and the king has no square out of `us`'s reach, the pawn
+    counted as a blocker but not as an attacker (as cshogi counts it); the other side is not in check before."""
+    them = 1 - us
+    for origin in range(81):
+        piece = board[origin]
+        if not piece or (piece >> 4) != them or (piece & 15) == 8 or not _attacks(board, origin, sq):
+            continue
+        board[origin] = 0
+        pinned = _attacked(board, king, us)
+        board[origin] = piece
+        if not pinned or (_line(origin, king) != 0 and _line(origin, king) == _line(origin, sq)):
+            return False
+    board[sq] = them * 16 + 1  # occupies the square, attacks nothing of us's
+    mate = True
+    for df in range(-1, 2):
+        for dr in range(-1, 2):
+            f, r = king // 9 + df, king % 9 + dr
+            if (df == 0 and dr == 0) or not (0 <= f < 9 and 0 <= r < 9):
+                continue
+            t = f * 9 + r
+            if t != sq and board[t] and (board[t] >> 4) == them:
+                continue
+            if not _attacked(board, t, us):
+                mate = False
+                break
+        if not mate:
+            break
+    board[sq] = 0
+    return mate
 
 
 @njit(cache=True, nogil=True)
@@ -249,8 +346,10 @@ def _features(board, hands, turn, kings, planes, hand_planes, counts):
 
 
 @njit(cache=True, nogil=True)
-def _legal(board, hands, turn, kings, move16):
-    """True only where cshogi's `is_legal(move_from_move16(move16))` is True (False: ask cshogi)."""
+def _legal(board, hands, turn, kings, move16, in_check):
+    """True only where cshogi's `is_legal(move_from_move16(move16))` is True (False: ask cshogi). `in_check`:
+    whether the side to move's king is attacked now; if not, a drop cannot leave it attacked, nor can a move of
+    a piece off every line through it, so only the other moves are played out and the king looked at."""
     if move16 == 0 or move16 & 0x8000:
         return False
     to = move16 & 0x7F
@@ -266,8 +365,13 @@ def _legal(board, hands, turn, kings, move16):
             for rank in range(9):  # two pawns on a file
                 if board[(to // 9) * 9 + rank] == turn * 16 + 1:
                     return False
-            if to + (-1 if turn == 0 else 1) == kings[them]:  # cshogi's pawn-drop mate test: left to it
-                return False
+            if to + (-1 if turn == 0 else 1) == kings[them]:  # cshogi's pawn-drop mate test
+                if to % 9 == (0 if turn == 0 else 8):  # the king a file over (cshogi's square arithmetic)
+                    return False
+                if _attacked(board, kings[them], turn) or _pawn_drop_mate(board, turn, to, kings[them]):
+                    return False  # a position where the side not to move is in check; a mate: left to cshogi
+        if not in_check:
+            return True
         board[to] = turn * 16 + piece_type
         safe = not _attacked(board, kings[turn], them)
         board[to] = 0
@@ -280,6 +384,8 @@ def _legal(board, hands, turn, kings, move16):
         return False
     if not _attacks(board, origin, to):
         return False
+    if not in_check and (piece & 15) != 8 and _line(origin, kings[turn]) == 0:
+        return True
     board[to] = piece
     board[origin] = 0
     safe = not _attacked(board, to if (piece & 15) == 8 else kings[turn], them)
@@ -388,10 +494,264 @@ def decode_batch(packed, moves16, usable, anchors, replay_moves, bounds, planes,
                 turn = 1 - turn
             if not played or not _material_ok(board, hands):
                 continue
-        if not _legal(board, hands, turn, kings, moves16[i]):
+        if not _legal(board, hands, turn, kings, moves16[i], _attacked(board, kings[turn], 1 - turn)):
             continue
         planes[i] = 0
         hand_planes[i] = 0
         _features(board, hands, turn, kings, planes[i], hand_planes[i], counts)
         labels[i] = _label(moves16[i], turn)
         status[i] = DONE
+
+
+# --- the first open's replay: a game's candidates and moves checked and played, the anchors packed ---
+
+def _encoder() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """cshogi's `toHuffmanCodedPos` tables: board codes by piece, hand codes by [color, hand index], piece box
+    codes by hand index (each as code, bits)."""
+    board_code, board_bits = np.zeros(32, np.int64), np.zeros(32, np.int64)
+    for bits in range(10):
+        for code in range(512):
+            piece = _BOARD_CODES[bits, code]
+            if piece >= 0:
+                board_code[piece], board_bits[piece] = code, bits
+    hand_code, hand_bits = np.zeros((2, 7), np.int64), np.zeros((2, 7), np.int64)
+    box_code, box_bits = np.zeros(7, np.int64), np.zeros(7, np.int64)
+    box = {1: (0b10, 3), 2: (0b1001, 5), 3: (0b1011, 5), 4: (0b1101, 5), 7: (0b11101, 5), 5: (0b1111, 7),
+           6: (0b101111, 7)}
+    for bits in range(10):
+        for code in range(512):
+            piece = _HAND_CODES[bits, code]
+            if piece > 0:
+                hand_code[piece >> 4, _HAND_INDEX[piece & 15]] = code
+                hand_bits[piece >> 4, _HAND_INDEX[piece & 15]] = bits
+    for piece_type, (code, bits) in box.items():
+        box_code[_HAND_INDEX[piece_type]], box_bits[_HAND_INDEX[piece_type]] = code, bits
+    return board_code, board_bits, hand_code, hand_bits, box_code, box_bits
+
+
+_BOARD_CODE, _BOARD_BITS, _HAND_CODE, _HAND_BITS, _BOX_CODE, _BOX_BITS = _encoder()
+_BOX_FULL = np.array([18, 4, 4, 4, 4, 2, 2], dtype=np.int64)
+"""Pieces of each hand kind in a game (pawn lance knight silver gold bishop rook)."""
+_ZOBRIST = np.random.default_rng(20261204).integers(1, 1 << 62, size=(32, 81), dtype=np.int64)
+_ZOBRIST[0] = 0
+"""A key per (piece, square) for the repetition look-out; any fixed numbers do (a match is checked by cshogi)."""
+
+
+@njit(cache=True, nogil=True)
+def _to_hcp(board, hands, turn, kings, out):
+    """cshogi's `to_hcp` of the board into `out` (32 bytes); False where the pieces do not fill the 256 bits.
+    Codes go into a bit accumulator, a byte written out whenever one is full."""
+    box = _BOX_FULL.copy()
+    acc = turn | (kings[0] << 1) | (kings[1] << 8)
+    filled = 15
+    written = 0
+    for sq in range(81):
+        piece = board[sq]
+        piece_type = piece & 15
+        if piece_type == 8:
+            continue
+        acc |= _BOARD_CODE[piece] << filled
+        filled += _BOARD_BITS[piece]
+        if piece:
+            box[_HAND_INDEX[piece_type - 8 if piece_type > 8 else piece_type]] -= 1
+        while filled >= 8:
+            if written == 32:
+                return False
+            out[written] = acc & 0xFF
+            written += 1
+            acc >>= 8
+            filled -= 8
+    for color in range(2):
+        for hand_index in range(7):
+            number = hands[color, hand_index]
+            box[hand_index] -= number
+            for _ in range(number):
+                acc |= _HAND_CODE[color, hand_index] << filled
+                filled += _HAND_BITS[color, hand_index]
+                while filled >= 8:
+                    if written == 32:
+                        return False
+                    out[written] = acc & 0xFF
+                    written += 1
+                    acc >>= 8
+                    filled -= 8
+    for hand_index in range(7):
+        if box[hand_index] < 0:
+            return False
+        for _ in range(box[hand_index]):
+            acc |= _BOX_CODE[hand_index] << filled
+            filled += _BOX_BITS[hand_index]
+            while filled >= 8:
+                if written == 32:
+                    return False
+                out[written] = acc & 0xFF
+                written += 1
+                acc >>= 8
+                filled -= 8
+    return written == 32 and filled == 0
+
+
+@njit(cache=True, nogil=True)
+def _board_key(board):
+    key = np.int64(0)
+    for sq in range(81):
+        if board[sq]:
+            key ^= _ZOBRIST[board[sq], sq]
+    return key
+
+
+ALLOWED_PIECES = np.array([0xFFFF, 0, (1 << 7) - 1, 0xFFFF & ~((1 << 4) - 1), 0xFFFF & ~(1 << 3)], dtype=np.int64)
+"""hcpe3_replay's `_ALLOWED_PIECES`: by candidate check kind, the piece types that may make such a move."""
+_MOVE_OP, _ANCHOR_BIT = 1 << 20, 1 << 19
+_REPETITION_PLIES = 16
+
+
+@njit(cache=True, nogil=True)
+def _checked_ok(board, move16, kind):
+    """hcpe3_replay's piece check of a move that `is_legal` alone does not settle (kind > 0): a board move whose
+    piece may make it; False also where it cannot tell (a drop)."""
+    origin = (move16 >> 7) & 0x7F
+    if kind == 0:
+        return True
+    if origin >= 81 or kind == 1:
+        return False
+    return (ALLOWED_PIECES[kind] >> (board[origin] & 15)) & 1 == 1
+
+
+LEAVES_GAP = 1
+"""`play_games`' mark of a move after which cshogi's `is_draw(16)` finds a draw, superior or inferior
+repetition: the position is left out (hcpe3_replay's `repeating`)."""
+
+
+@njit(cache=True, nogil=True)
+def _repetition(hand_history, keys, checks, plies, key, hand, turn):
+    """cshogi's `is_draw(16)` (Apery's `isDraw`) of the board just reached, `plies` moves after the start: 0 none,
+    1 a draw, superior or inferior repetition (left out), 2 a win or loss by perpetual check (kept). The
+    histories hold, per ply mod 17, the board's key and the side to move's hand; `checks` the plies each side
+    has been checking in a row. Boards are told apart by their 62-bit keys, as cshogi tells them apart by its
+    64-bit ones."""
+    back = 4
+    ring = _REPETITION_PLIES + 1
+    while back <= min(plies, _REPETITION_PLIES):
+        then = (plies - back) % ring
+        if keys[then] == key:
+            same_hand, superior, inferior = True, True, True
+            for k in range(7):
+                if hand[k] != hand_history[then, k]:
+                    same_hand = False
+                if hand[k] < hand_history[then, k]:
+                    superior = False
+                if hand[k] > hand_history[then, k]:
+                    inferior = False
+            if same_hand:
+                if back <= checks[turn] or back <= checks[1 - turn]:
+                    return 2
+                return 1
+            if superior or inferior:
+                return 1
+        back += 2
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def play_games(starts, usable, first_moves, ops, op_starts, hcp, ok, gaps):
+    """`hcpe3_replay.ReplayedPositions._play_fast` of each usable game, in compiled code: from `starts[g]`, the
+    game's ops (`_Plan.ops`: candidates to check, then the move) checked and played, the position packed into
+    `hcp` at an anchor and after a left-out repetition (`gaps[move]` = LEAVES_GAP after its move); `ok[g]` = 1
+    where all of it was plainly right, else 0 (the caller then plays the game with cshogi, which names what is
+    wrong). It gives up at anything it does not certify as cshogi would."""
+    board = np.zeros(81, dtype=np.int64)
+    hands = np.zeros((2, 7), dtype=np.int64)
+    kings = np.zeros(2, dtype=np.int64)
+    ring = _REPETITION_PLIES + 1
+    keys = np.zeros(ring, dtype=np.int64)
+    hand_history = np.zeros((ring, 7), dtype=np.int64)
+    checks = np.zeros(2, dtype=np.int64)
+    for game in range(len(usable)):
+        ok[game] = 0
+        if not usable[game]:
+            continue
+        turn = _set_hcp(starts[game], board, hands, kings)
+        if turn < 0:
+            continue
+        move_index = first_moves[game]
+        plies = 0
+        key = _board_key(board)
+        keys[0] = key
+        hand_history[0] = hands[turn]
+        checks[:] = 0
+        in_check = _attacked(board, kings[turn], 1 - turn)
+        gap = False
+        fine = True
+        for k in range(op_starts[game], op_starts[game + 1]):
+            op = ops[k]
+            if op < 0x10000:
+                if not _legal(board, hands, turn, kings, op, in_check):
+                    fine = False
+                    break
+                continue
+            if op < _MOVE_OP:
+                move16, kind = op & 0xFFFF, op >> 16
+                if not (_legal(board, hands, turn, kings, move16, in_check) and _checked_ok(board, move16, kind)):
+                    fine = False
+                    break
+                continue
+            move16, kind = op & 0xFFFF, (op >> 16) & 7
+            if not (_legal(board, hands, turn, kings, move16, in_check) and _checked_ok(board, move16, kind)):
+                fine = False
+                break
+            if (gap or op & _ANCHOR_BIT) and not _to_hcp(board, hands, turn, kings, hcp[move_index]):
+                fine = False
+                break
+            to, origin = move16 & 0x7F, (move16 >> 7) & 0x7F
+            moved, captured = (board[origin] if origin < 81 else 0), board[to]
+            if not _push(board, hands, turn, kings, move16):
+                fine = False
+                break
+            key ^= _ZOBRIST[board[to], to] ^ _ZOBRIST[captured, to]  # the empty square's key is 0
+            if origin < 81:
+                key ^= _ZOBRIST[moved, origin]
+            mover = turn
+            turn = 1 - turn
+            plies += 1
+            in_check = _attacked(board, kings[turn], 1 - turn)
+            checks[mover] = checks[mover] + 2 if in_check else 0  # cshogi's continuousCheck
+            gap = _repetition(hand_history, keys, checks, plies, key, hands[turn], turn) == 1
+            gaps[move_index] = LEAVES_GAP if gap else 0
+            keys[plies % ring] = key
+            hand_history[plies % ring] = hands[turn]
+            move_index += 1
+        if fine:
+            ok[game] = 1
+
+
+@njit(cache=True, nogil=True)
+def walk_games(words, k, end, max_candidates, move_words, game_words, game_first_move):
+    """`hcpe3_replay._walk`'s common case in compiled code: from word `k`, each game whose moves lie whole before
+    word `end` and have at most `max_candidates` candidates each; their words go to the arrays given. Returns
+    (games, moves, the word where it stopped): at `end`, or at a game that is cut or malformed, which the
+    caller reads move by move."""
+    games = 0
+    moves = 0
+    while end - k >= 18:  # a header: 36 bytes
+        p = k + 18
+        first = moves
+        whole = True
+        for _ in range(words[k + 16]):
+            if p + 3 > end:
+                whole = False
+                break
+            count = words[p + 2]
+            if count > max_candidates:
+                whole = False
+                break
+            move_words[moves] = p
+            moves += 1
+            p += 3 + 2 * count
+        if not whole or p > end:
+            return games, first, k
+        game_words[games] = k
+        game_first_move[games] = first
+        games += 1
+        k = p
+    return games, moves, k

@@ -176,10 +176,10 @@ class _Plan:
         self.selected_checks = table[turn_keys | selected]
         self.anchor = anchor
 
-    def ops(self, first_moves: np.ndarray) -> tuple[list[int], list[int]]:
-        """The window as one list for `_play_fast`: each move's candidates to try, then the move itself (an
-        op of `_MOVE_OP`; an empty move16 as NEVER, so that the fast loop leaves it to the careful one);
-        and where each game's ops start (one more: the end)."""
+    def ops(self, first_moves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The window as one array of ops for the fast loops: each move's candidates to try, then the move
+        itself (an op of `_MOVE_OP`; an empty move16 as NEVER, so that the fast loops leave it to the careful
+        one); and where each game's ops start (one more: the end)."""
         n = len(self.selected)
         checks = np.where(self.selected == 0, NEVER, self.selected_checks).astype(np.int32)
         move_ops = _MOVE_OP | self.anchor.astype(np.int32) * _ANCHOR_BIT | checks << 16 | self.selected
@@ -189,7 +189,7 @@ class _Plan:
         is_candidate[at_move] = False
         ops[at_move] = move_ops
         ops[is_candidate] = self.tried
-        return _op_list(ops), (self.try_starts[first_moves] + first_moves).tolist()
+        return ops, self.try_starts[first_moves] + first_moves
 
 
 class _BadMove(Exception):
@@ -207,18 +207,33 @@ class _Window:
     def __init__(self) -> None:
         self.game_words: list[int] = []
         self.game_first_move: list[int] = []
+        self.move_prefix = np.zeros(0, np.int64)
+        """Where the moves of the games `compiled.walk_games` walked lie; `move_words` continues it."""
         self.move_words: list[int] = []
         self.problem: UserError | None = None
+
+    def moves(self) -> np.ndarray:
+        return np.concatenate([self.move_prefix, np.asarray(self.move_words, dtype=np.int64)])
 
 
 def _walk(words: memoryview, base: int, size: int, at_file_end: bool, first_game: int, path) -> tuple[_Window, int]:
     """The games that lie whole in `words` (the file from byte `base`), and the word where the next game
     starts. A game cut by the window's end is left for the next window, unless the file ends there: then it
     is the problem (after its moves before the cut)."""
-    window, end, k = _Window(), len(words), 0
+    window, end = _Window(), len(words)
+    # The whole, sane games first, in compiled code (a Python loop over the moves was a sixth of a first open);
+    # the loop below goes on from where it stopped: a game cut by the window's end, or one it must name.
+    from tideborn.data import compiled  # here: numba's import is for a process that opens hcpe3
+    move_prefix = np.empty(end // 3 + 1, np.int64)  # a move is at least 3 words, a game 18
+    game_prefix, first_prefix = np.empty(end // 18 + 1, np.int64), np.empty(end // 18 + 1, np.int64)
+    walked, prefix_moves, k = compiled.walk_games(np.frombuffer(words, dtype=np.uint16), 0, end, MAX_LEGAL_MOVES,
+                                                  move_prefix, game_prefix, first_prefix)
+    window.move_prefix = move_prefix[:prefix_moves].copy()
+    window.game_words, window.game_first_move = game_prefix[:walked].tolist(), first_prefix[:walked].tolist()
+    del move_prefix, game_prefix, first_prefix
     moves, games, firsts = window.move_words, window.game_words, window.game_first_move
     append = moves.append
-    game = first_game
+    game = first_game + walked
     while k < end or (at_file_end and base + 2 * k < size):
         if end - k < _HEADER_WORDS:
             if at_file_end:
@@ -244,7 +259,7 @@ def _walk(words: memoryview, base: int, size: int, at_file_end: bool, first_game
             if problem is not None:
                 window.problem = problem.error if isinstance(problem, _Sane) else UserError(str(problem))
         games.append(k)
-        firsts.append(moves_before)
+        firsts.append(prefix_moves + moves_before)
         if window.problem is not None:
             return window, k
         k, game = p, game + 1
@@ -317,7 +332,7 @@ class ReplayedPositions:
         if not window.game_words and window.problem is None:
             return 0
         array = np.frombuffer(data, "<u2", len(words), at)
-        moves = np.asarray(window.move_words, dtype=np.int64)
+        moves = window.moves()
         selected, counts = array[moves], array[moves + 2].astype(np.int64)
         cand_starts = np.zeros(len(moves) + 1, np.int64)
         np.cumsum(counts, out=cand_starts[1:])
@@ -367,12 +382,21 @@ class ReplayedPositions:
         `_play_carefully` where that gives up: the careful loop names the first bad move, and plays on a
         board no legal move makes."""
         board = self.board
-        ops, op_starts = plan.ops(first_move_array)
+        op_array, op_start_array = plan.ops(first_move_array)
         first_moves = first_move_array.tolist()
         starts = np.ascontiguousarray(header_bytes[:, :32])
-        results = header_bytes[:, 34].tolist()
+        result_bytes = header_bytes[:, 34]
+        usable = (np.isin(result_bytes & RESULT_MASK, (cshogi.DRAW, cshogi.BLACK_WIN, cshogi.WHITE_WIN))
+                  & (result_bytes & RESULT_UNKNOWN_BITS == 0) & np.asarray(kings_ok, dtype=np.bool_))
+        played, gaps = self._play_compiled(starts, usable, first_move_array, op_array, op_start_array, hcp)
+        op_starts = op_start_array.tolist()
+        results = result_bytes.tolist()
         move_nums = (header_bytes[:, 32].astype(np.int64) | header_bytes[:, 33].astype(np.int64) << 8).tolist()
         for game_index, k in enumerate(window.game_words):
+            if played[game_index]:  # checked and played in compiled code, its anchors packed
+                first, last = first_moves[game_index], first_moves[game_index + 1]
+                repeating.extend((np.flatnonzero(gaps[first:last]) + first).tolist())
+                continue
             first, last = first_moves[game_index], first_moves[game_index + 1]
             move_num, result = move_nums[game_index], results[game_index]
             if result & RESULT_MASK not in (cshogi.DRAW, cshogi.BLACK_WIN, cshogi.WHITE_WIN):
@@ -405,7 +429,8 @@ class ReplayedPositions:
             sane = _NOT_PIECES.isdisjoint(board.pieces)
             if sane:
                 repeated_before = len(repeating)
-                if self._play_fast(ops[op_starts[game_index]:op_starts[game_index + 1]], first, hcp, repeating):
+                ops = _op_list(op_array[op_starts[game_index]:op_starts[game_index + 1]])
+                if self._play_fast(ops, first, hcp, repeating):
                     continue
                 del repeating[repeated_before:]
                 # back to the start position by taking the moves back, cheaper than decoding it again
@@ -413,6 +438,19 @@ class ReplayedPositions:
                     board.pop()
             self._play_carefully(plan, first, last, self._where(game_index, k, base), move_num, sane, hcp,
                                  repeating)
+
+    @staticmethod
+    def _play_compiled(starts: np.ndarray, usable: np.ndarray, first_moves: np.ndarray, ops: np.ndarray,
+                       op_starts: np.ndarray, hcp: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """Per game of the window, 1 where the compiled loop (`compiled.play_games`: `_play_fast`'s work)
+        checked and played it, 0 where it left the game to the loops below (a usable game only: its result
+        byte and kings are right); and per move, nonzero where a repetition leaves the position out."""
+        # Imported here: numba's import and the compiled code's load are for a process that opens hcpe3.
+        from tideborn.data import compiled
+        played = np.zeros(len(usable), dtype=np.uint8)
+        gaps = np.zeros(len(hcp), dtype=np.uint8)
+        compiled.play_games(starts, usable, first_moves, ops, op_starts, hcp, played, gaps)
+        return played.tolist(), gaps
 
     def _where(self, game_index: int, word: int, base: int) -> str:
         """How a message names the window's game `game_index` (at `word`): made only for a message."""

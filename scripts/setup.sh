@@ -117,6 +117,8 @@ EOF
 finish() {
     local torch_desc
     torch_desc="$("$VPY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || echo '?')"
+    # the teacher-data decoder's compiled loop (numba), compiled here once rather than by the first run
+    run_logged "compiling the data decoder" "$VPY" -c 'from tideborn.data import compiled; compiled.warm()'
     stamp_value > "$STAMP"   # recomputed: uv sync may just have written uv.lock
     say "done: .venv ready (torch $torch_desc, flavour $FLAVOUR)"
     if [[ $QUIET == 0 ]]; then

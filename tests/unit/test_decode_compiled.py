@@ -7,6 +7,9 @@ the cshogi-only path (`compiled=False`), messages and skips included. Positions:
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import cshogi
 import numpy as np
@@ -181,3 +184,35 @@ def test_an_undecodable_record_is_named_as_before():
 
 def test_psv_records_keep_the_cshogi_path():
     assert Decoder("psv", 600.0, 0.5).compiled is False
+
+
+WARM_THEN_USE = r"""
+import sys
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from tests.helpers.hcpe3 import sample_games, write_hcpe3
+from tideborn.data import compiled
+from tideborn.data.sources import BatchDecoder, open_source
+compiled.warm()
+path = Path(sys.argv[1])
+write_hcpe3(path, sample_games(limit=8), seed=1)
+source = open_source([path], processes=1)  # the first open: the walk and the replay
+decoder = BatchDecoder(600.0, 0.5)
+indices = np.arange(min(len(source), 300))
+decoder.decode(source, indices)  # hcpe3 positions replayed from the cache's anchors
+out = np.zeros((len(indices), 62, 9, 9), np.uint8)
+records = np.concatenate([r for r, _ in source.record_groups(indices)])
+decoder.decoder("hcpe").decode(records, out)  # hcpe records, into a worker's array
+print(len(compiled.decode_batch.signatures), len(compiled.play_games.signatures), len(compiled.walk_games.signatures))
+"""
+
+
+def test_warming_compiles_the_argument_types_the_callers_pass(tmp_path):
+    """scripts/setup.sh compiles the loops with `compiled.warm()`; a run that then opens hcpe3 and decodes finds
+    each entry point already compiled for its arguments (a second signature would be a second compilation)."""
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", WARM_THEN_USE, str(tmp_path / "games.hcpe3"), str(repo)],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1].split() == ["1", "1", "1"], result.stdout

@@ -755,3 +755,29 @@ def walk_games(words, k, end, max_candidates, move_words, game_words, game_first
         games += 1
         k = p
     return games, moves, k
+
+
+def warm() -> None:
+    """Compile every entry point (or load it from numba's cache) with the argument types the decoder and the
+    first open pass them: scripts/setup.sh runs it, so that no run pays the compilation (about 7 s on a 2-core
+    machine; a process that finds the cache takes 0.3 s). Types must match the callers' exactly (a read-only
+    array is another type), else the first real call compiles again."""
+    import cshogi
+
+    board = cshogi.Board()
+    hcp = np.zeros((1, 32), np.uint8)
+    board.to_hcp(hcp[0])
+    move16 = cshogi.move16(next(iter(board.legal_moves)))
+    moves = np.array([move16], np.int64)
+    usable = np.ones(1, np.bool_)
+    planes, hand_planes = np.zeros((1, 62, 81), np.uint8), np.zeros((1, 57), np.uint8)
+    labels, status = np.zeros(1, np.int64), np.zeros(1, np.uint8)
+    decode_batch(hcp, moves, usable, hcp, np.zeros(0, np.int64), np.zeros(0, np.int64), planes, hand_planes, labels,
+                 status)
+    ops = np.array([_MOVE_OP | _ANCHOR_BIT | move16], np.int32)
+    bounds = np.array([0, 1], np.int64)
+    played, gaps = np.zeros(1, np.uint8), np.zeros(1, np.uint8)
+    play_games(hcp, usable, np.array([0, 1], np.int64), ops, bounds, np.zeros((1, 32), np.uint8), played, gaps)
+    words = np.frombuffer(bytes(36), dtype=np.uint16)  # read-only, as the file's bytes are
+    empty = np.zeros(1, np.int64)
+    walk_games(words, 0, len(words), 593, empty, empty.copy(), empty.copy())  # 593: the most legal moves

@@ -204,6 +204,7 @@ decoder.decode(source, indices)  # hcpe3 positions replayed from the cache's anc
 out = np.zeros((len(indices), 62, 9, 9), np.uint8)
 records = np.concatenate([r for r, _ in source.record_groups(indices)])
 decoder.decoder("hcpe").decode(records, out)  # hcpe records, into a worker's array
+compiled.load_decoder()
 print(len(compiled.decode_batch.signatures), len(compiled.play_games.signatures), len(compiled.walk_games.signatures))
 """
 

@@ -768,12 +768,8 @@ def warm() -> None:
     hcp = np.zeros((1, 32), np.uint8)
     board.to_hcp(hcp[0])
     move16 = cshogi.move16(next(iter(board.legal_moves)))
-    moves = np.array([move16], np.int64)
+    load_decoder()
     usable = np.ones(1, np.bool_)
-    planes, hand_planes = np.zeros((1, 62, 81), np.uint8), np.zeros((1, 57), np.uint8)
-    labels, status = np.zeros(1, np.int64), np.zeros(1, np.uint8)
-    decode_batch(hcp, moves, usable, hcp, np.zeros(0, np.int64), np.zeros(0, np.int64), planes, hand_planes, labels,
-                 status)
     ops = np.array([_MOVE_OP | _ANCHOR_BIT | move16], np.int32)
     bounds = np.array([0, 1], np.int64)
     played, gaps = np.zeros(1, np.uint8), np.zeros(1, np.uint8)
@@ -781,3 +777,13 @@ def warm() -> None:
     words = np.frombuffer(bytes(36), dtype=np.uint16)  # read-only, as the file's bytes are
     empty = np.zeros(1, np.int64)
     walk_games(words, 0, len(words), 593, empty, empty.copy(), empty.copy())  # 593: the most legal moves
+
+
+def load_decoder() -> None:
+    """`decode_batch` compiled (or loaded from numba's cache) for the types `features.Decoder` passes, by a call
+    on no positions: a process that forks loader workers calls it first, and they inherit it (each would
+    otherwise load it again, 0.3 s a worker and an epoch)."""
+    none8, none64 = np.zeros(0, np.uint8), np.zeros(0, np.int64)
+    packed = np.zeros((0, 32), np.uint8)
+    decode_batch(packed, none64, np.zeros(0, np.bool_), packed, none64, none64, np.zeros((0, 62, 81), np.uint8),
+                 np.zeros((0, 57), np.uint8), none64, none8)

@@ -343,6 +343,11 @@ class TeacherBatches:
         if self.records is None or self.order is None:
             raise UserError("data.train: the watched window holds no position yet (data.watch)")
         workers = self.settings.data.workers
+        if workers:
+            # The workers fork from here (a fresh set each epoch): they inherit the compiled decoder loaded now
+            # rather than each importing numba and loading it again.
+            from tideborn.data import compiled  # here: only a run on teacher data needs numba
+            compiled.load_decoder()
         dataset = _DecodedBatches(self.records, self.order, self.decoder_args, self.pack_planes, self.first)
         extra = {"prefetch_factor": self.settings.data.prefetch_batches} if workers else {}
         self._loader = DataLoader(

@@ -55,7 +55,7 @@ def big_hcpe3(games, tmp_path_factory) -> tuple[bytes, dict]:
     for both signals, so decoded once here rather than in each test."""
     path = tmp_path_factory.mktemp("big") / "big.hcpe3"
     write_hcpe3(path, games, seed=2363)
-    content = path.read_bytes() * 50  # seconds of decoding
+    content = path.read_bytes() * 150  # about 2 s of decoding in the child (the compiled replay is fast)
     path.write_bytes(content)
     return content, build_positions(path)["arrays"]
 

@@ -757,6 +757,34 @@ def walk_games(words, k, end, max_candidates, move_words, game_words, game_first
     return games, moves, k
 
 
+@njit(cache=True, nogil=True)
+def replay_range(start_hcp, steps, moves, lead, out):
+    """`hcpe3_compact.CompactPositions._replay_range` in compiled code: the hcp of consecutive positions into
+    `out`, each from the one before by one move (`moves[lead + row - 1]`), or set from its anchor's
+    `start_hcp[row]` where `steps[row]` is 0 (the first from its anchor and the `lead` moves after it). False
+    where a position or a move is not plainly right (the caller then replays with cshogi)."""
+    board = np.zeros(81, dtype=np.int64)
+    hands = np.zeros((2, 7), dtype=np.int64)
+    kings = np.zeros(2, dtype=np.int64)
+    turn = 0
+    for row in range(len(steps)):
+        if row == 0 or steps[row] == 0:
+            turn = _set_hcp(start_hcp[row], board, hands, kings)
+            if turn < 0:
+                return False
+            if row == 0:
+                for k in range(lead):
+                    if not _push(board, hands, turn, kings, moves[k]):
+                        return False
+                    turn = 1 - turn
+        else:
+            if not _push(board, hands, turn, kings, moves[lead + row - 1]):
+                return False
+            turn = 1 - turn
+        if not _to_hcp(board, hands, turn, kings, out[row]):  # material: checked by _set_hcp, kept by _push
+            return False
+    return True
+
 def warm() -> None:
     """Compile every entry point (or load it from numba's cache) with the argument types the decoder and the
     first open pass them: scripts/setup.sh runs it, so that no run pays the compilation (about 7 s on a 2-core
@@ -777,6 +805,7 @@ def warm() -> None:
     words = np.frombuffer(bytes(36), dtype=np.uint16)  # read-only, as the file's bytes are
     empty = np.zeros(1, np.int64)
     walk_games(words, 0, len(words), 593, empty, empty.copy(), empty.copy())  # 593: the most legal moves
+    replay_range(hcp, np.zeros(1, np.int64), np.zeros(0, np.int64), 0, np.zeros((1, 32), np.uint8))
 
 
 def load_decoder() -> None:

@@ -143,9 +143,14 @@ def _set_hcp(hcp, board, hands, kings):
     board[white_king] = _WHITE_KING
     kings[0], kings[1] = black_king, white_king
     at = 15
-    for sq in range(81):
-        if sq == black_king or sq == white_king:
+    sq = 0
+    # The board's squares in order (the kings' skipped), then hand pieces until the 256 bits are used: one code
+    # at a time, of at most 9 bits, read as cshogi reads it.
+    while sq < 81 or at < 256:
+        if sq < 81 and (sq == black_king or sq == white_king):
+            sq += 1
             continue
+        table = _BOARD_CODES if sq < 81 else _HAND_CODES
         code, bits, piece = 0, 0, -1
         while bits <= 8:
             if at >= 256:
@@ -153,26 +158,15 @@ def _set_hcp(hcp, board, hands, kings):
             code |= _bit(hcp, at) << bits
             at += 1
             bits += 1
-            piece = _BOARD_CODES[bits, code]
+            piece = table[bits, code]
             if piece >= 0:
                 break
         if piece < 0:
             return -1
-        board[sq] = piece
-    while at < 256:
-        code, bits, piece = 0, 0, -1
-        while bits <= 8:
-            if at >= 256:
-                return -1
-            code |= _bit(hcp, at) << bits
-            at += 1
-            bits += 1
-            piece = _HAND_CODES[bits, code]
-            if piece >= 0:
-                break
-        if piece < 0:
-            return -1
-        if piece:
+        if sq < 81:
+            board[sq] = piece
+            sq += 1
+        elif piece:
             hands[piece >> 4, _HAND_INDEX[piece & 15]] += 1
     if not _material_ok(board, hands):
         return -1
@@ -538,56 +532,46 @@ _ZOBRIST[0] = 0
 
 
 @njit(cache=True, nogil=True)
+def _emit(out, acc, filled, written, code, bits):
+    """A code into the bit accumulator, each full byte written out; `written` 33 once a byte would fall past
+    the 32."""
+    acc |= code << filled
+    filled += bits
+    while filled >= 8:
+        if written >= 32:
+            return acc, filled, 33
+        out[written] = acc & 0xFF
+        written += 1
+        acc >>= 8
+        filled -= 8
+    return acc, filled, written
+
+
+@njit(cache=True, nogil=True)
 def _to_hcp(board, hands, turn, kings, out):
-    """cshogi's `to_hcp` of the board into `out` (32 bytes); False where the pieces do not fill the 256 bits.
-    Codes go into a bit accumulator, a byte written out whenever one is full."""
+    """cshogi's `to_hcp` of the board into `out` (32 bytes); False where the pieces do not fill the 256 bits."""
     box = _BOX_FULL.copy()
-    acc = turn | (kings[0] << 1) | (kings[1] << 8)
-    filled = 15
-    written = 0
+    acc, filled, written = turn | (kings[0] << 1) | (kings[1] << 8), 15, 0
     for sq in range(81):
         piece = board[sq]
         piece_type = piece & 15
         if piece_type == 8:
             continue
-        acc |= _BOARD_CODE[piece] << filled
-        filled += _BOARD_BITS[piece]
+        acc, filled, written = _emit(out, acc, filled, written, _BOARD_CODE[piece], _BOARD_BITS[piece])
         if piece:
             box[_HAND_INDEX[piece_type - 8 if piece_type > 8 else piece_type]] -= 1
-        while filled >= 8:
-            if written == 32:
-                return False
-            out[written] = acc & 0xFF
-            written += 1
-            acc >>= 8
-            filled -= 8
     for color in range(2):
         for hand_index in range(7):
             number = hands[color, hand_index]
             box[hand_index] -= number
             for _ in range(number):
-                acc |= _HAND_CODE[color, hand_index] << filled
-                filled += _HAND_BITS[color, hand_index]
-                while filled >= 8:
-                    if written == 32:
-                        return False
-                    out[written] = acc & 0xFF
-                    written += 1
-                    acc >>= 8
-                    filled -= 8
+                acc, filled, written = _emit(out, acc, filled, written, _HAND_CODE[color, hand_index],
+                                             _HAND_BITS[color, hand_index])
     for hand_index in range(7):
         if box[hand_index] < 0:
             return False
         for _ in range(box[hand_index]):
-            acc |= _BOX_CODE[hand_index] << filled
-            filled += _BOX_BITS[hand_index]
-            while filled >= 8:
-                if written == 32:
-                    return False
-                out[written] = acc & 0xFF
-                written += 1
-                acc >>= 8
-                filled -= 8
+            acc, filled, written = _emit(out, acc, filled, written, _BOX_CODE[hand_index], _BOX_BITS[hand_index])
     return written == 32 and filled == 0
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tideborn.data.hcpe3_ops import ALLOWED_PIECES, ANCHOR_BIT, MAX_LEGAL_MOVES, MOVE_OP, NEVER, PLAIN, REPETITION_PLIES
+
 SLOW = 0
 """Status of a position the caller must decode with cshogi."""
 DONE = 1
@@ -52,13 +54,14 @@ _BOARD_CODES = _table({
     (0b1101, 4): 25, (0b110011, 6): 26, (0b110111, 6): 27, (0b111011, 6): 28, (0b11011111, 8): 29,
     (0b11111111, 8): 30,
 })
+_BOX_CODES = {1: (0b10, 3), 2: (0b1001, 5), 3: (0b1011, 5), 4: (0b1101, 5), 7: (0b11101, 5), 5: (0b1111, 7),
+              6: (0b101111, 7)}
+"""The piece box's codes by piece type: pieces in neither hand nor on the board (read as an empty code)."""
 _HAND_CODES = _table({
     (0b0, 3): 1, (0b100, 3): 17, (0b1, 5): 2, (0b10001, 5): 18, (0b11, 5): 3, (0b10011, 5): 19,
     (0b101, 5): 4, (0b10101, 5): 20, (0b111, 5): 7, (0b10111, 5): 23, (0b11111, 7): 5, (0b1011111, 7): 21,
     (0b111111, 7): 6, (0b1111111, 7): 22,
-    # the piece box: pieces in neither hand nor on the board
-    (0b10, 3): 0, (0b1001, 5): 0, (0b1011, 5): 0, (0b1101, 5): 0, (0b11101, 5): 0, (0b1111, 7): 0,
-    (0b101111, 7): 0,
+    **{code: 0 for code in _BOX_CODES.values()},
 })
 # Piece type -> hand index (cshogi's order: pawn lance knight silver gold bishop rook); -1: not a hand piece.
 _HAND_INDEX = np.array([-1, 0, 1, 2, 3, 5, 6, 4, -1, -1, -1, -1, -1, -1, -1], dtype=np.int64)
@@ -94,6 +97,10 @@ def _moves() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 _STEPS, _STEP_COUNT, _SLIDES, _SLIDE_COUNT = _moves()
 _DIRECTIONS = np.array([(0, -1), (-1, -1), (1, -1), (-1, 0), (1, 0), (-1, 1), (1, 1), (0, 1)], dtype=np.int64)
 """The eight lines out of a square, each the opposite of the one at 7 minus its index."""
+_DIRECTION_INDEX = np.full((3, 3), -1, dtype=np.int64)
+"""[file delta + 1, rank delta + 1] -> the index of that line in `_DIRECTIONS`."""
+for _index, (_df, _dr) in enumerate(_DIRECTIONS.tolist()):
+    _DIRECTION_INDEX[_df + 1, _dr + 1] = _index
 
 
 def _reach() -> np.ndarray:
@@ -105,22 +112,16 @@ def _reach() -> np.ndarray:
         if piece_type == 0 or piece_type == 15 or piece in (16, 31):
             continue
         for k in range(_STEP_COUNT[piece_type]):
-            step = (_STEPS[piece_type, k, 0], sign * _STEPS[piece_type, k, 1])
-            for d, direction in enumerate(_DIRECTIONS.tolist()):
-                if tuple(direction) == step:
-                    reach[piece, d] = max(reach[piece, d], 1)
+            df, dr = _STEPS[piece_type, k, 0], sign * _STEPS[piece_type, k, 1]
+            if abs(dr) <= 1:  # a knight's jump is on no line
+                d = _DIRECTION_INDEX[df + 1, dr + 1]
+                reach[piece, d] = max(reach[piece, d], 1)
         for k in range(_SLIDE_COUNT[piece_type]):
-            slide = (_SLIDES[piece_type, k, 0], sign * _SLIDES[piece_type, k, 1])
-            for d, direction in enumerate(_DIRECTIONS.tolist()):
-                if tuple(direction) == slide:
-                    reach[piece, d] = 2
+            reach[piece, _DIRECTION_INDEX[_SLIDES[piece_type, k, 0] + 1, sign * _SLIDES[piece_type, k, 1] + 1]] = 2
     return reach
 
 
 _REACH = _reach()
-_DIRECTION_INDEX = np.full((3, 3), -1, dtype=np.int64)
-for _index, (_df, _dr) in enumerate(_DIRECTIONS.tolist()):
-    _DIRECTION_INDEX[_df + 1, _dr + 1] = _index
 
 
 @njit(cache=True, nogil=True)
@@ -486,7 +487,7 @@ def decode_batch(packed, moves16, usable, anchors, replay_moves, bounds, planes,
                     played = False
                     break
                 turn = 1 - turn
-            if not played or not _material_ok(board, hands):
+            if not played:  # material: checked by _set_hcp, kept by _push
                 continue
         if not _legal(board, hands, turn, kings, moves16[i], _attacked(board, kings[turn], 1 - turn)):
             continue
@@ -510,25 +511,25 @@ def _encoder() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarr
                 board_code[piece], board_bits[piece] = code, bits
     hand_code, hand_bits = np.zeros((2, 7), np.int64), np.zeros((2, 7), np.int64)
     box_code, box_bits = np.zeros(7, np.int64), np.zeros(7, np.int64)
-    box = {1: (0b10, 3), 2: (0b1001, 5), 3: (0b1011, 5), 4: (0b1101, 5), 7: (0b11101, 5), 5: (0b1111, 7),
-           6: (0b101111, 7)}
     for bits in range(10):
         for code in range(512):
             piece = _HAND_CODES[bits, code]
             if piece > 0:
                 hand_code[piece >> 4, _HAND_INDEX[piece & 15]] = code
                 hand_bits[piece >> 4, _HAND_INDEX[piece & 15]] = bits
-    for piece_type, (code, bits) in box.items():
+    for piece_type, (code, bits) in _BOX_CODES.items():
         box_code[_HAND_INDEX[piece_type]], box_bits[_HAND_INDEX[piece_type]] = code, bits
     return board_code, board_bits, hand_code, hand_bits, box_code, box_bits
 
 
 _BOARD_CODE, _BOARD_BITS, _HAND_CODE, _HAND_BITS, _BOX_CODE, _BOX_BITS = _encoder()
-_BOX_FULL = np.array([18, 4, 4, 4, 4, 2, 2], dtype=np.int64)
-"""Pieces of each hand kind in a game (pawn lance knight silver gold bishop rook)."""
+_BOX_FULL = np.zeros(7, dtype=np.int64)
+"""Pieces of each hand kind in a game (pawn lance knight silver gold bishop rook): `_MATERIAL_LIMIT` by hand index."""
+_BOX_FULL[_HAND_INDEX[1:8]] = _MATERIAL_LIMIT[1:8]
 _ZOBRIST = np.random.default_rng(20261204).integers(1, 1 << 62, size=(32, 81), dtype=np.int64)
+"""A key per (piece, square) that tells boards apart in `play_games`' repetition rule (any fixed numbers do); the
+empty square's is 0, so that a move changes the key by the squares it changes."""
 _ZOBRIST[0] = 0
-"""A key per (piece, square) for the repetition look-out; any fixed numbers do (a match is checked by cshogi)."""
 
 
 @njit(cache=True, nogil=True)
@@ -584,10 +585,7 @@ def _board_key(board):
     return key
 
 
-ALLOWED_PIECES = np.array([0xFFFF, 0, (1 << 7) - 1, 0xFFFF & ~((1 << 4) - 1), 0xFFFF & ~(1 << 3)], dtype=np.int64)
-"""hcpe3_replay's `_ALLOWED_PIECES`: by candidate check kind, the piece types that may make such a move."""
-_MOVE_OP, _ANCHOR_BIT = 1 << 20, 1 << 19
-_REPETITION_PLIES = 16
+_ALLOWED = np.array(ALLOWED_PIECES, dtype=np.int64)
 
 
 @njit(cache=True, nogil=True)
@@ -595,11 +593,11 @@ def _checked_ok(board, move16, kind):
     """hcpe3_replay's piece check of a move that `is_legal` alone does not settle (kind > 0): a board move whose
     piece may make it; False also where it cannot tell (a drop)."""
     origin = (move16 >> 7) & 0x7F
-    if kind == 0:
+    if kind == PLAIN:
         return True
-    if origin >= 81 or kind == 1:
+    if origin >= 81 or kind == NEVER:
         return False
-    return (ALLOWED_PIECES[kind] >> (board[origin] & 15)) & 1 == 1
+    return (_ALLOWED[kind] >> (board[origin] & 15)) & 1 == 1
 
 
 LEAVES_GAP = 1
@@ -615,8 +613,8 @@ def _repetition(hand_history, keys, checks, plies, key, hand, turn):
     has been checking in a row. Boards are told apart by their 62-bit keys, as cshogi tells them apart by its
     64-bit ones."""
     back = 4
-    ring = _REPETITION_PLIES + 1
-    while back <= min(plies, _REPETITION_PLIES):
+    ring = REPETITION_PLIES + 1
+    while back <= min(plies, REPETITION_PLIES):
         then = (plies - back) % ring
         if keys[then] == key:
             same_hand, superior, inferior = True, True, True
@@ -647,7 +645,7 @@ def play_games(starts, usable, first_moves, ops, op_starts, hcp, ok, gaps):
     board = np.zeros(81, dtype=np.int64)
     hands = np.zeros((2, 7), dtype=np.int64)
     kings = np.zeros(2, dtype=np.int64)
-    ring = _REPETITION_PLIES + 1
+    ring = REPETITION_PLIES + 1
     keys = np.zeros(ring, dtype=np.int64)
     hand_history = np.zeros((ring, 7), dtype=np.int64)
     checks = np.zeros(2, dtype=np.int64)
@@ -674,7 +672,7 @@ def play_games(starts, usable, first_moves, ops, op_starts, hcp, ok, gaps):
                     fine = False
                     break
                 continue
-            if op < _MOVE_OP:
+            if op < MOVE_OP:
                 move16, kind = op & 0xFFFF, op >> 16
                 if not (_legal(board, hands, turn, kings, move16, in_check) and _checked_ok(board, move16, kind)):
                     fine = False
@@ -684,7 +682,7 @@ def play_games(starts, usable, first_moves, ops, op_starts, hcp, ok, gaps):
             if not (_legal(board, hands, turn, kings, move16, in_check) and _checked_ok(board, move16, kind)):
                 fine = False
                 break
-            if (gap or op & _ANCHOR_BIT) and not _to_hcp(board, hands, turn, kings, hcp[move_index]):
+            if (gap or op & ANCHOR_BIT) and not _to_hcp(board, hands, turn, kings, hcp[move_index]):
                 fine = False
                 break
             to, origin = move16 & 0x7F, (move16 >> 7) & 0x7F
@@ -782,13 +780,13 @@ def warm() -> None:
     move16 = cshogi.move16(next(iter(board.legal_moves)))
     load_decoder()
     usable = np.ones(1, np.bool_)
-    ops = np.array([_MOVE_OP | _ANCHOR_BIT | move16], np.int32)
+    ops = np.array([MOVE_OP | ANCHOR_BIT | move16], np.int32)
     bounds = np.array([0, 1], np.int64)
     played, gaps = np.zeros(1, np.uint8), np.zeros(1, np.uint8)
     play_games(hcp, usable, np.array([0, 1], np.int64), ops, bounds, np.zeros((1, 32), np.uint8), played, gaps)
     words = np.frombuffer(bytes(36), dtype=np.uint16)  # read-only, as the file's bytes are
     empty = np.zeros(1, np.int64)
-    walk_games(words, 0, len(words), 593, empty, empty.copy(), empty.copy())  # 593: the most legal moves
+    walk_games(words, 0, len(words), MAX_LEGAL_MOVES, empty, empty.copy(), empty.copy())
     replay_range(hcp, np.zeros(1, np.int64), np.zeros(0, np.int64), 0, np.zeros((1, 32), np.uint8))
 
 

@@ -26,14 +26,25 @@ import numpy as np
 from cshogi.dlshogi import make_move_label
 
 from tideborn.data.features import material_problem, sane_kings
+from tideborn.data.hcpe3_ops import (
+    ALLOWED_PIECES,
+    ANCHOR_BIT,
+    CHECK_BITS,
+    MAX_LEGAL_MOVES,
+    MOVE_OP,
+    NEVER,
+    PLAIN,
+    PROMOTION,
+    REPETITION_PLIES,
+    TO_LAST_RANK,
+    TO_NEXT_TO_LAST_RANK,
+)
 from tideborn.errors import UserError
 
 HEADER_SIZE, MOVE_INFO_SIZE, MOVE_VISITS_SIZE = 36, 6, 4
 RESULT_MASK = 0x3
 RESULT_UNKNOWN_BITS = 0xE0
-MAX_LEGAL_MOVES = 593
 REPETITIONS_SKIPPED = (cshogi.REPETITION_DRAW, cshogi.REPETITION_SUPERIOR, cshogi.REPETITION_INFERIOR)
-REPETITION_PLIES = 16
 WINDOW_BYTES = 4 << 20
 """Bytes of whole games replayed at a time (a game longer than this gets a window of its own): as much as
 `hcpe3.READ_CHUNK`, so a file is read in the same pieces as ever (and a cut under the reader is found)."""
@@ -63,13 +74,8 @@ def move_labels() -> np.ndarray:
     return _label_table
 
 
-PLAIN, NEVER, PROMOTION, TO_LAST_RANK, TO_NEXT_TO_LAST_RANK = range(5)
-"""How a candidate's legality is settled (`candidate_checks`)."""
-_GOLD, _KNIGHT = 7, 3
 _NOT_PIECES = frozenset((15, 16, 31))
 """Piece codes of cshogi's board that are no piece (a "promoted gold" of either side, a white nothing)."""
-"""cshogi's piece types (pawn 1 ... rook 6, gold 7, king 8, promoted pieces above), as a move's bits 16-19
-carry the type of the piece it moves."""
 
 
 def candidate_checks() -> np.ndarray:
@@ -123,16 +129,8 @@ def truncated(path, game: int, offset: int, what: str, need: int, size: int, at:
                      f"{offset if at is None else at}, the file ends at {size}; the file is cut short or is not hcpe3")
 
 
-_ALLOWED_PIECES = (0xFFFF, 0, (1 << _GOLD) - 1, 0xFFFF & ~((1 << (_KNIGHT + 1)) - 1), 0xFFFF & ~(1 << _KNIGHT))
-"""By `candidate_checks` kind, a bit for each piece type (a move's bits 16-19) that may make such a move:
-any for PLAIN, none for NEVER, below gold to promote, not a pawn, lance or knight to the last rank, not a
-knight to the next-to-last."""
 _LEAVES_GAP = tuple(kind in REPETITIONS_SKIPPED for kind in cshogi.REPETITION_TYPES)
 """By `Board.is_draw`'s answer: whether the position is left out (the next one is then an anchor)."""
-_CHECK_BITS, _ANCHOR_BIT, _MOVE_OP = 0x7 << 16, 1 << 19, 1 << 20
-"""A move's op in `_Plan.ops`: the move16, its `candidate_checks` kind (bits 16-18), whether its position is
-an anchor (bit 19), a flag that it is a move (bit 20, above any candidate's op). Small, as every op: CPython
-compares and masks ints below 2**30 on its fast path, and `_op_list` keeps an object for each possible op."""
 _op_objects: np.ndarray | None = None
 _op_made: np.ndarray | None = None
 
@@ -143,8 +141,8 @@ def _op_list(ops: np.ndarray) -> list[int]:
     all the numpy work on the window; numpy gathers and lists object pointers ten times faster."""
     global _op_objects, _op_made
     if _op_objects is None or _op_made is None:
-        _op_objects = np.full(_MOVE_OP << 1, None, dtype=object)
-        _op_made = np.zeros(_MOVE_OP << 1, np.bool_)
+        _op_objects = np.full(MOVE_OP << 1, None, dtype=object)
+        _op_made = np.zeros(MOVE_OP << 1, np.bool_)
     if not _op_made[ops].all():  # new ops: after a process's first windows, rarely
         seen = np.zeros(len(_op_made), np.bool_)
         seen[ops] = True
@@ -178,11 +176,11 @@ class _Plan:
 
     def ops(self, first_moves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The window as one array of ops for the fast loops: each move's candidates to try, then the move
-        itself (an op of `_MOVE_OP`; an empty move16 as NEVER, so that the fast loops leave it to the careful
+        itself (an op of `MOVE_OP`; an empty move16 as NEVER, so that the fast loops leave it to the careful
         one); and where each game's ops start (one more: the end)."""
         n = len(self.selected)
         checks = np.where(self.selected == 0, NEVER, self.selected_checks).astype(np.int32)
-        move_ops = _MOVE_OP | self.anchor.astype(np.int32) * _ANCHOR_BIT | checks << 16 | self.selected
+        move_ops = MOVE_OP | self.anchor.astype(np.int32) * ANCHOR_BIT | checks << 16 | self.selected
         at_move = self.try_starts[1:] + np.arange(n)
         ops = np.empty(len(self.tried) + n, np.int32)
         is_candidate = np.ones(len(ops), np.bool_)
@@ -393,11 +391,10 @@ class ReplayedPositions:
         results = result_bytes.tolist()
         move_nums = (header_bytes[:, 32].astype(np.int64) | header_bytes[:, 33].astype(np.int64) << 8).tolist()
         for game_index, k in enumerate(window.game_words):
+            first, last = first_moves[game_index], first_moves[game_index + 1]
             if played[game_index]:  # checked and played in compiled code, its anchors packed
-                first, last = first_moves[game_index], first_moves[game_index + 1]
                 repeating.extend((np.flatnonzero(gaps[first:last]) + first).tolist())
                 continue
-            first, last = first_moves[game_index], first_moves[game_index + 1]
             move_num, result = move_nums[game_index], results[game_index]
             if result & RESULT_MASK not in (cshogi.DRAW, cshogi.BLACK_WIN, cshogi.WHITE_WIN):
                 raise _BadMove(f"{self._where(game_index, k, base)}: result byte {result:#04x} out of range (bits "
@@ -464,8 +461,8 @@ class ReplayedPositions:
         board = self.board
         push, to_hcp, from_move16, is_legal, is_draw = (board.push, board.to_hcp, board.move_from_move16,
                                                         board.is_legal, board.is_draw)
-        allowed, leaves_gap, plies = _ALLOWED_PIECES, _LEAVES_GAP, REPETITION_PLIES
-        move_op, check_bits, anchor_bit, never = _MOVE_OP, _CHECK_BITS, _ANCHOR_BIT, NEVER  # locals: read per op
+        allowed, leaves_gap, plies = ALLOWED_PIECES, _LEAVES_GAP, REPETITION_PLIES
+        move_op, check_bits, anchor_bit, never = MOVE_OP, CHECK_BITS, ANCHOR_BIT, NEVER  # locals: read per op
         gap = False
         for op in ops:
             if op < 0x10000:  # most ops: a candidate is_legal settles alone
@@ -521,7 +518,7 @@ class ReplayedPositions:
             if check != PLAIN and sane:
                 # is_legal took it; if the legal moves do not hold it (a gold promoted, a pawn left on
                 # the last rank), the board is one no legal move makes, from here to the game's end
-                sane = bool(_ALLOWED_PIECES[check] >> (move >> 16 & 0xF) & 1)
+                sane = bool(ALLOWED_PIECES[check] >> (move >> 16 & 0xF) & 1)
             if not sane:
                 legal = {m & 0xFFFF for m in board.legal_moves}
             for candidate in tried[try_starts[here]:try_starts[here + 1]]:
@@ -533,7 +530,7 @@ class ReplayedPositions:
                     check, candidate = candidate >> 16, candidate & 0xFFFF
                     if check != NEVER:
                         full = from_move16(candidate)
-                        if is_legal(full) and _ALLOWED_PIECES[check] >> (full >> 16 & 0xF) & 1:
+                        if is_legal(full) and ALLOWED_PIECES[check] >> (full >> 16 & 0xF) & 1:
                             continue
                 raise _BadMove(f"{where}: move {here} of {move_num}: candidate {candidate:#06x} is not a legal "
                                f"move in the replayed position ({board.sfen()})", move_index)

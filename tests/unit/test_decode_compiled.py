@@ -6,6 +6,7 @@ the cshogi-only path (`compiled=False`), messages and skips included. Positions:
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -15,9 +16,11 @@ import cshogi
 import numpy as np
 import pytest
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features, make_move_label
+from numba.core.dispatcher import Dispatcher
 
 from tests.helpers.hcpe3 import sample_games
 from tideborn.data import compiled
+from tideborn.data.compiled import _SturdyCache
 from tideborn.data.features import BadRecord, Decoder
 
 NO_MOVES = np.zeros(0, dtype=np.int64)
@@ -217,3 +220,50 @@ def test_warming_compiles_the_argument_types_the_callers_pass(tmp_path):
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1].split() == ["1", "1", "1"], result.stdout
+
+
+TINY = """
+import sys
+from numba import njit
+from tideborn.data.compiled import _SturdyCache
+
+@njit(cache=True)
+def plus_one(x):
+    return x + 1
+
+plus_one._cache = _SturdyCache(plus_one.py_func)
+print(plus_one(41))
+"""
+
+
+def test_a_damaged_cache_file_is_compiled_again_with_one_line(tmp_path):
+    """numba raises on a cache file it cannot read (cut short, garbage, a directory at its name); the compiled
+    loops' caches (`_SturdyCache`) take it as a miss: the function runs, one line names the file, and the damaged
+    index is replaced by the fresh compilation's."""
+    assert all(isinstance(f._cache, _SturdyCache) for f in vars(compiled).values() if isinstance(f, Dispatcher))
+    (tmp_path / "tiny.py").write_text(TINY)
+    repo = Path(__file__).resolve().parents[2]
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "tiny.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(repo)})
+
+    first = run()
+    assert first.returncode == 0 and first.stdout.split() == ["42"] and not first.stderr, first.stderr
+    index = next((tmp_path / "__pycache__").glob("tiny.plus_one-*.nbi"))
+    for damage in ("garbage", "cut", "directory"):
+        if damage == "garbage":
+            index.write_bytes(b"\\x80\\x04not a pickle at all")
+        elif damage == "cut":
+            index.write_bytes(index.read_bytes()[:10] if index.is_file() else b"\\x80")
+        else:
+            index.unlink()
+            index.mkdir()
+        damaged = run()
+        assert damaged.returncode == 0 and damaged.stdout.split() == ["42"], damaged.stderr
+        lines = damaged.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(index) in lines[0] and "compiling again" in lines[0], damaged.stderr
+        if damage != "directory":  # the fresh compilation was kept: the next run is quiet
+            again = run()
+            assert again.returncode == 0 and not again.stderr, again.stderr
+    index.rmdir()

@@ -18,8 +18,14 @@ tests/unit/test_decode_compiled.py holds it to cshogi's output position by posit
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from pathlib import Path
+
 import numpy as np
 from numba import njit
+from numba.core.caching import FunctionCache
+from numba.core.dispatcher import Dispatcher
 
 from tideborn.data.hcpe3_ops import ALLOWED_PIECES, ANCHOR_BIT, MAX_LEGAL_MOVES, MOVE_OP, NEVER, PLAIN, REPETITION_PLIES
 
@@ -766,6 +772,33 @@ def replay_range(start_hcp, steps, moves, lead, out):
         if not _to_hcp(board, hands, turn, kings, out[row]):  # material: checked by _set_hcp, kept by _push
             return False
     return True
+
+class _SturdyCache(FunctionCache):
+    """numba's on-disk cache of one function, where a cache file that cannot be read or written (damaged, cut
+    short, another type of file at its name) is a miss rather than numba's exception: the function is compiled
+    again, one line says so (once a process), and the unreadable index is removed so that the fresh compilation
+    is kept. (numba has no option for this; its hook around each load and save is the place.)"""
+
+    said = False
+
+    @contextlib.contextmanager
+    def _guard_against_spurious_io_errors(self):
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - whatever numba met in the file: unpickling, I/O, a bad index
+            index = Path(self._cache_file._index_path)
+            if not self.said:
+                self.said = True
+                print(f"tideborn: numba's cache {index} cannot be used ({type(exc).__name__}: {exc}); compiling "
+                      f"again", file=sys.stderr)
+            with contextlib.suppress(OSError):
+                index.unlink()
+
+
+for _function in list(globals().values()):
+    if isinstance(_function, Dispatcher):
+        _function._cache = _SturdyCache(_function.py_func)
+
 
 def warm() -> None:
     """Compile every entry point (or load it from numba's cache) with the argument types the decoder and the

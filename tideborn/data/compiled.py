@@ -27,12 +27,7 @@ from numba import njit
 from numba.core.caching import FunctionCache
 from numba.core.dispatcher import Dispatcher
 
-from tideborn.data.hcpe3_ops import ALLOWED_PIECES, ANCHOR_BIT, MAX_LEGAL_MOVES, MOVE_OP, NEVER, PLAIN, REPETITION_PLIES
-
-SLOW = 0
-"""Status of a position the caller must decode with cshogi."""
-DONE = 1
-"""Status of a position whose planes, hand/check values and label were written."""
+from tideborn.data.hcpe3_ops import ALLOWED_PIECES, ANCHOR_BIT, DONE, MOVE_OP, NEVER, PLAIN, REPETITION_PLIES, SLOW
 
 _BLACK_KING, _WHITE_KING = 8, 24
 _FEATURES1_PER_COLOR = 31  # 14 piece planes, 14 attack planes, 3 attack-count planes
@@ -798,36 +793,3 @@ class _SturdyCache(FunctionCache):
 for _function in list(globals().values()):
     if isinstance(_function, Dispatcher):
         _function._cache = _SturdyCache(_function.py_func)
-
-
-def warm() -> None:
-    """Compile every entry point (or load it from numba's cache) with the argument types the decoder and the
-    first open pass them: scripts/setup.sh runs it, so that no run pays the compilation (about 7 s on a 2-core
-    machine; a process that finds the cache takes 0.3 s). Types must match the callers' exactly (a read-only
-    array is another type), else the first real call compiles again."""
-    import cshogi
-
-    board = cshogi.Board()
-    hcp = np.zeros((1, 32), np.uint8)
-    board.to_hcp(hcp[0])
-    move16 = cshogi.move16(next(iter(board.legal_moves)))
-    load_decoder()
-    usable = np.ones(1, np.bool_)
-    ops = np.array([MOVE_OP | ANCHOR_BIT | move16], np.int32)
-    bounds = np.array([0, 1], np.int64)
-    played, gaps = np.zeros(1, np.uint8), np.zeros(1, np.uint8)
-    play_games(hcp, usable, np.array([0, 1], np.int64), ops, bounds, np.zeros((1, 32), np.uint8), played, gaps)
-    words = np.frombuffer(bytes(36), dtype=np.uint16)  # read-only, as the file's bytes are
-    empty = np.zeros(1, np.int64)
-    walk_games(words, 0, len(words), MAX_LEGAL_MOVES, empty, empty.copy(), empty.copy())
-    replay_range(hcp, np.zeros(1, np.int64), np.zeros(0, np.int64), 0, np.zeros((1, 32), np.uint8))
-
-
-def load_decoder() -> None:
-    """`decode_batch` compiled (or loaded from numba's cache) for the types `features.Decoder` passes, by a call
-    on no positions: a process that forks loader workers calls it first, and they inherit it (each would
-    otherwise load it again, 0.3 s a worker and an epoch)."""
-    none8, none64 = np.zeros(0, np.uint8), np.zeros(0, np.int64)
-    packed = np.zeros((0, 32), np.uint8)
-    decode_batch(packed, none64, np.zeros(0, np.bool_), packed, none64, none64, np.zeros((0, 62, 81), np.uint8),
-                 np.zeros((0, 57), np.uint8), none64, none8)

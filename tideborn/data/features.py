@@ -23,6 +23,8 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_move_label
 
+from tideborn.data.hcpe3_ops import SLOW
+
 POLICY_CLASSES = 27 * 81
 EVAL_LIMIT = 32767
 """|eval| above this is out of range: int16's -32768 is not a score any engine writes."""
@@ -309,12 +311,12 @@ class Decoder:
     def _decode_compiled(self, records: np.ndarray, features1_out: np.ndarray | None,
                          eval_scale: np.ndarray | None, positions: typing.Any) -> DecodedBatch:
         """`decode` of hcp positions: the compiled loop decodes the batch in place, and the positions it leaves
-        (`compiled.SLOW`: an odd record, a move it does not certify) are decoded here by cshogi, in order, with
-        the loop's messages; the kept rows are then moved up over the skipped ones."""
-        # Imported here, not at the top: numba's import and the compiled code's load take about 0.3 s, which
-        # only a process that decodes should pay (the monitor, the engine and the synthetic runs import this
-        # module too).
-        from tideborn.data import compiled
+        (`SLOW`: an odd record, a move it does not certify) are decoded here by cshogi, in order, with the loop's
+        messages; the kept rows are then moved up over the skipped ones."""
+        # Imported here, not at the top: where no build ahead of time is current, numba's import and the compiled
+        # code's load take about 0.35 s, which only a process that decodes should pay (the monitor, the engine and
+        # the synthetic runs import this module too).
+        from tideborn.data import native
         n = len(records)
         packed = packed_positions(records)
         results = results_for_side_to_move(records, self.kind)
@@ -331,12 +333,12 @@ class Decoder:
             anchors, replay_moves, bounds = packed, _NO_MOVES, _NO_MOVES
         else:
             anchors, replay_moves, bounds = positions.anchors, positions.moves, positions.bounds
-        compiled.decode_batch(packed, moves16, decodable, anchors, replay_moves, bounds, flat, features2, policy,
+        native.loops().decode_batch(packed, moves16, decodable, anchors, replay_moves, bounds, flat, features2, policy,
                               status)
         skipped: list[tuple[int, str]] = []
         board = self.board
         chunk1, chunk2 = self._chunk1, self._chunk2
-        for i in np.flatnonzero(status == compiled.SLOW).tolist():
+        for i in np.flatnonzero(status == SLOW).tolist():
             if not decodable[i]:
                 raise BadRecord(i, self.undecodable_reason(packed[i], bool(kings_ok[i]), float(results[i])))
             try:

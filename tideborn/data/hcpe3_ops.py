@@ -1,6 +1,12 @@
-"""What the first open's two replay loops share: the Python one (`hcpe3_replay`, cshogi's board) and the compiled
-one (`compiled.play_games`) read the same ops and apply the same rules, so both take them from here (a module
-with no imports: the compiled loop must not import cshogi's loop, nor it numba)."""
+"""What the compiled loops share with their Python callers. The first open's two replay loops, the Python one
+(`hcpe3_replay`, cshogi's board) and the compiled one (`compiled.play_games`), read the same ops and apply the same
+rules; the decoder reads the compiled decode's statuses. All from here, a module with no imports: the compiled
+loops must not import cshogi's loop, nor their callers numba."""
+
+SLOW = 0
+"""Status of a position that `compiled.decode_batch` leaves: the caller decodes it with cshogi."""
+DONE = 1
+"""Status of a position whose planes, hand/check values and label `compiled.decode_batch` wrote."""
 
 MAX_LEGAL_MOVES = 593
 """The most legal moves a shogi position has: a larger candidateNum is a damaged file."""

@@ -345,9 +345,9 @@ class TeacherBatches:
         workers = self.settings.data.workers
         if workers:
             # The workers fork from here (a fresh set each epoch): they inherit the compiled decoder loaded now
-            # rather than each importing numba and loading it again.
-            from tideborn.data import compiled  # here: only a run on teacher data needs numba
-            compiled.load_decoder()
+            # rather than each loading it again.
+            from tideborn.data import native  # here: only a run on teacher data needs the compiled loops
+            native.prepare_decoder()
         dataset = _DecodedBatches(self.records, self.order, self.decoder_args, self.pack_planes, self.first)
         extra = {"prefetch_factor": self.settings.data.prefetch_batches} if workers else {}
         self._loader = DataLoader(

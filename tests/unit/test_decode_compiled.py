@@ -232,14 +232,16 @@ def test_warming_compiles_the_argument_types_the_callers_pass(tmp_path):
 
 TINY = """
 import sys
+from pathlib import Path
 from numba import njit
-from tideborn.data.compiled import _SturdyCache
+from tideborn.data.compiled import _SturdyCache, sources_stamp
+from step import STEP
 
 @njit(cache=True)
 def plus_one(x):
-    return x + 1
+    return x + STEP
 
-plus_one._cache = _SturdyCache(plus_one.py_func)
+plus_one._cache = _SturdyCache(plus_one.py_func, sources_stamp(Path("tiny.py"), Path("step.py")))
 print(plus_one(41))
 """
 
@@ -250,6 +252,7 @@ def test_a_damaged_cache_file_is_compiled_again_with_one_line(tmp_path):
     index is replaced by the fresh compilation's."""
     assert all(isinstance(f._cache, _SturdyCache) for f in vars(compiled).values() if isinstance(f, Dispatcher))
     (tmp_path / "tiny.py").write_text(TINY)
+    (tmp_path / "step.py").write_text("STEP = 1\n")
     repo = Path(__file__).resolve().parents[2]
 
     def run() -> subprocess.CompletedProcess:
@@ -275,6 +278,31 @@ def test_a_damaged_cache_file_is_compiled_again_with_one_line(tmp_path):
             again = run()
             assert again.returncode == 0 and not again.stderr, again.stderr
     index.rmdir()
+
+
+def test_the_jit_cache_is_keyed_on_the_sources_contents_not_their_mtime(tmp_path):
+    """numba keys its cache on the function's file's mtime and size: a constant changed in a module the code reads
+    (as compiled.py reads hcpe3_ops), or an edit that keeps the size and the mtime, loaded the old code. The
+    compiled loops' cache is keyed on the contents of both files."""
+    (tmp_path / "tiny.py").write_text(TINY)
+    (tmp_path / "step.py").write_text("STEP = 1\n")
+    repo = Path(__file__).resolve().parents[2]
+
+    def run() -> str:
+        done = subprocess.run([sys.executable, "tiny.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(repo)})
+        assert done.returncode == 0 and not done.stderr, done.stderr
+        return done.stdout.strip()
+
+    assert run() == "42"
+    assert run() == "42"  # from the cache
+    tiny = (tmp_path / "tiny.py").stat()
+    (tmp_path / "step.py").write_text("STEP = 2\n")
+    assert run() == "43"
+    source = (tmp_path / "tiny.py").read_text()
+    (tmp_path / "tiny.py").write_text(source.replace("x + STEP", "x - STEP"))  # the same size
+    os.utime(tmp_path / "tiny.py", ns=(tiny.st_atime_ns, tiny.st_mtime_ns))
+    assert run() == "39"
 
 
 BUILT_AHEAD_ONLY = r"""
@@ -329,7 +357,8 @@ def test_the_build_ahead_of_time_and_numbas_jit_open_replay_and_decode_alike(tmp
         outputs[name] = {"cache": {p.name: p.read_bytes()[4096:] for p in sorted(folder.iterdir()) if p.is_file()},
                          "batch": [batch.features1, batch.features2, batch.policy, batch.value],
                          "run": run, "replay": (replayed, out)}
-    assert outputs["built"]["cache"].keys() == outputs["jit"]["cache"].keys() == {"games.hcpe3", ".games.hcpe3.positions"}
+    files = {"games.hcpe3", ".games.hcpe3.positions"}
+    assert outputs["built"]["cache"].keys() == outputs["jit"]["cache"].keys() == files
     assert len(outputs["jit"]["cache"][".games.hcpe3.positions"]) > 10_000
     for file_name, content in outputs["jit"]["cache"].items():
         assert outputs["built"]["cache"][file_name] == content, file_name

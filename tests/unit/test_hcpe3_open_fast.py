@@ -168,6 +168,50 @@ def test_repetitions_of_every_kind_are_read_as_the_move_by_move_loop_reads(tmp_p
     assert len(played) == len(games) and all(played)
 
 
+def ring_game(plies: int) -> Game:
+    """Both kings walk a ring of eight squares, a step a move: the board comes back exactly 16 plies after it was
+    last seen and never sooner, the farthest back cshogi's `is_draw(16)` looks."""
+    rings = (["6f", "5f", "4f", "4g", "4h", "5h", "6h", "6g"], ["6b", "5b", "4b", "4c", "4d", "5d", "6d", "6c"])
+    sfen = "9/3k5/9/9/9/3K5/9/9/9 b - 1"
+    board, moves = cshogi.Board(sfen), []
+    for ply in range(plies):
+        ring, step = rings[ply % 2], ply // 2
+        move = board.move_from_usi(ring[step % 8] + ring[(step + 1) % 8])
+        assert board.is_legal(move), (ply, board.sfen())
+        board.push(move)
+        moves.append(move)
+    return Game(source="made up", sfen=sfen, moves=moves, result=cshogi.DRAW)
+
+
+def test_a_board_back_exactly_16_plies_later_is_a_repetition_left_out(tmp_path, monkeypatch):
+    """The window's far end: the count of positions left out is cshogi's `is_draw(16)`, asked here with 16
+    written out (both loops read the window from one constant, which a comparison of the two cannot check)."""
+    game = ring_game(40)
+    board, kinds = cshogi.Board(game.sfen), []
+    for move in game.moves:
+        board.push(move)
+        kinds.append(board.is_draw(16))
+    assert kinds[:15] == [cshogi.NOT_REPETITION] * 15 and kinds[15] == cshogi.REPETITION_DRAW, kinds
+    # a record is left out where its move repeats the board (as dlshogi's moveIsDraw): moves 16 to 40
+    left_out = sum(kind in hcpe3_replay.REPETITIONS_SKIPPED for kind in kinds)
+    path = tmp_path / "ring.hcpe3"
+    write_hcpe3(path, [game], seed=2328, book_plies=0)
+    played = []
+    compiled_loop = hcpe3_replay.ReplayedPositions._play_compiled
+
+    def counted_compiled(*args):
+        games_played, gaps = compiled_loop(*args)
+        played.extend(games_played)
+        return games_played, gaps
+
+    monkeypatch.setattr(hcpe3_replay.ReplayedPositions, "_play_compiled", staticmethod(counted_compiled))
+    got = reading(path, full=False)
+    monkeypatch.undo()
+    assert played == [1]
+    assert got[0] == "ok" and got[2]["repetitions"] == left_out == 25, (got[2], left_out)
+    assert got == careful_reading(path, False, monkeypatch)
+
+
 def _damaged(good: bytes, rng: np.random.Generator, case: int) -> bytes:
     data = bytearray(good)
     if case % 4 == 0:  # a few bytes anywhere

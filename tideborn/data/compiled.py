@@ -19,6 +19,7 @@ tests/unit/test_decode_compiled.py holds it to cshogi's output position by posit
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import sys
 from pathlib import Path
 
@@ -772,9 +773,17 @@ class _SturdyCache(FunctionCache):
     """numba's on-disk cache of one function, where a cache file that cannot be read or written (damaged, cut
     short, another type of file at its name) is a miss rather than numba's exception: the function is compiled
     again, one line says so (once a process), and the unreadable index is removed so that the fresh compilation
-    is kept. (numba has no option for this; its hook around each load and save is the place.)"""
+    is kept. (numba has no option for this; its hook around each load and save is the place.)
+
+    And keyed on what the code is made of: numba keys its index on the function's file's mtime and size, so an
+    edit that keeps both, or one to a module whose constants the code reads (frozen into it at compilation:
+    hcpe3_ops here), would load the old code. The index's stamp is `stamp` instead (`sources_stamp`)."""
 
     said = False
+
+    def __init__(self, py_func, stamp: str):
+        super().__init__(py_func)
+        self._cache_file._source_stamp = stamp
 
     @contextlib.contextmanager
     def _guard_against_spurious_io_errors(self):
@@ -790,6 +799,15 @@ class _SturdyCache(FunctionCache):
                 index.unlink()
 
 
+def sources_stamp(*sources: Path) -> str:
+    """The hash of the files' contents: what a compilation of code made of them is cached under."""
+    digest = hashlib.sha256()
+    for source in sources:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
+_STAMP = sources_stamp(Path(__file__), Path(__file__).with_name("hcpe3_ops.py"))
 for _function in list(globals().values()):
     if isinstance(_function, Dispatcher):
-        _function._cache = _SturdyCache(_function.py_func)
+        _function._cache = _SturdyCache(_function.py_func, _STAMP)

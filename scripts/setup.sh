@@ -86,8 +86,8 @@ EOF
 # an edit to them builds them again, the rest of the setup untouched.
 LOOPS_STAMP="$VENV/.tideborn-loops"
 loops_value() {
-    echo "v1 $(stamp_value) compiled=$(sha256 tideborn/data/compiled.py) ops=$(sha256 tideborn/data/hcpe3_ops.py)" \
-        "native=$(sha256 tideborn/data/native.py)"
+    echo "v1 $(stamp_value) root=$ROOT compiled=$(sha256 tideborn/data/compiled.py)" \
+        "ops=$(sha256 tideborn/data/hcpe3_ops.py) native=$(sha256 tideborn/data/native.py)"
 }
 build_loops() {  # ahead of time, else numba's JIT compiled instead: then one line on stderr says why
     local said

@@ -21,11 +21,9 @@ import cshogi
 import numpy as np
 import pytest
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features, make_move_label
-from numba.core.dispatcher import Dispatcher
 
 from tests.helpers.hcpe3 import sample_games
-from tideborn.data import compiled, native
-from tideborn.data.compiled import _SturdyCache
+from tideborn.data import native
 from tideborn.data.features import BadRecord, Decoder
 from tideborn.data.hcpe3_ops import DONE, SLOW
 
@@ -250,6 +248,11 @@ def test_a_damaged_cache_file_is_compiled_again_with_one_line(tmp_path):
     """numba raises on a cache file it cannot read (cut short, garbage, a directory at its name); the compiled
     loops' caches (`_SturdyCache`) take it as a miss: the function runs, one line names the file, and the damaged
     index is replaced by the fresh compilation's."""
+    from numba.core.dispatcher import Dispatcher  # here: numba's import only where a test runs the JIT
+
+    from tideborn.data import compiled
+    from tideborn.data.compiled import _SturdyCache
+
     assert all(isinstance(f._cache, _SturdyCache) for f in vars(compiled).values() if isinstance(f, Dispatcher))
     (tmp_path / "tiny.py").write_text(TINY)
     (tmp_path / "step.py").write_text("STEP = 1\n")
@@ -431,4 +434,6 @@ def test_a_build_that_cannot_be_written_falls_back_to_the_jit_with_one_line(tmp_
     assert len(lines) == 1 and "not built ahead of time (FileNotFoundError" in lines[0], lines
     assert "numba's JIT serves them" in lines[0]
     assert not (tmp_path / "missing").exists()
+    from tideborn.data import compiled
+
     assert all(len(getattr(compiled, name).signatures) >= 1 for name in native.SIGNATURES)

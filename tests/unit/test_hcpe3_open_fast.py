@@ -52,6 +52,21 @@ def no_compiled(starts, *args) -> tuple[list[int], np.ndarray]:
     return [0] * len(starts), np.zeros(0, np.uint8)
 
 
+def compiled_reading(path: Path, full: bool, monkeypatch) -> tuple[tuple, list[int]]:
+    """`reading`, and per game whether the compiled loop played it (1) or left it to the Python loops (0)."""
+    played: list[int] = []
+    compiled_loop = hcpe3_replay.ReplayedPositions._play_compiled
+
+    def counted_compiled(*args):
+        games_played, gaps = compiled_loop(*args)
+        played.extend(games_played)
+        return games_played, gaps
+
+    with monkeypatch.context() as patch:
+        patch.setattr(hcpe3_replay.ReplayedPositions, "_play_compiled", staticmethod(counted_compiled))
+        return reading(path, full), played
+
+
 def careful_reading(path: Path, full: bool, monkeypatch) -> tuple:
     with monkeypatch.context() as patch:
         patch.setattr(hcpe3_replay.ReplayedPositions, "_play_compiled", staticmethod(no_compiled))
@@ -151,17 +166,7 @@ def test_repetitions_of_every_kind_are_read_as_the_move_by_move_loop_reads(tmp_p
                                             cshogi.REPETITION_SUPERIOR, cshogi.REPETITION_INFERIOR)), kinds
     path = tmp_path / "shuffling.hcpe3"
     write_hcpe3(path, games, seed=2327, book_plies=0)
-    played = []
-    compiled_loop = hcpe3_replay.ReplayedPositions._play_compiled
-
-    def counted_compiled(*args):
-        games_played, gaps = compiled_loop(*args)
-        played.extend(games_played)
-        return games_played, gaps
-
-    monkeypatch.setattr(hcpe3_replay.ReplayedPositions, "_play_compiled", staticmethod(counted_compiled))
-    got = reading(path, full)
-    monkeypatch.undo()
+    got, played = compiled_reading(path, full, monkeypatch)
     want = careful_reading(path, full, monkeypatch)
     assert want[0] == "ok" and want[2]["repetitions"] > 100
     assert got == want
@@ -196,17 +201,7 @@ def test_a_board_back_exactly_16_plies_later_is_a_repetition_left_out(tmp_path, 
     left_out = sum(kind in hcpe3_replay.REPETITIONS_SKIPPED for kind in kinds)
     path = tmp_path / "ring.hcpe3"
     write_hcpe3(path, [game], seed=2328, book_plies=0)
-    played = []
-    compiled_loop = hcpe3_replay.ReplayedPositions._play_compiled
-
-    def counted_compiled(*args):
-        games_played, gaps = compiled_loop(*args)
-        played.extend(games_played)
-        return games_played, gaps
-
-    monkeypatch.setattr(hcpe3_replay.ReplayedPositions, "_play_compiled", staticmethod(counted_compiled))
-    got = reading(path, full=False)
-    monkeypatch.undo()
+    got, played = compiled_reading(path, False, monkeypatch)
     assert played == [1]
     assert got[0] == "ok" and got[2]["repetitions"] == left_out == 25, (got[2], left_out)
     assert got == careful_reading(path, False, monkeypatch)

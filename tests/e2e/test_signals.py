@@ -5,6 +5,7 @@ SIGTERM at any time: tests/e2e/test_reliability_stop.py.)"""
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 from tests.helpers.common import events_of, settings_args, step_events, terminal_events, wait_until
@@ -38,11 +39,14 @@ def test_sigterm_checkpoints_the_step_it_stopped_on_and_exits_0(tmp_path: Path, 
 
 def test_a_second_ctrl_c_outside_a_save_ends_the_run_at_once(tmp_path: Path, start_trainer) -> None:
     run_dir = tmp_path / "run"
-    # Big slow steps (seconds each, in many small micro-batches): a graceful stop would have to finish
+    # Big slow steps (3 s or more each, in many small micro-batches): a graceful stop would have to finish
     # one, log it and checkpoint, so cutting it short is visible in what the run leaves behind.
-    trainer = start_trainer("train", *settings_args(run_dir, *LONG_RUN, "optim.batch_size=2048",
-                                                    "optim.accumulation_steps=8"))
+    trainer = start_trainer("train", *settings_args(run_dir, *LONG_RUN, "optim.batch_size=8192",
+                                                    "optim.accumulation_steps=32"))
     wait_until(lambda: step_events(events_of(run_dir)), trainer, "the first step event")
+    # Inside the second step: a Ctrl-C that lands between the first step's event and the trainer's look at the
+    # stop flag stops at that step's end, with a save (another test's case), as one did on a busy machine.
+    time.sleep(1.0)
 
     trainer.send(signal.SIGINT)
     wait_until(lambda: "stop_requested" in [e["kind"] for e in events_of(run_dir)], trainer,

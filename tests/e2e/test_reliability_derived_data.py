@@ -178,6 +178,36 @@ def test_a_cache_damaged_on_disk_is_named_by_verify_and_rebuilt_not_read(games, 
     assert data_main(["verify", str(path), "--quiet"]) == 0, capsys.readouterr().out
 
 
+def test_an_unchanged_cache_is_read_whole_once_a_process_and_again_after_any_write(games, tmp_path, monkeypatch):
+    """A trainer opens its data three times before its first step (at 10^8 positions each pass over the cache took
+    1.2 s): a cache file unchanged since this process checked it (device, inode, size, mtime and ctime) is not
+    read whole again; after any write, even one that puts its mtime back, it is, and the damage is found."""
+    path = tmp_path / "a.hcpe3"
+    write_hcpe3(path, games[:6], seed=315)
+    want = build_positions(path)["arrays"]
+    Hcpe3File(path).positions()  # the cache built
+    monkeypatch.setattr(cachefile, "_CHECKED", {})  # as a new process
+    read: list[str] = []
+    whole = cachefile._stored_checksum
+    monkeypatch.setattr(cachefile, "_stored_checksum", lambda cache, array: read.append(array) or whole(cache, array))
+    Hcpe3File(path).positions()
+    arrays = len(cache_layout(cache_path(path))["arrays"])
+    assert len(read) == arrays > 5
+    Hcpe3File(path).positions()
+    Hcpe3File(path).positions()
+    assert len(read) == arrays  # not read whole again
+    cache = cache_path(path)
+    before = cache.stat()
+    damage_array(cache, "cand_visits", lambda old: np.zeros_like(old))
+    os.utime(cache, ns=(before.st_atime_ns, before.st_mtime_ns))  # the same size and mtime: only ctime moved
+    assert (cache.stat().st_size, cache.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    warnings: list[str] = []
+    got = Hcpe3File(path, warn=warnings.append).positions()
+    assert len(read) > arrays
+    assert len(warnings) == 1 and re.search(r"is damaged .*'cand_visits'.*built again", warnings[0]), warnings
+    assert np.array_equal(np.asarray(got.cand_visits), want["cand_visits"])
+
+
 def test_an_averaged_set_damaged_on_disk_is_rebuilt_with_a_warning(games, tmp_path):
     paths = [tmp_path / "a.hcpe3", tmp_path / "b.hcpe3"]
     write_hcpe3(paths[0], games[:6], seed=311)

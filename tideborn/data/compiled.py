@@ -769,6 +769,7 @@ def replay_range(start_hcp, steps, moves, lead, out):
             return False
     return True
 
+
 class _SturdyCache(FunctionCache):
     """numba's on-disk cache of one function, where a cache file that cannot be read or written (damaged, cut
     short, another type of file at its name) is a miss rather than numba's exception: the function is compiled

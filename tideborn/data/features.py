@@ -333,8 +333,8 @@ class Decoder:
             anchors, replay_moves, bounds = packed, _NO_MOVES, _NO_MOVES
         else:
             anchors, replay_moves, bounds = positions.anchors, positions.moves, positions.bounds
-        native.loops().decode_batch(packed, moves16, decodable, anchors, replay_moves, bounds, flat, features2, policy,
-                              status)
+        native.loops().decode_batch(packed, moves16, decodable, anchors, replay_moves, bounds, flat, features2,
+                                    policy, status)
         skipped: list[tuple[int, str]] = []
         board = self.board
         chunk1, chunk2 = self._chunk1, self._chunk2

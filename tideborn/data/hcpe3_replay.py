@@ -224,8 +224,8 @@ def _walk(words: memoryview, base: int, size: int, at_file_end: bool, first_game
     from tideborn.data import native  # here: the compiled loops are for a process that opens hcpe3
     move_prefix = np.empty(end // 3 + 1, np.int64)  # a move is at least 3 words, a game 18
     game_prefix, first_prefix = np.empty(end // 18 + 1, np.int64), np.empty(end // 18 + 1, np.int64)
-    walked, prefix_moves, k = native.loops().walk_games(np.frombuffer(words, dtype=np.uint16), 0, end, MAX_LEGAL_MOVES,
-                                                  move_prefix, game_prefix, first_prefix)
+    walked, prefix_moves, k = native.loops().walk_games(np.frombuffer(words, dtype=np.uint16), 0, end,
+                                                        MAX_LEGAL_MOVES, move_prefix, game_prefix, first_prefix)
     window.move_prefix = move_prefix[:prefix_moves].copy()
     window.game_words, window.game_first_move = game_prefix[:walked].tolist(), first_prefix[:walked].tolist()
     del move_prefix, game_prefix, first_prefix

@@ -227,9 +227,10 @@ def create_scratch_file(beside: Path, serial: int) -> tuple[int, Path]:
     return os.open(path, flags, 0o600), path
 
 
-def remove_stale_scratch(beside: Path) -> list[Path]:
+def remove_stale_scratch(beside: Path, folders: bool = False) -> list[Path]:
     """Remove the scratch files of `beside` whose builder is gone (`.NAME.scratch-PID-N`, PID not running):
-    what a SIGKILL left. Returns what was removed."""
+    what a SIGKILL left; with `folders`, scratch folders too (a build's working folder, removed whole, never
+    followed through a link). Returns what was removed."""
     prefix = f".{beside.name}{SCRATCH_MARK}"
     removed = []
     try:
@@ -243,7 +244,10 @@ def remove_stale_scratch(beside: Path) -> list[Path]:
         if not pid_text.isdigit() or int(pid_text) == os.getpid() or _running(int(pid_text)):
             continue
         try:
-            entry.unlink()
+            if folders and entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
             removed.append(entry)
         except FileNotFoundError:  # another builder removed it first
             pass

@@ -437,3 +437,27 @@ def test_a_build_that_cannot_be_written_falls_back_to_the_jit_with_one_line(tmp_
     from tideborn.data import compiled
 
     assert all(len(getattr(compiled, name).signatures) >= 1 for name in native.SIGNATURES)
+
+
+def test_a_build_killed_outright_leaves_a_folder_that_the_next_build_removes(tmp_path):
+    """The build works in `._loops.scratch-PID-...` beside the module, removed however it ends; a SIGKILL leaves
+    it, and the next build removes it once its process is gone (never a running builder's, never through a
+    link)."""
+    from tideborn.safefile import SCRATCH_MARK, remove_stale_scratch
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    killed = tmp_path / f"._loops{SCRATCH_MARK}{dead_pid}-abc"
+    (killed / "inner").mkdir(parents=True)
+    (killed / "inner" / "part.o").write_bytes(b"half a build")
+    running = tmp_path / f"._loops{SCRATCH_MARK}{os.getppid()}-def"
+    running.mkdir()
+    elsewhere = tmp_path / "kept"
+    elsewhere.mkdir()
+    (elsewhere / "file").write_text("not the build's")
+    linked = tmp_path / f"._loops{SCRATCH_MARK}{dead_pid}-link"
+    linked.symlink_to(elsewhere)
+    removed = remove_stale_scratch(tmp_path / "_loops", folders=True)
+    assert sorted(removed) == sorted([killed, linked])
+    assert not killed.exists() and not linked.is_symlink() and running.is_dir()
+    assert (elsewhere / "file").read_text() == "not the build's"  # the link removed, not followed

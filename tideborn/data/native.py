@@ -35,7 +35,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from tideborn.safefile import publish
+from tideborn.errors import report_interrupted
+from tideborn.safefile import SCRATCH_MARK, publish, remove_stale_scratch
 
 HERE = Path(__file__).resolve().parent
 PREFIX = "_loops_"
@@ -194,13 +195,14 @@ def _errors_to_output():
 
 SMOKE = r"""
 import importlib, sys
+import cshogi
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 module = importlib.import_module(sys.argv[2])
-board = __import__("cshogi").Board()
+board = cshogi.Board()
 hcp = np.zeros((1, 32), np.uint8)
 board.to_hcp(hcp[0])
-move = __import__("cshogi").move16(board.move_from_usi("7g7f"))
+move = cshogi.move16(board.move_from_usi("7g7f"))
 planes, hands = np.zeros((1, 62, 81), np.uint8), np.zeros((1, 57), np.uint8)
 labels, status = np.zeros(1, np.int64), np.zeros(1, np.uint8)
 none = np.zeros(0, np.int64)
@@ -218,7 +220,7 @@ def build(out: typing.TextIO = sys.stdout, directory: Path = HERE) -> Path:
     `directory` (beside this file, where the import finds it) under its key, by a rename: a process sees the whole
     module or none. Older builds are removed. Raises where it cannot be built (no pycc, no C compiler, a directory
     it cannot write)."""
-    from numba import types
+    from numba import from_dtype, types
     from numba.core.errors import NumbaPendingDeprecationWarning
 
     with warnings.catch_warnings():
@@ -228,19 +230,26 @@ def build(out: typing.TextIO = sys.stdout, directory: Path = HERE) -> Path:
     from tideborn.data import compiled
 
     returns = {"none": types.none, "bool": types.boolean, "i8x3": types.UniTuple(types.int64, 3)}
-    numba_types = {"u1": types.uint8, "u2": types.uint16, "i4": types.int32, "i8": types.int64, "b1": types.boolean}
     module_key = key()
     name = PREFIX + module_key
-    with tempfile.TemporaryDirectory(prefix=".build-", dir=directory) as scratch:
+    # The working folder, `._loops.scratch-PID-...`: removed however the build ends, and by the next build where a
+    # SIGKILL left it (its process gone).
+    remove_stale_scratch(directory / "_loops", folders=True)
+    with tempfile.TemporaryDirectory(prefix=f"._loops{SCRATCH_MARK}{os.getpid()}-", dir=directory) as scratch:
         cc = CC(name)
         cc.output_dir = scratch
         cc.target_cpu = host_cpu()[0]
         for entry, (returned, spec) in SIGNATURES.items():
-            arguments = [numba_types[dtype] if ndim == 0 else types.Array(numba_types[dtype], ndim, "C")
+            arguments = [types.Array(from_dtype(_DTYPES[dtype]), ndim, "C") if ndim else from_dtype(_DTYPES[dtype])
                          for dtype, ndim, _ in spec]
             cc.export(entry, returns[returned](*arguments))(getattr(compiled, entry).py_func)
-        with _host_features(), _errors_to_output():
-            cc.compile()
+        # pycc's object files (its own temporary folder, which it removes only when it succeeds) in here too
+        saved_tempdir, tempfile.tempdir = tempfile.tempdir, scratch
+        try:
+            with _host_features(), _errors_to_output():
+                cc.compile()
+        finally:
+            tempfile.tempdir = saved_tempdir
         built = [path for path in Path(scratch).iterdir() if path.name.startswith(name)]
         if len(built) != 1:
             raise RuntimeError(f"numba's pycc left {[p.name for p in Path(scratch).iterdir()]} in {scratch}")
@@ -267,6 +276,8 @@ def build_or_fall_back(directory: Path = HERE) -> bool:
         build(directory=directory)
     except Exception as exc:  # noqa: BLE001 - the JIT is the fallback: say why, warm it, and go on
         reason = (str(exc).strip().splitlines() or [""])[0]
+        if len(reason) > 200:  # a compiler's error quotes its whole command line: that is in the build's output
+            reason = reason[:200] + " ..."
         print(f"tideborn: the compiled loops are not built ahead of time ({type(exc).__name__}: {reason}); numba's "
               f"JIT serves them, about 0.35 s more per process", file=sys.stderr)
         warm_jit()
@@ -276,6 +287,13 @@ def build_or_fall_back(directory: Path = HERE) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _command(argv)
+    except KeyboardInterrupt:  # the build publishes its module whole by a rename, or nothing
+        return report_interrupted(f"python -m tideborn.data.native {' '.join(argv)}".rstrip())
+
+
+def _command(argv: list[str]) -> int:
     if argv == ["which"]:
         found = loops()
         print(f"{'built ahead of time: ' if found.built_ahead else 'numba JIT (no current build ahead of time): '}"

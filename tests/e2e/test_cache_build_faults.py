@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,16 +30,37 @@ from tideborn.config.schema import DataSettings, Settings
 from tideborn.data import average_merge
 from tideborn.data.average import averaged_source
 from tideborn.data.sources import open_source
-average_merge.CHUNK_POSITIONS = 200  # many runs: seconds of scratch writing, long enough to be interrupted
+average_merge.CHUNK_POSITIONS = 200  # many runs, each a scratch file
+real_new = average_merge.Scratch.new
+
+
+def new(self):  # the third run on disk: the merge is under way; it waits here for the test's signal
+    fd = real_new(self)
+    if len(self.files) == 3:
+        print("merging", flush=True)
+        sys.stdin.readline()
+    return fd
+
+
+average_merge.Scratch.new = new
 paths = [Path(p) for p in sys.argv[1:]]
-print("merging", flush=True)
 averaged_source(open_source(paths), Settings(data=DataSettings(train=tuple(map(str, paths)), use_average=True)))
 """
 
 DECODE = """
 import sys
 from tideborn.data.hcpe3 import Hcpe3File
-Hcpe3File(sys.argv[1]).positions()
+
+
+def progress(done, size):  # part of the file decoded: the decode is under way; it waits here for the signal
+    if 0 < done < size and not progress.said:
+        progress.said = True
+        print("hcpe3: decoding", flush=True)
+        sys.stdin.readline()
+
+
+progress.said = False
+Hcpe3File(sys.argv[1]).positions(progress)
 """
 
 
@@ -78,12 +98,15 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if SCRATCH_MARK in p.name or ".tmp-" in p.name)
 
 
-def interrupt(script: str, args: list[str], ready: str, signal_name: str, after: float) -> int:
+def interrupt(script: str, args: list[str], ready: str, signal_name: str) -> int:
+    """Run `script`, which prints `ready` from inside the build and then waits on its standard input (which this
+    test never writes): the signal lands in the middle of the build however busy the machine, never after it."""
     child = subprocess.Popen([sys.executable, "-c", script, *args], cwd=REPO_ROOT, env=child_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
     try:
-        assert ready in child.stdout.readline()
-        time.sleep(after)
+        line = child.stdout.readline()
+        assert ready in line, (line, child.stderr.read() if child.poll() is not None else "")
         os.killpg(child.pid, getattr(signal, signal_name))
         child.wait(timeout=120)
     finally:
@@ -103,8 +126,8 @@ def test_a_merge_interrupted_leaves_no_set_a_later_run_trusts(merge_inputs, tmp_
     source = open_source(paths)
     cache = average_cache_path(source, average_key(source, settings_for(paths)))
     source.close()
-    returncode = interrupt(MERGE, list(map(str, paths)), "merging", signal_name, 1.5)
-    assert returncode != 0, "the merge ended before the signal: make the input larger"
+    returncode = interrupt(MERGE, list(map(str, paths)), "merging", signal_name)
+    assert returncode != 0
     assert not cache.exists(), "a merged set was published by an interrupted build"
     if signal_name == "SIGINT":
         assert leftovers(tmp_path) == [], "Ctrl-C left scratch files"
@@ -124,8 +147,8 @@ def test_a_compact_cache_build_interrupted_leaves_no_cache_a_later_open_trusts(b
     content, want = big_hcpe3
     path = tmp_path / "big.hcpe3"
     path.write_bytes(content)
-    returncode = interrupt(DECODE, [str(path)], "hcpe3: decoding", signal_name, 0.3)
-    assert returncode != 0, "the decode ended before the signal: make the input larger"
+    returncode = interrupt(DECODE, [str(path)], "hcpe3: decoding", signal_name)
+    assert returncode != 0
     left = cache_path(path)
     if left.exists():
         assert hcpe3.read_arrays(left, hcpe3.CACHE_FORMAT) is not None, "a partial cache at its name"

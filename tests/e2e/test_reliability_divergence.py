@@ -10,6 +10,7 @@ run in the test process.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -79,7 +80,13 @@ def test_the_issue_repro_keeps_the_last_healthy_checkpoint_names_it_and_resumes_
     assert result.returncode == 1, describe(result)
     events = events_of(run_dir)
     norms = norms_by_step(events)
-    assert max(norms.values()) > 100 * norms[1]  # it did diverge
+    # It did diverge, as the watchdog defines it: a streak of norms each above `factor` x the running median. How
+    # far the explosion climbs before the trip depends on the CPU's kernels (a peak of 4e13 on one machine, 125
+    # on an AMD EPYC), so the test holds the rule, not a magnitude.
+    (trip,) = [e for e in events if e["kind"] == "watchdog"]
+    assert trip["reason"] == "grad_norm_spike" and len(trip["spikes"]) == trip["consecutive"]
+    assert all(norm > trip["factor"] * trip["median"] for _, norm in trip["spikes"]), trip
+    assert [int(step) for step, _ in trip["spikes"]][-1] == trip["trip_step"] == max(norms)
     # What is left in the run directory was saved before the explosion: the norms up to its step stayed within
     # 10x the run's first norms (before the fix: step-60, saved at a norm of 4e13, the only one left).
     (left,) = step_files(run_dir)
@@ -91,8 +98,7 @@ def test_the_issue_repro_keeps_the_last_healthy_checkpoint_names_it_and_resumes_
     condemned = sorted(p.name for p in run_dir.glob("archive/watchdog-*/step-*.pt"))
     assert condemned == [Path(e["path"]).name for e in saved if e["step"] > kept_step]
     # judged before its window of 100 norms filled, on a spike streak, before any norm was non-finite
-    (trip,) = [e for e in events if e["kind"] == "watchdog"]
-    assert trip["reason"] == "grad_norm_spike" and trip["trip_step"] < 100
+    assert trip["trip_step"] < 100 and all(math.isfinite(norm) for norm in norms.values())
     assert trip["resume_from"] == str(run_dir / left)
     (failed,) = terminal_events(events)
     assert failed["kind"] == "run_failed" and failed["resume_from"] == str(run_dir / left)

@@ -76,28 +76,6 @@ def test_the_slow_marker_follows_the_folder() -> None:
     assert {item.split("::")[0] for item in fast} == unit_files
 
 
-def readme_test_counts() -> tuple[int, int]:
-    """The number of tests the README gives for `./scripts/test.sh` and for its `-m "not slow"` subset."""
-    counts = {}
-    for line in (REPO_ROOT / "README.md").read_text(encoding="utf-8").splitlines():
-        if line.startswith("./scripts/test.sh"):
-            found = re.search(r"\b(\d[\d,]*) tests\b", line)
-            assert found, f"README: `{line}` gives no number of tests"
-            counts["not slow" if '-m "not slow"' in line else "all"] = int(found.group(1).replace(",", ""))
-    assert set(counts) == {"all", "not slow"}, f"README: the test lines give {counts}"
-    return counts["all"], counts["not slow"]
-
-
-def test_the_readme_says_how_many_tests_the_suite_and_its_fast_subset_run() -> None:
-    """The figures a newcomer reads before running the suite are what it runs (update the README's
-    `./scripts/test.sh` lines when tests are added): what `python -m pytest` collects, less what it deselects."""
-    said = readme_test_counts()
-    runs = tuple(int(re.match(r"(\d+)", collected([sys.executable, "-m", "pytest"], REPO_ROOT, *args)).group(1))
-                 for args in ((), ("-m", "not slow")))
-    assert runs == said, (f"README: {said[0]} tests, {said[1]} of them not slow; the suite has {runs[0]} and "
-                          f"{runs[1]}: put those in its `./scripts/test.sh` lines")
-
-
 def test_the_files_are_handed_out_longest_first_by_the_recorded_seconds(tmp_path: Path) -> None:
     """scripts/test.sh's workers take the files in collection order (xdist's reordering off): the files with the
     most recorded seconds first, a file with none recorded before them all (tests/helpers/order.py)."""

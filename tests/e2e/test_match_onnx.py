@@ -1,11 +1,13 @@
 """`tideborn match` with ONNX players and round robins: a checkpoint and its own export play identical games, an
 ONNX model's value output is read as a logit or a probability as the model says (or as told), anything without
-dlshogi's interface is one line and exit status 2, and several players are rated together by maximum likelihood."""
+dlshogi's interface is one line and exit status 2, as is a net whose policy or value is not finite (from `match` and
+`usi`), and several players are rated together by maximum likelihood."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ from tideborn.match.elo import elo_of_score
 from tideborn.match.ratings import SCALE, fit_ratings
 from tideborn.match.run import run_match
 from tideborn.network.checkpoint import load_checkpoint
+from tideborn.usi.cli import main as usi_main
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +174,44 @@ def test_bad_players_are_one_line_and_exit_2_before_any_game(nets, tmp_path, cap
                        "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["second"]["value"], report["second"]["value_source"]) == ("probability", "option")
+
+
+def _with_nan(source: Path, path: Path, initializer: str) -> Path:
+    """`source` (an export) with every number of the initializer named ...`initializer` NaN."""
+    model = onnx.load(str(source))
+    [tensor] = [t for t in model.graph.initializer if t.name.endswith(initializer)]
+    tensor.CopyFrom(numpy_helper.from_array(np.full(numpy_helper.to_array(tensor).shape, np.nan, np.float32),
+                                            tensor.name))
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_net_whose_policy_or_value_is_not_finite_is_refused_by_match_and_usi(nets, tmp_path, capsys):
+    """The issue's repro: a net whose policy output is NaN was accepted by `match` and `usi`, and played. An export
+    with a NaN policy bias, one with a NaN value bias (its metadata says logit: nothing evaluated it before), and a
+    checkpoint whose policy weights are finite but overflow (3e38): one line naming the file, exit status 2."""
+    payload = load_checkpoint(nets["step4"])
+    for kind in ("model", "ema"):
+        for key in payload.get(kind) or {}:
+            if key.endswith("policy_head.conv.weight"):
+                payload[kind][key] = torch.full_like(payload[kind][key], 3e38)
+    with torch.no_grad():
+        policy, value = reference_module(payload)(*map(torch.from_numpy, parity_positions()))
+    assert not torch.isfinite(policy).all() and torch.isfinite(value).all()  # what the file below holds
+    overflowing = tmp_path / "overflow" / "step-000000004.pt"
+    overflowing.parent.mkdir()
+    torch.save(payload, overflowing)
+    cases = [(_with_nan(nets["logit"], tmp_path / "nan-policy.onnx", "policy_head.bias.bias"), "policy"),
+             (_with_nan(nets["logit"], tmp_path / "nan-value.onnx", "value_head.fc2.bias"), "value"),
+             (overflowing, "policy")]
+    for path, output in cases:
+        line = rf"{re.escape(str(path))}: its {output} output is not finite on ordinary positions$"
+        assert match_main([str(nets["step4"]), str(path), "--games", "2", "--max-moves", "4"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert_user_error(captured.err, line)
+        assert usi_main([str(path)]) == 2
+        assert_user_error(capsys.readouterr().err, line)
 
 
 def test_ratings_are_the_maximum_likelihood_fit():

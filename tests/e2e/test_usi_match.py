@@ -1,22 +1,30 @@
 """`tideborn match` with `usi:PATH` sides: `tideborn usi` itself as the external engine, engines that crash, hang
 or play an illegal move mid-match (that game lost, the reason in the report and the CSA record, the engine
 started again, the match played on), and engines refused before any game (not executable, garbage, no usiok,
-an option it does not have): one line, exit status 2."""
+an option it does not have): one line, exit status 2. An engine that floods its pipes costs the match no memory,
+and its own text (its name, its last words) is shown and saved without escape sequences and cut short."""
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
 from cshogi import CSA
 
 from tests.helpers.common import assert_user_error
-from tests.helpers.usi import engine_script, fake_engine, tiny_checkpoint
+from tests.helpers.usi import engine_script, fake_engine, run_with_peak_memory, tiny_checkpoint
+from tideborn.match.cli import describe
 from tideborn.match.cli import main as match_main
+from tideborn.match.engine_output import ENGINE_TEXT_CHARS
 
 RULE_ENDS = {"mate", "repetition", "perpetual check", "entering king", "max moves"}
+FLOOD_MIB = 512
+"""What the flooding engine writes on each pipe, in one line: far past the bound below, as the issue's were."""
+PEAK_MIB = 1024
+"""The most a match of a tiny net against it may take: torch and the net are about 400 MiB on a CPU build."""
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +98,8 @@ def test_an_engine_that_cannot_play_is_refused_before_any_game(model: Path, tmp_
         (f"usi:{fake_engine(tmp_path, 'nousiok')}", (), r"engine-nousiok: it exited before usiok \(exit status 1"),
         (f"usi:{fake_engine(tmp_path, 'silent')}", ("--engine-start-timeout", "1000"),
          r"engine-silent: no usiok within 1 s"),
+        (f"usi:{fake_engine(tmp_path, 'options')}", (), r"engine-options: not a USI engine: it declared more than "
+                                                        r"1,000 options$"),
         (f"usi:{fake_engine(tmp_path, 'crash', 1)}", ("--engine-option", "Hash=64"),
          r"--engine-option Hash=64: the engine has no option 'Hash' \(its options: Depth\)"),
         (f"usi:{fake_engine(tmp_path, 'crash', 1)}", ("--engine-option", "1:Depth=2"),
@@ -103,3 +113,44 @@ def test_an_engine_that_cannot_play_is_refused_before_any_game(model: Path, tmp_
         match_main([str(model), str(model), "--engine-option", "Depth"])
     assert exited.value.code == 2
     assert_user_error(capsys.readouterr().err, r"--engine-option: expected \[N:\]NAME=VALUE; got 'Depth'")
+
+
+def test_an_engine_flooding_its_pipes_costs_the_match_no_memory(model: Path, tmp_path: Path):
+    """The issue's repro: 2.4 GB on stderr without a newline took `tideborn match` to a 7.4 GB peak, a 400 MB line on
+    stdout to 1.8 GB. Here 512 MiB of one line on each (and the bestmove after stdout's): the match's peak stays
+    under 1 GiB, and both games are played through."""
+    engine = fake_engine(tmp_path, "flood", FLOOD_MIB)
+    result, peak_mib = run_with_peak_memory(
+        [sys.executable, "-m", "tideborn", "match", str(model), f"usi:{engine}", "--games", "2", "--max-moves", "8",
+         "--parallel", "1", "--engine-timeout", "600000", "--json"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["games"] == 2 and report["incidents"] == [] and report["second"]["engine"] == "fake-flood"
+    assert peak_mib < PEAK_MIB, f"tideborn match peaked at {peak_mib} MiB"
+
+
+def _clean(text: str) -> None:
+    for line in text.splitlines():
+        assert line.isprintable(), f"a control character in {line!r}"
+    assert not re.search(r"n{%d}|w{%d}" % (ENGINE_TEXT_CHARS, ENGINE_TEXT_CHARS), text), "an engine's text uncut"
+
+
+def test_an_engines_text_is_shown_and_saved_without_escapes_and_cut_short(model: Path, tmp_path: Path, capsys):
+    """The issue's repro: an `id name` with escape sequences cleared the screen and set the window title, and its
+    5,000 characters went into every saved CSA file. Its name, and its last words on stderr as it crashes in game 1,
+    go into the report, the text a terminal shows and the saved games printable and at most 100 characters."""
+    engine = fake_engine(tmp_path, "hostile")
+    report = _match(capsys, str(model), f"usi:{engine}", "--games", "2", "--max-moves", "12", "--parallel", "1",
+                    "--engine-byoyomi", "100", "--save-games", str(tmp_path / "g"))
+    name = report["second"]["engine"]
+    assert name.startswith("red nnnn") and name.endswith("...") and len(name) == ENGINE_TEXT_CHARS
+    [incident] = report["incidents"]
+    assert incident["reason"] == "engine crashed" and "its last words on stderr: 'dying red www" in incident["detail"]
+    _clean(f"{name}\n{incident['detail']}")  # as --json saves them
+    _clean(describe(report))  # what `tideborn match` prints without --json
+    records = sorted((tmp_path / "g").glob("game-*.csa"))
+    assert len(records) == 2
+    for record in records:
+        text = record.read_text()
+        assert f"usi/{name}" in text
+        _clean(text)

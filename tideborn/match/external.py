@@ -3,7 +3,12 @@
 Written on `subprocess` with a reader thread rather than on cshogi's USI client (`cshogi.usi.Engine`): that client
 reads the engine's output with a blocking `readline` and no timeout, so a hung engine would hang the match, and it
 never sees the end of output (it compares bytes with `''`), so a crashed one would spin for ever. Here every wait
-has a deadline, and a line read is a line whole.
+has a deadline, and a line read is a line whole (its first 64 KiB: a longer one is cut, not refused).
+
+Whatever an engine writes, the memory it costs is bounded (`tideborn.match.engine_output`: its lines, at most
+64 KiB of each, 64 of them queued, and a short tail of stderr; with the options it declares, `MAX_OPTIONS` names of
+at most `MAX_OPTION_NAME_CHARS`, under 5 MiB an engine), and its text (its `id name`, a line or a move quoted in a
+message, its last words on stderr) is shown and saved only through `engine_text`: printable, at most 100 characters.
 
 Before any game each engine is started and checked (`usi` answered with `id`/`option` lines and `usiok`, the
 options it is given among those it declares, `isready` answered `readyok`): anything else is a `UserError` naming
@@ -27,6 +32,14 @@ from pathlib import Path
 import cshogi
 
 from tideborn.errors import UserError
+from tideborn.match.engine_output import (
+    ENGINE_TEXT_CHARS,
+    PIPE_BUFFER_BYTES,
+    STDERR_TAIL_LINES,
+    LineQueue,
+    engine_text,
+    read_lines,
+)
 from tideborn.match.play import Forfeit, Game
 
 USI_PREFIX = "usi:"
@@ -38,6 +51,10 @@ NODES_ONLY_TIMEOUT_MS = 30_000
 DEFAULT_START_TIMEOUT_MS = 30_000
 """From start to `readyok`: a net's engine loads its model first (torch alone takes seconds on a busy machine)."""
 QUIT_WAIT_SECONDS = 2.0
+MAX_OPTIONS = 1000
+"""An engine that declares more options than this is refused: far past any real engine's, and each is kept."""
+MAX_OPTION_NAME_CHARS = 256
+"""An engine that declares an option with a longer name is refused too: 1,000 such names are 256 KiB at most."""
 
 _USI_MOVE = re.compile(r"[1-9][a-i][1-9][a-i]\+?|[PLNSGBR]\*[1-9][a-i]")
 _START_LINES = ("id ", "option ", "info ")
@@ -92,8 +109,8 @@ class EngineProcess:
     def __init__(self, path: Path, options: list[tuple[str, str]], settings: EngineSettings):
         self.path, self.options, self.settings = path, options, settings
         self.proc: subprocess.Popen | None = None
-        self.lines: queue.Queue = queue.Queue()
-        self.stderr_tail: collections.deque = collections.deque(maxlen=3)
+        self.lines = LineQueue()
+        self.stderr_tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
         self.name: str | None = None
         self.declared: dict[str, str] = {}
 
@@ -102,12 +119,14 @@ class EngineProcess:
     def start(self) -> None:
         """Start the engine and take it to `readyok` with its options set; EngineError otherwise (the process
         is then ended)."""
+        self.kill()  # what is left of an engine that exited on its own: its pipes, a reader waiting for room
         try:
             self.proc = subprocess.Popen([str(self.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, cwd=self.path.parent, start_new_session=True)
+                                         stderr=subprocess.PIPE, cwd=self.path.parent, start_new_session=True,
+                                         bufsize=PIPE_BUFFER_BYTES)
         except OSError as exc:
             raise EngineError(f"cannot start it ({exc.strerror or exc})") from None
-        self.lines = queue.Queue()
+        self.lines = LineQueue()
         self.stderr_tail.clear()
         threading.Thread(target=self._read_stdout, args=(self.proc, self.lines), daemon=True).start()
         threading.Thread(target=self._read_stderr, args=(self.proc,), daemon=True).start()
@@ -126,18 +145,23 @@ class EngineProcess:
             if line == "usiok":
                 break
             if line.startswith("id name "):
-                self.name = line[len("id name "):].strip()
+                self.name = engine_text(line[len("id name "):]) or None
             elif line.startswith("option name "):
                 words = line.split()
                 cut = words.index("type") if "type" in words else len(words)
                 option = " ".join(words[2:cut])
+                if len(option) > MAX_OPTION_NAME_CHARS:
+                    raise EngineError(f"not a USI engine: it declared an option named with {len(option):,} "
+                                      f"characters (at most {MAX_OPTION_NAME_CHARS} expected)")
                 self.declared[option.lower()] = option
+                if len(self.declared) > MAX_OPTIONS:
+                    raise EngineError(f"not a USI engine: it declared more than {MAX_OPTIONS:,} options")
             elif line.strip() and not line.startswith(_START_LINES):
-                raise EngineError(f"not a USI engine: it answered {line[:60]!r} to 'usi' (expected id, option "
-                                  "and usiok lines)")
+                raise EngineError(f"not a USI engine: it answered {engine_text(line, 60)!r} to 'usi' (expected id, "
+                                  "option and usiok lines)")
         for name, value in self.options:
             if name.lower() not in self.declared:
-                known = ", ".join(self.declared.values()) or "none"
+                known = engine_text(", ".join(self.declared.values()), 2 * ENGINE_TEXT_CHARS) or "none"
                 raise EngineError(f"--engine-option {name}={value}: the engine has no option {name!r} "
                                   f"(its options: {known})")
             self.send(f"setoption name {self.declared[name.lower()]} value {value}")
@@ -147,32 +171,25 @@ class EngineProcess:
             if line == "readyok":
                 break
             if line.strip() and not line.startswith("info"):
-                raise EngineError(f"not a USI engine: it answered {line[:60]!r} to 'isready' (expected readyok)")
+                raise EngineError(f"not a USI engine: it answered {engine_text(line, 60)!r} to 'isready' "
+                                  "(expected readyok)")
         self.send("usinewgame")
 
     # lines --------------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _read_stdout(proc: subprocess.Popen, lines: queue.Queue) -> None:
-        try:
-            for raw in proc.stdout:
-                try:
-                    lines.put(raw.decode("utf-8").rstrip("\r\n"))
-                except UnicodeDecodeError:
-                    lines.put(EngineError(f"it wrote bytes that are not text: {raw[:40]!r}"))
-        except ValueError:  # `kill` closed the pipe while this thread read it: the end of the output too
-            pass
+    def _read_stdout(proc: subprocess.Popen, lines: LineQueue) -> None:
+        for line in read_lines(proc.stdout):
+            if not lines.put(line):
+                return  # killed: nobody reads these lines any more
         lines.put(None)  # the end of its output: it exited or closed stdout
 
     def _read_stderr(self, proc: subprocess.Popen) -> None:
         # Drained so an engine that writes much there never blocks on a full pipe; the last lines say why it died.
-        try:
-            for raw in proc.stderr:
-                text = raw.decode("utf-8", "replace").strip()
-                if text:
-                    self.stderr_tail.append(text)
-        except ValueError:  # closed by `kill` while read here
-            pass
+        for raw, _ in read_lines(proc.stderr):
+            text = engine_text(raw.decode("utf-8", "replace"))
+            if text:
+                self.stderr_tail.append(text)
 
     def send(self, line: str) -> None:
         try:
@@ -186,11 +203,14 @@ class EngineProcess:
             line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             raise EngineTimeout(f"no {waiting_for} within {self._limit_text(waiting_for)}") from None
-        if isinstance(line, EngineError):
-            raise line
         if line is None:
             raise EngineCrash(f"it exited before {waiting_for} ({self._exit_text()})")
-        return line
+        raw, cut = line
+        try:
+            # A cut line may end inside a character; its head is all that is read of it anyway.
+            return raw.decode("utf-8", "replace" if cut else "strict")
+        except UnicodeDecodeError:
+            raise EngineError(f"it wrote bytes that are not text: {raw[:40]!r}") from None
 
     def _limit_text(self, waiting_for: str) -> str:
         seconds = (self.settings.move_timeout_ms() if waiting_for == "bestmove"
@@ -202,7 +222,7 @@ class EngineProcess:
             status = self.proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             status = None
-        said = f"; its last words on stderr: {self.stderr_tail[-1][:120]!r}" if self.stderr_tail else ""
+        said = f"; its last words on stderr: {self.stderr_tail[-1]!r}" if self.stderr_tail else ""
         return (f"exit status {status}" if status is not None else "its output closed") + said
 
     # moves --------------------------------------------------------------------------------------------------
@@ -222,6 +242,7 @@ class EngineProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
+        self.lines.close()  # a reader waiting for room ends: nothing reads this process's lines again
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -293,8 +314,8 @@ class UsiPlayer:
             return Forfeit("false win declaration", f"{self.info['path']} declared a win that the rules refuse")
         move = board.move_from_usi(word) if _USI_MOVE.fullmatch(word) else 0
         if not move or not board.is_legal(move):
-            return Forfeit("illegal move", f"{self.info['path']} played {word[:40]!r}, not a legal move in "
-                                           f"{board.sfen()}")
+            return Forfeit("illegal move", f"{self.info['path']} played {engine_text(word, 40)!r}, not a legal "
+                                           f"move in {board.sfen()}")
         return move
 
     def close(self) -> None:

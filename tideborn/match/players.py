@@ -5,6 +5,8 @@ interface (`tideborn.export.engine_model`, run by onnxruntime), told apart by th
 ONNX content is a model, anything else is read as a checkpoint (whose loader names what is wrong with it).
 Either way `evaluate` takes a batch of `cshogi.dlshogi.make_input_features` planes and returns the policy
 logits [N,2187] and the side to move's value as a logit [N], numpy on the CPU, so play does not care which.
+A net whose policy or value is not finite on ordinary positions (NaN or inf: weights that overflow, a broken
+export) is refused as it is loaded, before it plays a move (`tideborn match`, `tideborn usi`, a run's matches).
 """
 
 from __future__ import annotations
@@ -80,7 +82,25 @@ def load_player(path: Path, *, weights: str = "auto", device: torch.device | str
                 onnx_value: str = "auto", threads: int | None = None) -> Player:
     """The player that `path` holds; `UserError` naming `path` for anything that cannot play."""
     if not run_file and is_onnx_file(path):
-        return _onnx_player(path, device, onnx_value, threads)
+        player = _onnx_player(path, device, onnx_value, threads)
+    else:
+        player = _checkpoint_player(path, weights, device, run_file)
+    _check_finite(player, path)
+    return player
+
+
+def _check_finite(player: Player, path: Path) -> None:
+    """`UserError` naming `path` when the net's policy or value is NaN or inf on the parity positions (seeded
+    random games: ordinary positions, with pieces in hand and checks)."""
+    from tideborn.export.parity import parity_positions
+
+    policy, value = player.evaluate(*parity_positions())
+    for output, values in (("policy", policy), ("value", value)):
+        if not np.isfinite(values).all():
+            raise UserError(f"{path}: its {output} output is not finite on ordinary positions")
+
+
+def _checkpoint_player(path: Path, weights: str, device, run_file: bool) -> TorchPlayer:
     from tideborn.export.onnx_export import choose_weights, reference_module
     from tideborn.network.checkpoint import CheckpointError, load_checkpoint
 

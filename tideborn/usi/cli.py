@@ -1,9 +1,9 @@
 """`tideborn usi MODEL`: a checkpoint or an ONNX model as a USI engine on stdin and stdout (docs/match.md, "In a
 shogi GUI (USI)").
 
-The model is loaded, and one evaluation timed, before the first command is read: a missing file, a file that is
-not a checkpoint or a model with dlshogi's interface, or a bad argument is one line on stderr and exit status 2.
-The end of input is `quit`: exit status 0.
+The model is loaded before the first command is read: a missing file, a file that is not a checkpoint or a model
+with dlshogi's interface, or a bad argument is one line on stderr and exit status 2. The net is warmed up and timed
+at `isready`. The end of input is `quit`: exit status 0.
 """
 
 from __future__ import annotations

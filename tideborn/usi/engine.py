@@ -1,95 +1,64 @@
-"""The USI protocol of `tideborn usi`: commands read on the main thread, thinking in a worker thread, so stdin is
-always read (a `stop` or `quit` is heard while the engine thinks), and every line written whole under one lock.
+"""The USI protocol of `tideborn usi`: commands read on the main thread, the net run on one thinking thread for the
+whole session (its warm-up at `isready` and every search), so stdin is always read (a `stop` or `quit` is heard
+while the engine thinks), and every line written whole under one lock.
 
 What the engine does with each command, its options and its time rule: docs/match.md, "In a shogi GUI (USI)".
-A command it cannot use (an unknown command, a bad `position`, an unknown option or value) is answered with one
-`info string error: ...` line (also on stderr) and otherwise ignored: a GUI has no way to hear an exit status.
+A command it cannot use (an unknown command, a bad `position`, an unknown option or value, a negative limit) is
+answered with one `info string error: ...` line (also on stderr) and otherwise ignored: a GUI has no way to hear an
+exit status. The GUI's words are quoted there cut short and without control characters.
 """
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Callable, TextIO
 
 import cshogi
 
 from tideborn import __version__
 from tideborn.errors import UserError
-from tideborn.usi.thinking import Clock, Limits, Thinker, Thought, move_budget_ms
+from tideborn.usi.commands import REFUSED_GO, Go, Option, echo, error_text, parse_go
+from tideborn.usi.thinking import Limits, Thinker, Thought, move_budget_ms
 
 DEFAULT_NETWORK_DELAY_MS = 100
 """What the engine keeps back from every deadline for the GUI and the pipes (the NetworkDelay option)."""
 MAX_PLAYOUTS = 100_000_000
+class _ThinkingThread:
+    """The one thread that runs the net in a session: the warm-up at `isready` and every `go`, one at a time.
+    A backend keeps state per thread (torch's OpenMP team and thread count are set up by a thread's first forward
+    pass), so the thread that paid for that set-up, and whose latency was measured, is the thread that searches."""
 
+    def __init__(self, err: TextIO) -> None:
+        self.err = err
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name="usi-think", daemon=True)
+        self.thread.start()
 
-@dataclass
-class Option:
-    name: str
-    kind: str
-    """USI's option types used here: `check` or `spin`."""
-    default: int | bool
-    low: int = 0
-    high: int = 0
-
-    def declaration(self) -> str:
-        if self.kind == "check":
-            return f"option name {self.name} type check default {'true' if self.default else 'false'}"
-        return f"option name {self.name} type spin default {self.default} min {self.low} max {self.high}"
-
-    def parse(self, text: str) -> int | bool:
-        if self.kind == "check":
-            if text not in ("true", "false"):
-                raise UserError(f"option {self.name}: {text!r} is not true or false")
-            return text == "true"
-        try:
-            value = int(text)
-        except ValueError:
-            raise UserError(f"option {self.name}: {text!r} is not a whole number") from None
-        if not self.low <= value <= self.high:
-            raise UserError(f"option {self.name}: {value} is outside {self.low}..{self.high}")
-        return value
-
-
-@dataclass(frozen=True)
-class Go:
-    clock: Clock
-    nodes: int | None = None
-    infinite: bool = False
-    ponder: bool = False
-
-
-_GO_NUMBERS = ("btime", "wtime", "binc", "winc", "byoyomi", "nodes")
-
-
-def parse_go(tokens: list[str]) -> Go:
-    """The `go` command's limits; `UserError` for a field it cannot read (the engine then answers at once)."""
-    numbers: dict[str, int] = {}
-    flags = set()
-    index = 0
-    while index < len(tokens):
-        word = tokens[index]
-        if word in _GO_NUMBERS:
-            if index + 1 >= len(tokens):
-                raise UserError(f"go: {word} without a number")
+    def _serve(self) -> None:
+        while True:
+            job, done = self.jobs.get()
+            if job is None:
+                return
             try:
-                numbers[word] = int(tokens[index + 1])
-            except ValueError:
-                raise UserError(f"go: {word} {tokens[index + 1]!r} is not a whole number") from None
-            index += 2
-            continue
-        if word in ("infinite", "ponder"):
-            flags.add(word)
-        elif word == "mate":
-            raise UserError("go mate: this engine does not search for mates (no `go mate`)")
-        else:
-            raise UserError(f"go: unknown field {word!r}")
-        index += 1
-    clock = Clock(**{key: numbers[key] for key in ("btime", "wtime", "binc", "winc", "byoyomi") if key in numbers})
-    return Go(clock, numbers.get("nodes"), "infinite" in flags, "ponder" in flags)
+                job()
+            except Exception:  # noqa: BLE001 - a bug in a job: its traceback, and the thread serves the next
+                traceback.print_exc(file=self.err)
+            finally:
+                done.set()
+
+    def submit(self, job: Callable[[], None]) -> threading.Event:
+        """Run `job` on the thread after those before it; the event is set when it is done."""
+        done = threading.Event()
+        self.jobs.put((job, done))
+        return done
+
+    def close(self) -> None:
+        self.jobs.put((None, None))
+        self.thread.join()
 
 
 class Engine:
@@ -111,7 +80,11 @@ class Engine:
         self.thinker = think_with(playouts)
         self.board: cshogi.Board | None = cshogi.Board()
         self.write_lock = threading.Lock()
-        self.worker: threading.Thread | None = None
+        self.thinking_thread: _ThinkingThread | None = None
+        self.search_done: threading.Event | None = None
+        """Set when the `go` in progress has written its `bestmove`; None when none was started since."""
+        self.search_ends_itself = True
+        """Whether that `go` ends without a `stop` (a clock, a node limit), unlike `go infinite` and `go ponder`."""
         self.stop_event = threading.Event()
         self.ponderhit_event = threading.Event()
         self.ponderhit_time: float | None = None
@@ -124,8 +97,9 @@ class Engine:
             self.out.flush()
 
     def complain(self, message: str) -> None:
-        """A command the engine could not use: one line to the GUI and the same on stderr."""
-        message = " ".join(message.split())
+        """A command the engine could not use: one line to the GUI and the same on stderr, its words cut short and
+        without control characters (the words quoted are the GUI's: they may be anything)."""
+        message = error_text(message)
         self.say(f"info string error: {message}")
         print(f"tideborn usi: {message}", file=self.err, flush=True)
 
@@ -139,6 +113,9 @@ class Engine:
                     break
         finally:
             self.finish_thinking()
+            if self.thinking_thread is not None:
+                self.thinking_thread.close()
+                self.thinking_thread = None
         return 0
 
     def handle(self, line: str) -> bool:
@@ -154,7 +131,7 @@ class Engine:
             "stop": self.on_stop, "ponderhit": self.on_ponderhit, "gameover": self.on_gameover,
         }.get(command)
         if handler is None:
-            self.complain(f"unknown command {command!r}")
+            self.complain(f"unknown command {echo(command)}")
             return True
         try:
             handler(rest, line)
@@ -170,22 +147,36 @@ class Engine:
         self.say("usiok")
 
     def on_isready(self, rest, line) -> None:
-        self.finish_thinking()
-        self.say(f"info string {self.thinker.name}, measured latency {self.thinker.latency_ms:.1f} ms")
+        """Warm the net up and measure its latency on the thinking thread (once per thinker: USI lets `isready` take
+        its time); while a search runs, `readyok` at once and the search goes on, as USI asks."""
+        if self._thinking():
+            self.say("readyok")
+            return
+        thinker = self.thinker
+        self._thinking_thread().submit(lambda: self._warm_up(thinker)).wait()
+        if thinker.latency_ms is not None:
+            self.say(f"info string {thinker.name}, measured latency {thinker.latency_ms:.1f} ms")
         self.say("readyok")
+
+    def _warm_up(self, thinker: Thinker) -> None:
+        try:
+            thinker.warm_up()
+        except Exception:  # noqa: BLE001 - a bug: its traceback on stderr; the GUI still hears readyok
+            traceback.print_exc(file=self.err)
+            self.complain("warming the net up failed (a bug: the traceback is on stderr)")
 
     def on_setoption(self, rest, line) -> None:
         if len(rest) < 2 or rest[0] != "name":
-            raise UserError(f"setoption: expected 'setoption name NAME value VALUE'; got {line.strip()!r}")
+            raise UserError(f"setoption: expected 'setoption name NAME value VALUE'; got {echo(line.strip())}")
         cut = rest.index("value") if "value" in rest else len(rest)
         name, value = " ".join(rest[1:cut]), " ".join(rest[cut + 1:])
         option = self.options.get(name.lower())
         if option is None:
             known = ", ".join(option.name for option in self.options.values())
-            raise UserError(f"setoption: no option {name!r} (options: {known})")
+            raise UserError(f"setoption: no option {echo(name)} (options: {known})")
         parsed = option.parse(value)
         if option.name == "Playouts":
-            self.finish_thinking()
+            self.settle_thinking()
             self.thinker = self.think_with(int(parsed))  # refused before the value is kept
         self.values[option.name.lower()] = parsed
 
@@ -198,7 +189,7 @@ class Engine:
     def on_position(self, rest, line) -> None:
         from tideborn.match.openings import board_of_position
 
-        self.finish_thinking()
+        self.settle_thinking()
         self.board = None  # a position that cannot be read leaves none: `go` then resigns rather than guess
         self.board = board_of_position(" ".join(rest), "position")
 
@@ -207,43 +198,63 @@ class Engine:
 
     def on_ponderhit(self, rest, line) -> None:
         self.ponderhit_time = time.monotonic()
+        self.search_ends_itself = True  # it thinks on the clock from now
         self.ponderhit_event.set()
 
     def on_go(self, rest, line) -> None:
-        received = time.monotonic()
-        self.finish_thinking()
+        self.settle_thinking()
+        received = time.monotonic()  # the clock starts once the engine can think (a previous go has answered)
         try:
             go = parse_go(rest)
         except UserError as exc:
             self.complain(str(exc))
-            go = Go(Clock(byoyomi=0))
+            go = REFUSED_GO
         self.stop_event = threading.Event()
         self.ponderhit_event = threading.Event()
         self.ponderhit_time = None
         board = self.board.copy() if self.board is not None else None
-        self.worker = threading.Thread(target=self._think, args=(board, go, received), name="usi-think",
-                                       daemon=True)
-        self.worker.start()
+        thinker = self.thinker
+        self.search_ends_itself = not (go.infinite or go.ponder)
+        self.search_done = self._thinking_thread().submit(lambda: self._think(thinker, board, go, received))
+
+    def _thinking_thread(self) -> _ThinkingThread:
+        if self.thinking_thread is None:
+            self.thinking_thread = _ThinkingThread(self.err)
+        return self.thinking_thread
+
+    def _thinking(self) -> bool:
+        return self.search_done is not None and not self.search_done.is_set()
 
     def finish_thinking(self) -> None:
-        """Stop a search in progress and wait for its `bestmove` (sent, as USI asks, even when stopped)."""
-        if self.worker is not None:
+        """Stop a search in progress and wait for its `bestmove` (sent, as USI asks, even when stopped): `quit`,
+        the end of input, `usinewgame`, `gameover`."""
+        if self.search_done is not None:
             self.stop_event.set()
             self.ponderhit_event.set()
-            self.worker.join()
-            self.worker = None
+            self.search_done.wait()
+            self.search_done = None
+
+    def settle_thinking(self) -> None:
+        """Before a command that changes what the engine thinks about (`position`, `go`, `setoption Playouts`):
+        a search that ends by itself (its clock, its node limit) is waited for, never cut short, so a GUI or a script
+        that sends its next commands early still gets the search it asked for; `go infinite` and `go ponder`,
+        which would wait for a `stop` that cannot be read meanwhile, are stopped."""
+        if self.search_done is not None and self.search_ends_itself:
+            self.search_done.wait()
+        self.finish_thinking()
 
     # thinking (the worker thread) ---------------------------------------------------------------------------
 
-    def _limits(self, go: Go, turn: int, started: float) -> Limits:
+    def _limits(self, thinker: Thinker, go: Go, turn: int, started: float) -> Limits:
         playouts = go.nodes
-        budget = move_budget_ms(go.clock, turn, self.values["networkdelay"] + 2 * self.thinker.latency_ms)
+        budget = move_budget_ms(go.clock, turn, self.values["networkdelay"] + 2 * (thinker.latency_ms or 0.0))
         deadline = None if budget is None else started + budget / 1000
         return Limits(deadline=deadline, playouts=playouts)
 
-    def _think(self, board: cshogi.Board | None, go: Go, received: float) -> None:
+    def _think(self, thinker: Thinker, board: cshogi.Board | None, go: Go, received: float) -> None:
         try:
-            answer = self._bestmove(board, go, received)
+            self._warm_up(thinker)  # nothing to do after isready; without one, this move pays for it
+            answer = self._bestmove(thinker, board, go, received)
         except BrokenPipeError:
             self.stop_event.set()  # the GUI is gone; the main thread sees the end of input
             return
@@ -256,7 +267,7 @@ class Engine:
         except BrokenPipeError:
             self.stop_event.set()
 
-    def _bestmove(self, board: cshogi.Board | None, go: Go, received: float) -> str:
+    def _bestmove(self, thinker: Thinker, board: cshogi.Board | None, go: Go, received: float) -> str:
         if board is None:
             self._wait_for_release(go)
             return "bestmove resign"
@@ -266,20 +277,20 @@ class Engine:
         if board.is_game_over():
             self._wait_for_release(go)
             return "bestmove resign"
-        started = time.monotonic()
+        started = received  # `info time` counts from the go, as the deadline does
         if go.ponder:
             # Ponder until the GUI says which: `stop` (the guess was wrong; any answer will do) or `ponderhit`
             # (think again on the real clock, which starts now).
             either = _Either(self.stop_event, self.ponderhit_event)
-            thought = self._run(board, Limits(playouts=go.nodes, until_stopped=True), either, started)
+            thought = self._run(thinker, board, Limits(playouts=go.nodes, until_stopped=True), either, started)
             either.wait()
             if self.stop_event.is_set() or self.ponderhit_time is None:
                 return self._answer(thought)
             started = self.ponderhit_time
             go = Go(go.clock, go.nodes)
         limits = (Limits(playouts=go.nodes, until_stopped=True) if go.infinite
-                  else self._limits(go, board.turn, received))
-        thought = self._run(board, limits, self.stop_event, started)
+                  else self._limits(thinker, go, board.turn, started))
+        thought = self._run(thinker, board, limits, self.stop_event, started)
         if go.infinite:
             self.stop_event.wait()  # USI: after `go infinite`, bestmove only once `stop` comes
         return self._answer(thought)
@@ -290,11 +301,11 @@ class Engine:
         elif go.ponder:
             _Either(self.stop_event, self.ponderhit_event).wait()
 
-    def _run(self, board, limits: Limits, stop, started: float) -> Thought:
+    def _run(self, thinker: Thinker, board, limits: Limits, stop, started: float) -> Thought:
         def info(thought: Thought) -> None:
             self.say(self._info_line(thought, started))
 
-        thought = self.thinker.think(board, limits, stop, info)
+        thought = thinker.think(board, limits, stop, info)
         self.say(self._info_line(thought, started))
         return thought
 

@@ -1,13 +1,14 @@
-"""An engine made ready to speak USI: the model loaded (`tideborn.match.players.load_player`), its latency measured,
-and the thinker chosen for a number of playouts."""
+"""An engine made ready to speak USI: the model loaded (`tideborn.match.players.load_player`) and the thinker chosen
+for a number of playouts. The net is warmed up and its latency measured later, at `isready`, on the thread that
+thinks (`Thinker.warm_up`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tideborn.match.search import DEFAULT_BATCH, Searcher
+from tideborn.match.search import Searcher
 from tideborn.usi.engine import Engine
-from tideborn.usi.thinking import PolicyThinker, SearchThinker, Thinker, measure_latency_ms
+from tideborn.usi.thinking import PolicyThinker, SearchThinker, Thinker
 
 
 def open_engine(model: Path, *, playouts: int = 1, threads: int | None = None, device: str = "cpu",
@@ -22,12 +23,11 @@ def open_engine(model: Path, *, playouts: int = 1, threads: int | None = None, d
         torch.set_num_threads(threads)
     player = load_player(model, weights=weights, device=choose_device(device), onnx_value=onnx_value,
                          threads=threads)
-    policy = PolicyThinker(player, measure_latency_ms(player))
+    policy = PolicyThinker(player)
     searcher = Searcher(player)
-    batch_latency_ms = measure_latency_ms(player, DEFAULT_BATCH)
 
     def think_with(count: int) -> Thinker:
-        return policy if count <= 1 else SearchThinker(searcher, count, batch_latency_ms)
+        return policy if count <= 1 else SearchThinker(searcher, count)
 
     return Engine(_name(model, player.info), think_with, playouts=playouts)
 

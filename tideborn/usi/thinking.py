@@ -3,7 +3,8 @@
 `PolicyThinker` plays the net's policy alone (`--playouts 0` or `1`): the legal move with the largest policy
 logit, its value as the score; a mate in one (`mate_in_one`: cshogi's `mate_move_in_1ply`, out of check) is
 always taken. `SearchThinker` runs the PUCT search of `tideborn.match.search` (`--playouts N` > 1).
-`move_budget_ms` is the time rule the engine keeps to (docs/match.md, "In a shogi GUI (USI)").
+`move_budget_ms` is the time rule the engine keeps to (docs/match.md, "In a shogi GUI (USI)"); a thinker's
+`warm_up`, run at `isready` on the thread that thinks, measures the latency the rule keeps back.
 """
 
 from __future__ import annotations
@@ -59,7 +60,12 @@ class Limits:
 
 class Thinker(Protocol):
     name: str
-    latency_ms: float
+    latency_ms: float | None
+    """What one step of thinking costs (`measure_latency_ms`), kept back from each deadline; None until `warm_up`."""
+
+    def warm_up(self) -> None:
+        """Run the net until the backends' lazy set-up is paid, then measure `latency_ms` (once), on the calling
+        thread: backends set up per thread, so it must be the thread that will think."""
 
     def think(self, board: cshogi.Board, limits: Limits, stop: threading.Event,
               on_info: Callable[[Thought], None]) -> Thought:
@@ -71,11 +77,15 @@ class Thinker(Protocol):
 class PolicyThinker:
     player: object
     """A `tideborn.match.players.Player`."""
-    latency_ms: float = 0.0
-    """One move's measured time (`measure_latency_ms`), kept back from each deadline."""
+    latency_ms: float | None = None
+    """One move's measured time (`measure_latency_ms`), kept back from each deadline; None until `warm_up`."""
     name: str = "policy"
     features1: np.ndarray = field(default_factory=lambda: np.zeros((1, FEATURES1_NUM, 9, 9), dtype=np.float32))
     features2: np.ndarray = field(default_factory=lambda: np.zeros((1, FEATURES2_NUM, 9, 9), dtype=np.float32))
+
+    def warm_up(self) -> None:
+        if self.latency_ms is None:
+            self.latency_ms = measure_latency_ms(self.player)
 
     def evaluate(self, board: cshogi.Board) -> tuple[np.ndarray, float]:
         make_input_features(board, self.features1[0], self.features2[0])
@@ -98,9 +108,14 @@ class SearchThinker:
     """The PUCT search (`tideborn.match.search.Searcher`), playouts bounded by the limits."""
     searcher: object
     playouts: int
-    latency_ms: float = 0.0
-    """One batch of the search's leaves, measured: a search looks at the clock between batches."""
+    latency_ms: float | None = None
+    """One batch of the search's leaves, measured: a search looks at the clock between batches; None until
+    `warm_up`."""
     name: str = "search"
+
+    def warm_up(self) -> None:
+        if self.latency_ms is None:
+            self.latency_ms = measure_latency_ms(self.searcher.player, self.searcher.batch_size)
 
     def think(self, board, limits, stop, on_info) -> Thought:
         mate = mate_in_one(board)
@@ -161,12 +176,15 @@ def move_budget_ms(clock: Clock, turn: int, margin_ms: float) -> float | None:
 def measure_latency_ms(player, batch: int = 1, repeats: int = 5) -> float:
     """One forward pass of `batch` start positions with their features made (what a move costs the policy, or
     what a search may overrun its deadline by: it looks at the clock between batches), warm, in milliseconds:
-    the median of a few, since a shared machine's odd slow run says little about the next."""
+    the median of a few, since a shared machine's odd slow run says little about the next. Run it on the thread
+    that will think: torch sets up its OpenMP team per thread, and on a busy 2-core machine a 2x32's batch of 16
+    took 80-500 ms on the main thread (two torch threads) against 8-10 ms on another."""
     board = cshogi.Board()
     features1 = np.zeros((batch, FEATURES1_NUM, 9, 9), dtype=np.float32)
     features2 = np.zeros((batch, FEATURES2_NUM, 9, 9), dtype=np.float32)
-    for _ in range(2):  # the first runs pay for allocations and the backends' lazy initialisation
-        player.evaluate(features1, features2)
+    for size in sorted({1, batch}):  # a search's root is one position, its leaves a batch
+        for _ in range(2):  # the first runs pay for allocations and the backends' lazy initialisation
+            player.evaluate(features1[:size], features2[:size])
     times = []
     for _ in range(repeats):
         started = time.perf_counter()

@@ -14,6 +14,23 @@
 #   TIDEBORN_SETUP_VERBOSE=1        stream pip output instead of logging it to .venv/tideborn-setup.log
 set -euo pipefail
 
+# Ctrl-C at any moment: one line, exit status 130. It reaches the whole foreground job: the command running (pip,
+# python) ends, its words going to $LOG or nowhere, and this runs once it has: not pip's log, nor a "failed". The
+# stamps are written last, so an interrupted setup is finished by the next run.
+CHANGING=0  # 1 once .venv is being changed (the stamp removed first, written again only when all is done)
+interrupted() {
+    trap - INT
+    [[ -z "${REPORT:-}" ]] || rm -f "$REPORT"
+    [[ ! -t 2 ]] || printf '\r\033[K' >&2  # over the terminal's ^C
+    if [[ $CHANGING == 1 ]]; then
+        echo "setup.sh: interrupted (Ctrl-C); .venv is not finished: run scripts/setup.sh again" >&2
+    else
+        echo "setup.sh: interrupted (Ctrl-C); .venv left as it was" >&2
+    fi
+    exit 130
+}
+trap interrupted INT
+
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$ROOT"
 
@@ -91,6 +108,7 @@ loops_value() {
 }
 build_loops() {  # ahead of time, else numba's JIT compiled instead: then one line on stderr says why
     local said
+    CHANGING=1  # the loops' stamp is written once they are built
     if ! said="$("$VPY" -m tideborn.data.native build 2>&1 >> "$LOG")"; then
         [[ -z "$said" ]] || echo "$said" >&2
         die "building the compiled data loops failed (full log: $LOG)"
@@ -116,6 +134,11 @@ if have flock; then
 fi
 
 say "torch flavour: $FLAVOUR ($WHY)"
+
+begin_changes() {  # from here .venv changes: no stamp says it is set up until `finish` writes it again
+    CHANGING=1
+    rm -f "$STAMP"
+}
 
 PYTORCH_REACHABLE=""
 pytorch_index_reachable() {  # cached quick probe (~5 s max) of the PyTorch wheel index
@@ -162,7 +185,7 @@ fi
 if [[ $USE_UV == 1 ]]; then
     say "installing with: uv sync --extra $FLAVOUR (project + dev group + torch from the PyTorch $FLAVOUR index)"
     [[ -z "${TIDEBORN_TORCH_VERSION:-}" ]] || say "note: TIDEBORN_TORCH_VERSION is ignored by uv (torch comes from pyproject.toml/uv.lock)"
-    rm -f "$STAMP"
+    begin_changes
     UV_PROJECT_ENVIRONMENT="$ROOT/$VENV" uv sync --extra "$FLAVOUR"
     venv_ok || die "uv sync finished but torch/tideborn are not importable from $VENV"
     finish
@@ -193,16 +216,23 @@ pick_python() {
     return 1
 }
 
+make_venv() {  # make_venv ARGS...: python -m venv, what it says shown only if it fails (never a Ctrl-C's traceback)
+    local said
+    said="$("$PY" -m venv "$@" 2>&1)" || { echo "$said" >&2; die "making $VENV with $PY failed"; }
+}
+
 if [[ -x "$VPY" ]] && "$VPY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; then
-    say "venv: reusing $VENV ($("$VPY" -c 'import platform; print(platform.python_version())'))"
+    begin_changes
+    say "venv: reusing $VENV ($("$VPY" -c 'import platform; print(platform.python_version())' 2>/dev/null))"
 else
     PY="$(pick_python)" || die "need Python >= 3.11 with the venv module (set TIDEBORN_PYTHON=/path/to/python3.11+)"
+    begin_changes
     if [[ -e "$VENV" ]]; then
         say "venv: $VENV is broken or too old, recreating it with $PY"
-        "$PY" -m venv --clear "$VENV"
+        make_venv --clear "$VENV"
     else
-        say "venv: creating $VENV with $PY ($("$PY" -c 'import platform; print(platform.python_version())'))"
-        "$PY" -m venv "$VENV"
+        say "venv: creating $VENV with $PY ($("$PY" -c 'import platform; print(platform.python_version())' 2>/dev/null))"
+        make_venv "$VENV"
     fi
 fi
 : > "$LOG"
@@ -269,7 +299,7 @@ acceptable() {  # acceptable KIND VERSION: is an installed torch of this kind/ve
 
 installed_torch() {  # sets CUR_KIND CUR_VERSION from the venv
     local out
-    out="$("$VPY" -c "$TORCH_KIND_PY" installed)" || die "could not inspect the torch installed in $VENV"
+    out="$("$VPY" -c "$TORCH_KIND_PY" installed 2>>"$LOG")" || die "could not inspect the torch installed in $VENV (see $LOG)"
     read -r CUR_KIND CUR_VERSION _ <<< "$out"
 }
 
@@ -292,9 +322,10 @@ else
         REPORT="$VENV/tideborn-torch-report.json"
         run_logged "resolving $WANT" "$VPY" -m pip install --dry-run --quiet --ignore-installed \
             --report "$REPORT" ${INDEX_ARGS[@]+"${INDEX_ARGS[@]}"} "$WANT"
-        OUT="$("$VPY" -c "$TORCH_KIND_PY" report "$REPORT")" || die "could not read pip's report $REPORT"
+        OUT="$("$VPY" -c "$TORCH_KIND_PY" report "$REPORT" 2>>"$LOG")" || die "could not read pip's report $REPORT (see $LOG)"
         read -r NEW_KIND NEW_VERSION NEW_DETAIL <<< "$OUT"
         rm -f "$REPORT"
+        REPORT=""
         [[ "$NEW_KIND" != none ]] || die "pip resolved $WANT to nothing?! (see $LOG)"
         if [[ "$FLAVOUR" == cpu && "$NEW_KIND" == cuda ]]; then
             if [[ "$ALLOW_CUDA" == 1 ]]; then
@@ -316,7 +347,6 @@ EOF
             say "         torch will not use the GPU. With internet access use: uv sync --extra cu129"
         fi
     fi
-    rm -f "$STAMP"
     if [[ "$CUR_KIND" != none ]]; then
         say "torch: removing unsuitable torch $CUR_VERSION ($CUR_KIND build)"
         REMOVE=(torch)
@@ -326,7 +356,7 @@ EOF
             REMOVE+=($("$VPY" -c '
 import importlib.metadata as md
 names = {(d.metadata["Name"] or "").lower() for d in md.distributions()}
-print(" ".join(sorted(n for n in names if (n.startswith(("nvidia-", "cuda-")) or n == "triton") and n != "nvidia-ml-py")))'))
+print(" ".join(sorted(n for n in names if (n.startswith(("nvidia-", "cuda-")) or n == "triton") and n != "nvidia-ml-py")))' 2>>"$LOG"))
         fi
         run_logged "uninstalling ${REMOVE[*]}" "$VPY" -m pip uninstall -y "${REMOVE[@]}"
     fi
@@ -340,7 +370,6 @@ print(" ".join(sorted(n for n in names if (n.startswith(("nvidia-", "cuda-")) or
 fi
 
 say "project: pip install -e . --group dev"
-rm -f "$STAMP"
 run_logged "installing the project" "$VPY" -m pip install -e . --group dev
 venv_ok || die "install finished but torch/tideborn are not importable from $VENV (see $LOG)"
 finish

@@ -11,6 +11,7 @@ import textwrap
 from dataclasses import dataclass
 
 from tideborn import __version__
+from tideborn.errors import run_reporting_ctrl_c
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,13 @@ def usage(prog: str = "tideborn") -> str:
 
 def main(argv: list[str] | None = None, prog: str = "tideborn") -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Ctrl-C at any moment is one line and exit status 130, during the command's imports too: each command says
+    # it in its own words, and a Ctrl-C that escapes one (or lands while its module loads) is said here.
+    program = f"{prog} {argv[0]}" if argv and argv[0] in BY_NAME else prog
+    return run_reporting_ctrl_c(lambda: dispatch(argv, prog), program)
+
+
+def dispatch(argv: list[str], prog: str = "tideborn") -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(prog), file=sys.stdout if argv else sys.stderr)  # asked-for help is output; a bare call, a mistake
         return 0 if argv else 2

@@ -222,3 +222,43 @@ def test_a_cpu_run_records_the_threads_it_chose(tmp_path):
     assert done.returncode == 0, done.stderr
     [started] = [e for e in events_of(run_dir) if e["kind"] == "run_started"]
     assert 1 <= started["cpu_threads"] <= len(os.sched_getaffinity(0))
+
+
+def test_ctrl_c_is_one_line_where_an_import_swallowed_its_keyboard_interrupt_and_a_bug_is_a_traceback(capsys):
+    """A real SIGINT in this process. cshogi's module init turns a Ctrl-C that lands in numpy's import into
+    `numpy.core.multiarray failed to import`: an ImportError with no cause or context. The one line still; and
+    an error chained from a KeyboardInterrupt. The same ImportError with no Ctrl-C is a bug: raised as it is."""
+    import signal
+
+    from tideborn.errors import run_reporting_ctrl_c
+
+    def swallowed() -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the KeyboardInterrupt is raised as it returns
+            raise AssertionError("no KeyboardInterrupt")
+        except KeyboardInterrupt:
+            pass  # as the C extension's init does, leaving no trace of it
+        raise ImportError("numpy.core.multiarray failed to import")
+
+    def chained() -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            raise AssertionError("no KeyboardInterrupt")
+        except KeyboardInterrupt as exc:
+            raise ImportError("failed to import") from exc
+
+    def bug() -> int:
+        raise ImportError("numpy.core.multiarray failed to import")
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal's foreground job
+    try:
+        assert run_reporting_ctrl_c(swallowed, "tideborn data convert") == 130
+        assert run_reporting_ctrl_c(chained, "tideborn data split") == 130
+        with pytest.raises(ImportError, match="failed to import"):
+            run_reporting_ctrl_c(bug, "tideborn data convert")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back as it was
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert capsys.readouterr().err.splitlines() == [
+        "tideborn data convert: interrupted (Ctrl-C); nothing half-written is left",
+        "tideborn data split: interrupted (Ctrl-C); nothing half-written is left"]

@@ -1,5 +1,14 @@
+"""`python -m tideborn.data`: the data tools, Ctrl-C reported as one line, during their imports too."""
+
 import sys
 
-from tideborn.data.cli import main
+from tideborn.errors import run_reporting_ctrl_c
 
-sys.exit(main())
+
+def command() -> int:
+    from tideborn.data.cli import main
+
+    return main()
+
+
+sys.exit(run_reporting_ctrl_c(command, "python -m tideborn.data"))

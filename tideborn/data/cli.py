@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from tideborn.cliparser import OneLineParser
-from tideborn.errors import UserError, report_interrupted, report_user_error
+from tideborn.errors import UserError, report_user_error, run_reporting_ctrl_c
 
 VERIFY_FOUND_BAD = 1
 
@@ -139,11 +139,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m tideborn.data") -
     args = build_parser(prog).parse_args(argv)
     handler = {"inspect": command_inspect, "verify": command_verify, "convert": command_convert,
                "split": command_split}[args.command]
-    try:
-        return handler(args)
-    except UserError as exc:
-        return report_user_error(exc, f"{prog} {args.command}")
-    except KeyboardInterrupt:
-        return report_interrupted(f"{prog} {args.command}")
-    except BrokenPipeError:
-        return 0
+    program = f"{prog} {args.command}"
+
+    def run() -> int:
+        try:
+            return handler(args)
+        except UserError as exc:
+            return report_user_error(exc, program)
+        except BrokenPipeError:
+            return 0
+
+    # Ctrl-C at any moment, numpy's and cshogi's imports included, is one line (errors.run_reporting_ctrl_c)
+    return run_reporting_ctrl_c(run, program)

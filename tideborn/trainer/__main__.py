@@ -1,9 +1,18 @@
+"""`python -m tideborn.trainer`: the trainer's commands, Ctrl-C reported as one line, during their imports too."""
+
 import os
 import sys
 
-from tideborn.trainer.cli import main
+from tideborn.errors import run_reporting_ctrl_c
 
-code = main()
+
+def command() -> int:
+    from tideborn.trainer.cli import main
+
+    return main()
+
+
+code = run_reporting_ctrl_c(command, "python -m tideborn.trainer")
 if int(os.environ.get("WORLD_SIZE", "1")) > 1:
     # A torchrun rank, done: its process group is destroyed and its files are closed. It leaves without the
     # interpreter's teardown, in which a C++ thread of the distributed backend still joinable could end the

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from tideborn.errors import UserError, report_user_error
+from tideborn.errors import Interrupted, UserError, caused_by_ctrl_c, report_user_error, run_reporting_ctrl_c
 from tideborn.trainer.options import build_parser
 
 
@@ -62,14 +62,21 @@ def require_chosen_settings(args: argparse.Namespace) -> None:
                         f"(about 20 h on a CPU)")
 
 
+NOTHING_WRITTEN = " before the first step; nothing was written"
+"""What Ctrl-C during `train`'s start-up leaves, before the trainer takes its run directory."""
+
+
 def command_train(args: argparse.Namespace) -> int:
-    from tideborn.rundir.lock import refuse_if_held
-    from tideborn.trainer.preflight import preflight
-    from tideborn.trainer.rank import dist_env
     from tideborn.trainer.signals import StopRequest
 
-    stop = StopRequest().install()  # before torch loads: a SIGTERM during start-up still stops cleanly
+    # Before torch loads: a SIGTERM during start-up still stops cleanly, and a Ctrl-C ends it at once (nothing
+    # written yet) until the trainer takes the run directory, after which it stops the run (trainer/signals.py).
+    stop = StopRequest().install(ctrl_c_interrupts=True)
     try:
+        from tideborn.rundir.lock import refuse_if_held
+        from tideborn.trainer.preflight import preflight
+        from tideborn.trainer.rank import dist_env
+
         require_chosen_settings(args)
         resolved = resolve(args)
         env = dist_env()
@@ -82,6 +89,10 @@ def command_train(args: argparse.Namespace) -> int:
 
         return run_training(resolved, resume=args.resume, fresh=args.fresh, stop_at_step=args.stop_at_step,
                             argv=[sys.executable, "-m", "tideborn.trainer", *sys.argv[1:]], stop=stop, env=env)
+    except (Exception, KeyboardInterrupt) as exc:
+        if stop.ctrl_c_interrupts and caused_by_ctrl_c(exc):
+            raise Interrupted(NOTHING_WRITTEN) from exc
+        raise
     finally:
         stop.uninstall()
 
@@ -89,9 +100,14 @@ def command_train(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None, prog: str = "python -m tideborn.trainer") -> int:
     args = build_parser(prog).parse_args(argv)
     handler = {"summary": command_summary, "train": command_train, "config": command_config}[args.command]
-    try:
-        return handler(args)
-    except UserError as exc:
-        return report_user_error(exc, f"{prog} {args.command}")  # as argparse names it: `tideborn train`
-    except BrokenPipeError:
-        return 0
+    program = f"{prog} {args.command}"  # as argparse names it: `tideborn train`
+
+    def run() -> int:
+        try:
+            return handler(args)
+        except UserError as exc:
+            return report_user_error(exc, program)
+        except BrokenPipeError:
+            return 0
+
+    return run_reporting_ctrl_c(run, program)

@@ -1,7 +1,11 @@
 """Graceful stop on SIGTERM/SIGINT (no torch here, so it can be installed before torch loads).
 
-The first signal only sets `reason`: the loop finishes its step, checkpoints, writes `run_stopped` and
-exits 0. A stop is then in progress, and no later signal may cut its checkpoint short:
+During start-up, until the trainer takes its run directory (`defer_ctrl_c`), Ctrl-C (SIGINT) ends the process at
+once, as in any tool: nothing of the run has been written, nor is there anything to save, so there is nothing to
+wait for (teacher-data caches built meanwhile are written whole or not at all).
+The first signal after that (and a SIGTERM at any time) only sets `reason`: the loop finishes its step,
+checkpoints, writes `run_stopped` and exits 0 (a Ctrl-C before the first step: `run_stopped` and exit 130, no
+checkpoint). A stop is then in progress, and no later signal may cut its checkpoint short:
 
 - a further SIGTERM (a second `train_run stop`, a second `kill`, the TUI's stop) is ignored: it is noted
   on stderr and in the events, and the stop goes on. SIGKILL is the way to end the process at once.
@@ -22,6 +26,8 @@ import signal
 import time
 import typing
 
+from tideborn.errors import interrupt
+
 Listener = typing.Callable[[str, dict], None]
 """Called from the signal handler with an event kind (`stop_requested` or `warning`) and its fields."""
 
@@ -37,8 +43,14 @@ class StopRequest:
         self._saving = 0
         self._listener: Listener | None = None
         self._previous: dict[int, object] = {}
+        self.ctrl_c_interrupts = False
+        """Ctrl-C raises KeyboardInterrupt (`errors.interrupt`) instead of asking for a stop: start-up."""
+        self._interrupted = False
 
-    def install(self) -> StopRequest:
+    def install(self, ctrl_c_interrupts: bool = False) -> StopRequest:
+        """Handle SIGTERM and SIGINT from now on; with `ctrl_c_interrupts`, SIGINT interrupts at once until
+        `defer_ctrl_c` (the trainer's start-up, before it writes anything)."""
+        self.ctrl_c_interrupts = ctrl_c_interrupts
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -48,6 +60,15 @@ class StopRequest:
             signal.signal(sig, handler)
         self._previous.clear()
         self._listener = None
+
+    def defer_ctrl_c(self) -> None:
+        """The trainer takes its run directory: from now on Ctrl-C asks for a stop, which writes the attempt's
+        terminal event (before the first step, the trainer then exits 130), never an interrupted write.
+        A Ctrl-C of the start-up that something swallowed is raised again here, before anything is written: torch's
+        module init clears a KeyboardInterrupt raised in numpy's import and goes on without numpy."""
+        if self.ctrl_c_interrupts and self._interrupted:
+            interrupt()
+        self.ctrl_c_interrupts = False
 
     def listen(self, listener: Listener | None) -> None:
         """Tell `listener` about stop signals from now on; a stop asked for before is told at once."""
@@ -65,6 +86,9 @@ class StopRequest:
             self._saving -= 1
 
     def _handle(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGINT and self.ctrl_c_interrupts:
+            self._interrupted = True
+            interrupt(signum, frame)
         name = signal.Signals(signum).name
         if self.reason is None:
             self.reason, self.requested_at = name, time.time()

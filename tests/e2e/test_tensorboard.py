@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
@@ -29,10 +33,12 @@ from tests.helpers.common import (
     wait_until,
 )
 from tests.helpers.data import SAMPLE_GAMES
+from tests.helpers.reliability import wait_for
 from tideborn.cli import main as tideborn
 from tideborn.data.convert import convert_games
 from tideborn.data.split import split_games
 from tideborn.rundir.events import EventWriter
+from tideborn.rundir.files import PidRecord, boot_relative_start, this_host
 from tideborn.tools.tensorboard_scalars import SCALARS_FILE
 from tideborn.trainer.cli import main as trainer
 
@@ -249,3 +255,53 @@ def test_bad_places_are_one_line_each(template_run, tmp_path, capsys):
     assert_user_error(capsys.readouterr().err, rf"--logdir {taken}: not a directory")
     assert tideborn(["run", "tensorboard", "--out-dir", str(tmp_path / "missing")]) == 3
     assert_user_error(capsys.readouterr().err, r"missing: no such directory")
+
+
+def looks_live(run_dir: Path, pid: int) -> None:
+    """A run directory whose trainer is `pid`, as `start` records it: status calls it running while `pid` lives."""
+    run_dir.mkdir(parents=True)
+    me = psutil.Process(pid)
+    record = PidRecord(pid=pid, start_time=me.create_time(), host=this_host(), argv=["x"], started_at=time.time(),
+                       **boot_relative_start(pid))
+    (run_dir / "train.pid").write_text(json.dumps(record.to_dict()))
+    with EventWriter(run_dir / "events.jsonl") as writer:
+        writer.emit("run_started", step=0, pid=pid, host=this_host(), max_steps=1000)
+        writer.emit("step", step=1, loss=2.0, policy_loss=1.5, value_loss=0.5, lr=0.1)
+
+
+def test_follow_says_so_and_exits_3_when_the_run_directory_is_renamed_away_or_removed(tmp_path):
+    """The run goes on (its trainer, a stand-in here, lives throughout): only its directory leaves the path followed.
+    Neither an end of the run nor a reason to wait for one there."""
+    trainer_stand_in = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); "
+                                         "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    followers: dict[str, subprocess.Popen] = {}
+    try:
+        assert trainer_stand_in.stdout is not None and trainer_stand_in.stdout.readline() == "ready\n"
+        for how in ("renamed", "removed"):
+            looks_live(tmp_path / how, trainer_stand_in.pid)
+            followers[how] = subprocess.Popen([*COMMAND, "--out-dir", str(tmp_path / how), "--follow"], cwd=tmp_path,
+                                              env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True)
+        for how, follower in followers.items():
+            board = tmp_path / how / "tensorboard" / SCALARS_FILE
+            wait_for(lambda: board.exists() or follower.poll() is not None, f"the {how} run's converted file")
+            assert follower.poll() is None, follower.communicate()
+        (tmp_path / "renamed").rename(tmp_path / "elsewhere")
+        shutil.rmtree(tmp_path / "removed")
+        for how, follower in followers.items():
+            # Checked at least once a second: the timeout only keeps a follower that never notices from hanging
+            # the suite (the state waited for is its exit), generous for a busy machine.
+            out, err = follower.communicate(timeout=120)
+            assert follower.returncode == 3, (how, out, err)
+            assert_user_error(err, rf"^tideborn run tensorboard: error: {re.escape(str(tmp_path / how))}: the run "
+                                   r"directory is gone \(removed or renamed away\); stopped following it after 4 "
+                                   r"scalars$")
+            assert "wrote" not in out
+        assert trainer_stand_in.poll() is None  # the run had not ended: the directory going is what was noticed
+    finally:
+        for process in (*followers.values(), trainer_stand_in):
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+    # what was converted went with the directory, whole
+    assert points(read_back(tmp_path / "elsewhere" / "tensorboard"), "train/loss") == [(1, 2.0)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shlex
 import stat
 import time
 import typing
@@ -242,7 +243,8 @@ def _check_owned(path: Path, info: os.stat_result, what: str, check_mode: bool =
     if check_mode and writable_by_others(info):
         mode = stat.S_IMODE(info.st_mode)
         raise UserError(f"runtime.out_dir: {what} {path} is writable by others (mode {mode:o}), who could swap "
-                        f"its checkpoints or plant links in it: chmod go-w {path}, or choose another runtime.out_dir")
+                        f"its checkpoints or plant links in it: {shlex.join(['chmod', 'go-w', str(path)])}, or choose "
+                        "another runtime.out_dir")
 
 
 def check_run_dir(run_dir: Path) -> None:

@@ -27,8 +27,9 @@ RUN_FILE = "run_file"
 GRADIENT = "gradient"
 EVENTS_GONE = "events_gone"
 RESTARTED = "restarted"
+ORPHANED = "orphaned"
 RULES = (NONFINITE_LOSS, DIVERGENCE, RUN_FAILED, VANISHED, STALLED, CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK,
-         RUN_FILE, GRADIENT, EVENTS_GONE, RESTARTED)
+         RUN_FILE, GRADIENT, EVENTS_GONE, RESTARTED, ORPHANED)
 LOG_RULES = (CUDA_OOM, CUDA_ERROR, NCCL_ERROR, TRACEBACK)
 
 LOSS_FIELDS = ("loss", "policy_loss", "value_loss")
@@ -403,6 +404,15 @@ def vanished(facts: ProcessFacts, ended: bool, now: float, start_time: float | N
     else:
         why += "; it wrote no event (see train.log)"
     return Anomaly(VANISHED, why, evidence, now)
+
+
+def orphaned(launcher_pid: int, trainer_pid: int, stop_command: str, now: float) -> Anomaly:
+    """torchrun's agent (the launched process) is gone, but its workers train on: rank 0 still holds the run
+    directory. The workers stop by themselves within seconds (trainer/agent_watch.py); one that has not is stopped
+    by `train_run stop`, which then signals rank 0."""
+    return Anomaly(ORPHANED, f"torchrun's agent, pid {launcher_pid}, is gone, but its workers still run (rank 0: pid "
+                             f"{trainer_pid} holds the run directory); {stop_command} checkpoints and stops them",
+                   {"pid": launcher_pid, "trainer_pid": trainer_pid}, now)
 
 
 def identity_mismatch(facts: ProcessFacts, start_time: float | None, start_ticks: int | None,

@@ -61,6 +61,9 @@ class LockHolder:
     start_ticks: int | None = None
     """`pid`'s start in clock ticks since boot, which no wall-clock step moves (None: an older lock file)."""
     boot_id: str | None = None
+    workers: tuple[LockHolder, ...] = ()
+    """Under torchrun: every rank's process on rank 0's host (rank 0's among them), so that workers which outlive
+    their agent can be found and stopped; empty for a trainer launched alone."""
 
     def alive(self) -> bool | None:
         """Whether the holder is still running (None: it ran on another host, or the file named nobody)."""
@@ -83,15 +86,17 @@ class LockHolder:
 def read_holder(lock: Path) -> LockHolder | None:
     """The holder the lock file names (also the plain pid older trainers wrote), or None."""
     try:
-        text = lock.read_bytes()[:4096].decode(errors="replace").strip()
+        text = lock.read_bytes()[:65536].decode(errors="replace").strip()
     except FileNotFoundError:
         return None
     if text.isdigit():
         return LockHolder(int(text))
     try:
         data = json.loads(text)
+        workers = tuple(LockHolder(int(w["pid"]), w.get("host"), w.get("start_time"), None, w.get("start_ticks"),
+                                   w.get("boot_id")) for w in data.get("workers") or ())
         return LockHolder(int(data["pid"]), data.get("host"), data.get("start_time"), data.get("launched_pid"),
-                          data.get("start_ticks"), data.get("boot_id"))
+                          data.get("start_ticks"), data.get("boot_id"), workers)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         return None  # empty (being written this moment) or not ours
 
@@ -109,6 +114,17 @@ def held(run_dir: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def orphaned_holder(run_dir: Path, launcher_pid: int) -> LockHolder | None:
+    """The live rank 0 of a torchrun job whose agent, `launcher_pid` (train.pid's), is gone: it holds the run
+    directory and names that agent as its launcher. None where nothing outlived the launcher."""
+    if not held(run_dir):
+        return None
+    holder = read_holder(run_dir / TRAINER_LOCK_FILE)
+    if holder is None or holder.launched_pid != launcher_pid or holder.pid == launcher_pid:
+        return None
+    return holder if holder.alive() is True else None
 
 
 def busy(lock: Path) -> UserError:
@@ -130,10 +146,13 @@ def refuse_if_held(run_dir: Path) -> None:
 
 class RunDirLock:
     def __init__(self, run_dir: Path, launched_pid: int | None = None,
-                 environ: typing.Mapping[str, str] | None = None):
+                 environ: typing.Mapping[str, str] | None = None, workers: typing.Sequence[dict] = ()):
         """`launched_pid`: the process `train_run start` would have launched (torchrun above the ranks);
-        by default this process. It counts only when this trainer was launched so (`LAUNCH_ENV`)."""
+        by default this process. It counts only when this trainer was launched so (`LAUNCH_ENV`). `workers`:
+        under torchrun, every rank's pid, host and start (`LockHolder.workers`)."""
         self.path = run_dir / TRAINER_LOCK_FILE
+        # Only this host's: workers elsewhere are signalled on their own host, never from here.
+        self.workers = [dict(worker) for worker in workers if worker.get("host") == this_host()]
         self.environ = os.environ if environ is None else environ
         self.launch = _launch_info(self.environ)
         self.launched_pid = (launched_pid or os.getpid()) if self.launch is not None else None
@@ -154,6 +173,8 @@ class RunDirLock:
         me = psutil.Process()
         record = {"pid": me.pid, "host": this_host(), "start_time": me.create_time(),
                   "launched_pid": self.launched_pid, **boot_relative_start(me.pid)}
+        if self.workers:
+            record["workers"] = self.workers
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)

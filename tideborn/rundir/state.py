@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import math
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from tideborn.rundir.anomaly import (
     ProcessFacts,
     events_gone,
     gradient,
+    orphaned,
     restarted,
     run_failed,
     run_file,
@@ -64,6 +66,7 @@ from tideborn.rundir.kinds import (
     Watchdog,
     parse_event,
 )
+from tideborn.rundir.lock import orphaned_holder
 from tideborn.rundir.status import CheckpointOnDisk, EloPoint, Rebaseline, RunStatus, WarningsSeen
 
 EVENTS_TAIL_BYTES = 2 * 1024 * 1024
@@ -439,6 +442,10 @@ class RunTracker:
         if self.facts is None:
             return "unknown", []  # launched on another host: only the files can be read from here
         if gone is not None:
+            holder = orphaned_holder(self.run_dir, launch.pid)
+            if holder is not None:  # the agent died, its workers did not: the job trains on, out of reach
+                stop = shlex.join(["python", "-m", "tideborn.tools.train_run", "stop", "--out-dir", str(self.run_dir)])
+                return "running", [orphaned(launch.pid, holder.pid, stop, now)]
             return "vanished", [gone]
         quiet = stalled(self.facts, True, False, self.last_output_time(), now, self.thresholds)
         if quiet is not None:
@@ -492,7 +499,7 @@ class RunTracker:
             failed = run_failed(self.terminal.event)
             if failed is not None:
                 found.append(failed)
-        if self.state in ("vanished", "stalled"):
+        if self.state in ("running", "vanished", "stalled"):
             found += self._classify(time.time() if now is None else now)[1]
         found += self.restarts
         for rule in LOG_RULES:

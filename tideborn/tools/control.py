@@ -46,7 +46,7 @@ from tideborn.rundir.files import (
     read_pid_record,
     this_host,
 )
-from tideborn.rundir.lock import LAUNCH_ENV, held, read_holder
+from tideborn.rundir.lock import LAUNCH_ENV, held, orphaned_holder, read_holder
 from tideborn.safefile import make_dirs, os_error_text, user_text, write_atomically
 from tideborn.trainer.options import build_parser
 from tideborn.trainer.preflight import check_start_step, preflight
@@ -149,8 +149,9 @@ def check_launch(request: LaunchRequest, cwd: Path | None = None,
     run_dir = run_dir_of(resolved.settings)
     run_dir = run_dir if run_dir.is_absolute() else cwd / run_dir
     if run_dir.is_dir() and (holder := live_holder(run_dir)):
-        raise UserError(f"{run_dir}: a run is already going there: {holder}; stop it first "
-                        f"(train_run stop --out-dir {run_dir}) or choose another runtime.out_dir")
+        stop = shlex.join(["python", "-m", "tideborn.tools.train_run", "stop", "--out-dir", str(run_dir)])
+        raise UserError(f"{run_dir}: a run is already going there: {holder}; stop it first ({stop}) or choose "
+                        "another runtime.out_dir")
     resume = None if options.resume is None else cwd / options.resume
     resumes_from = check_start_step(resolved.settings, run_dir, resume, options.fresh, options.stop_at_step)
     return CheckedLaunch(resolved.settings, run_dir, resumes_from, options.fresh)
@@ -444,6 +445,21 @@ def signal_run(run_dir: Path, signum: int = signal.SIGTERM) -> PidRecord:
     record = recorded_process(run_dir)
     send_signal(run_dir, record, signum)
     return record
+
+
+def orphaned_workers(run_dir: Path) -> list[PidRecord]:
+    """The live workers of a torchrun job whose agent (train.pid's process) died while they train on, rank 0
+    (the lock's holder) first, as records to signal and wait for; empty where nothing outlived the agent."""
+    record = read_pid_record(run_dir)
+    if record is None or record.host != this_host():
+        return []
+    holder = orphaned_holder(run_dir, record.pid)
+    if holder is None:
+        return []
+    others = [worker for worker in holder.workers if worker.pid != holder.pid and worker.alive() is True]
+    return [PidRecord(pid=worker.pid, start_time=worker.start_time or 0.0, host=this_host(), argv=[],
+                      started_at=worker.start_time or 0.0, start_ticks=worker.start_ticks, boot_id=worker.boot_id)
+            for worker in (holder, *others)]
 
 
 def is_alive(record: PidRecord) -> bool:

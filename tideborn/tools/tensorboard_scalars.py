@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import math
 import os
+import stat
 import time
 import typing
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.events import EventReader, as_float
 from tideborn.rundir.kinds import EventRecord, Gpu, Match, RunStarted, Step, parse_event
 from tideborn.rundir.state import ENDED_STATES, RunTracker
-from tideborn.safefile import create_new_file, make_dirs, os_error_text, publish, temp_path
+from tideborn.safefile import create_new_file, make_dirs, os_error_text, publish, refuse_link_at, temp_path
 
 EXTRA = "tensorboard"
 INSTALL_HINT = f"pip install 'tideborn[{EXTRA}]'"
@@ -146,6 +147,7 @@ class ScalarFile:
         self.converted = Converted(self.path)
         try:
             make_dirs(logdir)
+            refuse_link_at(logdir)  # checked again at the moment of use: a link planted since check_logdir
             remove_stale_temps(logdir / STAGING_NAME)  # a conversion killed by SIGKILL left its temp file
             self._temp: Path | None = temp_path(logdir / STAGING_NAME)
             self._handle = os.fdopen(create_new_file(self._temp), "wb")
@@ -209,6 +211,7 @@ class ScalarFile:
     def publish(self) -> None:
         """Put the conversion so far in place of the last one (fsynced first, so a power cut leaves one whole)."""
         assert self._temp is not None, "published already"
+        refuse_link_at(self.path)  # never replaced: a link there is someone else's doing, as in check_logdir
         self.flush()
         try:
             os.fsync(self._handle.fileno())
@@ -234,9 +237,13 @@ def default_logdir(run_dir: Path) -> Path:
 
 
 def check_logdir(logdir: Path) -> None:
-    """Before any work: a directory (or nothing yet) that files can be written in."""
+    """Before any work: a directory (or nothing yet) that files can be written in, and no symbolic link where the
+    conversion writes (the folder, its file): tideborn never writes through one, as the trainer refuses a linked
+    `export/` (a planted `tensorboard -> /elsewhere` would have the run's scalars, and the probe, land there)."""
+    refuse_link_at(logdir)
     if logdir.exists() and not logdir.is_dir():
         raise UserError(f"--logdir {logdir}: not a directory")
+    refuse_link_at(logdir / SCALARS_FILE)
     probe_directory(logdir, "--logdir")
 
 
@@ -262,17 +269,25 @@ class RunConverter:
 
 
 FOLLOW_CHECK_MILLISECONDS = 1000
-"""--follow asks whether the run has ended (or vanished) at least this often while its files are quiet."""
+"""--follow asks whether the run has ended (or vanished), and whether its directory is still there, at least this
+often while its files are quiet."""
 FOLLOW_ENDS = (*ENDED_STATES.values(), "vanished")
+
+
+class RunDirGone(Exception):
+    """--follow: the run directory was removed or renamed away (its path names no directory, or another one), so
+    the run can no longer be followed there; the message is one line."""
 
 
 def convert_run(run_dir: Path, logdir: Path, follow: bool = False,
                 say: typing.Callable[[str], object] = print) -> Converted:
     """Write the run's figures to `logdir`/SCALARS_FILE, replacing the last conversion whole. With `follow`,
     the file is published once what is there now is converted, then grows as the run writes, until the run
-    ends (finished, stopped, failed or vanished); Ctrl-C (KeyboardInterrupt) ends it sooner, the file kept."""
+    ends (finished, stopped, failed or vanished); Ctrl-C (KeyboardInterrupt) ends it sooner, the file kept.
+    `RunDirGone` when the run directory goes away while followed (what was converted until then is in the file)."""
     check_logdir(logdir)
     protos = load_protos()
+    followed = _directory_identity(run_dir)  # before reading: a directory swapped in later is never taken for it
     with ScalarFile(logdir, protos) as scalars:
         converter = RunConverter(run_dir, scalars)
         converter.drain()
@@ -281,23 +296,54 @@ def convert_run(run_dir: Path, logdir: Path, follow: bool = False,
             tracker = RunTracker(run_dir, start="end")  # only to know when the run ends: events come from above
             say(f"following {run_dir} into {scalars.path} until the run ends (Ctrl-C stops)")
             try:
-                _follow(run_dir, tracker, converter)
+                _follow(run_dir, followed, tracker, converter)
             except KeyboardInterrupt:
                 scalars.converted.interrupted = True
         return scalars.converted
 
 
-def _follow(run_dir: Path, tracker: RunTracker, converter: RunConverter) -> None:
+def _directory_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the directory at `path`, or None where there is none now."""
+    try:
+        info = os.stat(path)
+    except OSError:  # gone, or a name no directory can have now
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISDIR(info.st_mode) else None
+
+
+def _follow(run_dir: Path, followed: tuple[int, int] | None, tracker: RunTracker, converter: RunConverter) -> None:
     import watchfiles  # only here, as for `watch`
 
+    if _caught_up(run_dir, followed, tracker, converter):
+        return
+    # A directory removed or renamed away ends no watch (inotify says "deleted" once, then the timeouts go on):
+    # each wake-up asks whether it is still there.
+    try:
+        for _changes in watchfiles.watch(run_dir, watch_filter=None, debounce=100, step=20,
+                                         rust_timeout=FOLLOW_CHECK_MILLISECONDS, yield_on_timeout=True,
+                                         recursive=False):
+            if _caught_up(run_dir, followed, tracker, converter):
+                return
+    except FileNotFoundError:  # watchfiles cannot watch a directory that went before the watch began
+        _check_still_there(run_dir, followed, converter)
+        raise
+
+
+def _caught_up(run_dir: Path, followed: tuple[int, int] | None, tracker: RunTracker,
+               converter: RunConverter) -> bool:
+    """Convert what the run wrote since the last call; whether the run has ended. `RunDirGone` once the directory
+    followed is no longer at `run_dir`."""
+    _check_still_there(run_dir, followed, converter)
     # Asked before reading: a terminal event in the file by then is read by the drain that follows.
     ended = tracker.refresh(keep_events=False).state in FOLLOW_ENDS
     converter.drain()
-    if ended:
-        return
-    for _changes in watchfiles.watch(run_dir, watch_filter=None, debounce=100, step=20,
-                                     rust_timeout=FOLLOW_CHECK_MILLISECONDS, yield_on_timeout=True, recursive=False):
-        ended = tracker.refresh(keep_events=False).state in FOLLOW_ENDS
-        converter.drain()
-        if ended:
-            return
+    return ended
+
+
+def _check_still_there(run_dir: Path, followed: tuple[int, int] | None, converter: RunConverter) -> None:
+    """`RunDirGone` unless the directory at `run_dir` is the one followed: the tracker, reading by path, would
+    otherwise wait on for good, call the run vanished once its trainer exits, or read another directory put in its
+    place."""
+    if followed is None or _directory_identity(run_dir) != followed:
+        raise RunDirGone(f"{run_dir}: the run directory is gone (removed or renamed away); stopped following it "
+                         f"after {converter.file.converted.scalars:,} scalars")

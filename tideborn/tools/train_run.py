@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -24,6 +25,7 @@ from tideborn.rundir import EVENTS_FILE, PID_FILE, check_readable_dir, temp_chec
 from tideborn.rundir.anomaly import Anomaly, AnomalyThresholds
 from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import PidRecord, process_facts
+from tideborn.rundir.kinds import RunEnded
 from tideborn.rundir.report import event_text, status_text
 from tideborn.rundir.state import RunTracker
 from tideborn.tools import tensorboard_scalars
@@ -34,6 +36,7 @@ from tideborn.tools.control import (
     TrainerExited,
     is_alive,
     launch_run,
+    orphaned_workers,
     recorded_process,
     send_signal,
     signal_run,
@@ -154,6 +157,13 @@ def thresholds_of(args: argparse.Namespace) -> AnomalyThresholds:
                         "--stall-seconds)") from None
 
 
+def command_line(prog: str, *args: object) -> str:
+    """A command printed for the user to paste: `prog` (the words the tools were called by) and `args`, each quoted
+    for the shell where it needs it, so that a path with a space or a `;` stays one argument (`runs/ckpt/x`, which
+    needs none, stays bare)."""
+    return f"{prog} {shlex.join(str(arg) for arg in args)}"
+
+
 def run_dir_problem(run_dir: Path, prog: str = "python -m tideborn.tools.train_run") -> str | None:
     """Why `run_dir` holds no run to report on, or None (`prog`: how the user called the run tools). Another
     user's run that this user may not read is a `UserError` saying whose it is."""
@@ -214,8 +224,8 @@ def command_start(args: argparse.Namespace, prog: str) -> int:
         print(f"started the trainer: pid {pid}")
     print(f"  out dir  {run_dir}")
     print(f"  log      {run_dir / 'train.log'}")
-    print(f"  status   {prog} status --out-dir {run_dir}")
-    print(f"  stop     {prog} stop --out-dir {run_dir}")
+    print(f"  status   {command_line(prog, 'status', '--out-dir', run_dir)}")
+    print(f"  stop     {command_line(prog, 'stop', '--out-dir', run_dir)}")
     return ANOMALY if launched.outcome == "ended" and launched.exit_code != 0 else OK
 
 
@@ -255,6 +265,8 @@ def command_stop(args: argparse.Namespace) -> int:
         if args.force:  # --force may have to kill it: another user's trainer is said now, not after the wait
             send_signal(run_dir, record, 0)
     except NotRunning as exc:
+        if orphans := orphaned_workers(run_dir):  # torchrun's agent is gone, its workers train on
+            return _stop_orphans(args, tracker, orphans, stopping is not None)
         return fail(args, f"{exc}; state: {tracker.state}", NO_RUN)
     step = tracker.last_step.step if tracker.last_step is not None else None
     if stopping is not None:
@@ -270,7 +282,8 @@ def command_stop(args: argparse.Namespace) -> int:
               "for it to finish its step, save a checkpoint and exit", flush=True)
     if _suspended(record):
         then = (f"--force: waiting {args.timeout:g} s for that, then SIGKILL" if args.force
-                else f"then stop --out-dir {run_dir} waits for it; this stop does not wait")
+                else f"then {command_line(args.prog, 'stop', '--out-dir', run_dir)} waits for it; this stop does not "
+                     "wait")
         print(f"pid {record.pid} is stopped (SIGSTOP, Ctrl-Z or a debugger), so it cannot act on the SIGTERM, which "
               f"waits until it is continued: kill -CONT {record.pid}; {then}", flush=True)
         if not args.force:
@@ -285,6 +298,46 @@ def command_stop(args: argparse.Namespace) -> int:
             return ANOMALY
         if not _force_kill(tracker, record, args):
             return ANOMALY
+    return _report_stop(tracker, record, between_attempts, terminal_before)
+
+
+def _stop_orphans(args: argparse.Namespace, tracker: RunTracker, workers: list[PidRecord], in_progress: bool) -> int:
+    """torchrun's agent died and its workers outlived it. They stop by themselves within seconds
+    (trainer/agent_watch.py); ones that did not (hung, suspended, or from before that) get SIGTERM each, and the
+    stop goes on as any other: wait for the checkpoint and the exit; `--force` kills what is left."""
+    run_dir, pids = tracker.run_dir, ", ".join(str(worker.pid) for worker in workers)
+    if not in_progress:
+        for worker in workers:
+            try:
+                send_signal(run_dir, worker, signal.SIGTERM)
+            except NotRunning:
+                pass  # that one has just exited: nothing to stop
+    step = tracker.last_step.step if tracker.last_step is not None else None
+    said = "their stop is in progress" if in_progress else "sent SIGTERM to each"
+    print(f"torchrun's agent is gone, but its workers still run (pids {pids}): {said} (last logged step {step}); "
+          f"waiting up to {args.timeout:g} s for them to finish their step, save a checkpoint and exit", flush=True)
+    if frozen := [str(worker.pid) for worker in workers if _suspended(worker)]:
+        then = (f"--force: waiting {args.timeout:g} s for that, then SIGKILL" if args.force
+                else "this stop does not wait")
+        print(f"pid {', '.join(frozen)} is stopped (SIGSTOP, Ctrl-Z or a debugger), so it cannot act on the "
+              f"SIGTERM, which waits until it is continued: kill -CONT {' '.join(frozen)}; {then}", flush=True)
+        if not args.force:
+            return ANOMALY
+    deadline = time.monotonic() + args.timeout
+    if not all([_wait_for_exit(tracker, worker, deadline) for worker in workers]):  # a list: wait for each
+        if not args.force:
+            print(f"workers still running after {args.timeout:g} s (state {tracker.state}); stop --force kills them "
+                  "(after the save in progress, if any, completes)", flush=True)
+            return ANOMALY
+        if not all([_force_kill(tracker, worker, args) for worker in workers if is_alive(worker)]):
+            return ANOMALY
+    return _report_stop(tracker, workers[0], False, tracker.terminal)
+
+
+def _report_stop(tracker: RunTracker, record: PidRecord, between_attempts: bool,
+                 terminal_before: RunEnded | None) -> int:
+    """After the stopped process exited: what the run wrote meanwhile, how it ended and its last checkpoint."""
+    run_dir = tracker.run_dir
     update = tracker.refresh()
     _print_stop_progress(update.events)
     ck = tracker.status().last_checkpoint
@@ -337,7 +390,8 @@ def _force_kill(tracker: RunTracker, record: PidRecord, args: argparse.Namespace
             break
         time.sleep(0.1)
     try:
-        recorded_process(tracker.run_dir)
+        if not is_alive(record):  # the very process signalled before (train.pid's, or an orphaned rank 0)
+            return True
         send_signal(tracker.run_dir, record, signal.SIGKILL)
     except NotRunning:
         return True  # it exited on its own in the meantime
@@ -446,10 +500,13 @@ def command_tensorboard(args: argparse.Namespace) -> int:
     if problem := run_dir_problem(run_dir, args.prog):
         return fail(args, problem, NO_RUN)
     logdir: Path = args.logdir or tensorboard_scalars.default_logdir(run_dir)
-    converted = tensorboard_scalars.convert_run(run_dir, logdir, follow=args.follow,
-                                                say=lambda line: print(line, flush=True))
+    try:
+        converted = tensorboard_scalars.convert_run(run_dir, logdir, follow=args.follow,
+                                                    say=lambda line: print(line, flush=True))
+    except tensorboard_scalars.RunDirGone as exc:  # as when there was none to begin with
+        return fail(args, str(exc), NO_RUN)
     print(f"wrote {converted.summary()}")
-    print(f"  view  tensorboard --logdir {logdir}")
+    print(f"  view  {shlex.join(['tensorboard', '--logdir', str(logdir)])}")
     return INTERRUPTED if converted.interrupted else OK
 
 

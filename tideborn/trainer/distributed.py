@@ -111,6 +111,23 @@ def restart_count_of_job(env: DistEnv, device: torch.device) -> DistEnv:
     return dataclasses.replace(env, restart_count=int(value.item()))
 
 
+def worker_identities(env: DistEnv) -> tuple[dict, ...]:
+    """Every rank's process, as the run directory's lock records it (pid, host, start), gathered on every rank:
+    should torchrun's agent die and a worker survive it, `train_run stop` finds and stops each one."""
+    import psutil
+
+    from tideborn.rundir.files import boot_relative_start, this_host
+
+    me = psutil.Process()
+    mine = {"rank": env.rank, "pid": me.pid, "host": this_host(), "start_time": me.create_time(),
+            **boot_relative_start(me.pid)}
+    if not env.distributed:
+        return (mine,)
+    everyone: list = [None] * env.world_size
+    dist.all_gather_object(everyone, mine)
+    return tuple(everyone)
+
+
 def mean_over_ranks(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
     if env.distributed:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)

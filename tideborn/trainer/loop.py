@@ -24,7 +24,7 @@ import torch
 
 from tideborn.config import Resolved, SettingError, Settings
 from tideborn.data.targets import value_lambda_at
-from tideborn.errors import UserError
+from tideborn.errors import Interrupted, UserError
 from tideborn.humanize import duration
 from tideborn.network.checkpoint import REFERENCE_STEP_KEY, prune_checkpoints, save_checkpoint
 from tideborn.rundir import (
@@ -45,6 +45,7 @@ from tideborn.rundir.events import EventWriter
 from tideborn.rundir.files import boot_relative_start
 from tideborn.rundir.lock import RunDirLock
 from tideborn.safefile import link_atomically, make_dirs, os_error_text
+from tideborn.trainer.agent_watch import AgentWatch
 from tideborn.trainer.device import DeviceSetup, resolve_device
 from tideborn.trainer.distributed import (
     StopVote,
@@ -55,6 +56,7 @@ from tideborn.trainer.distributed import (
     init_process_group,
     report_failure,
     restart_count_of_job,
+    worker_identities,
 )
 from tideborn.trainer.duties import Duties
 from tideborn.trainer.gpu_stats import gpu_snapshot
@@ -146,8 +148,13 @@ class _Halted(Exception):
 
 
 class Trainer:
-    def __init__(self, prepared: Prepared, stop: StopRequest | None = None):
+    def __init__(self, prepared: Prepared, stop: StopRequest | None = None, agent_watch: AgentWatch | None = None,
+                 workers: tuple[dict, ...] = ()):
         self.p = prepared
+        self.agent_watch = agent_watch
+        """Under torchrun: whether the agent this worker started under is gone (agent_watch.py)."""
+        self.workers = workers
+        """Under torchrun: every rank's process, recorded in the lock for `train_run stop` (worker_identities)."""
         self.settings = prepared.settings
         self.setup = prepared.setup
         self.env = prepared.env
@@ -185,6 +192,7 @@ class Trainer:
 
     def run(self) -> int:
         p = self.p
+        self.stop.defer_ctrl_c()  # the run directory is written from here: a Ctrl-C now ends the attempt in its events
         if not self.env.is_main:
             return self._guarded([], None)
         try:
@@ -193,7 +201,7 @@ class Trainer:
             raise UserError(f"runtime.out_dir: cannot create {p.run_dir}: {os_error_text(exc)}") from None
         check_run_dir(p.run_dir)  # again, now that it exists: ours, writable, no links planted since preflight
         # Under torchrun, the process `train_run start` launched is torchrun, this rank's parent.
-        with RunDirLock(p.run_dir, launched_pid=os.getppid() if self.env.distributed else None):
+        with RunDirLock(p.run_dir, launched_pid=os.getppid() if self.env.distributed else None, workers=self.workers):
             try:
                 archived = self._archive_for_fresh() if p.fresh else None
                 warnings = list(p.start.warnings)
@@ -423,8 +431,18 @@ class Trainer:
             self.progress.message(f"finished at step {self.step} in {elapsed}; checkpoint {last_saved}")
             return 0
         reason = self.stop.reason or ("SIGTERM" if signalled else "stop_at_step")
+        orphaned = {}
+        if self.agent_watch is not None and self.agent_watch.parent_gone():
+            # The stop came from a worker that found torchrun's agent dead (its own SIGTERM, or another rank's).
+            reason, orphaned = "agent_gone", {"agent_pid": self.agent_watch.parent}
         self._terminal("run_stopped", reason=reason, checkpoint=str(last_saved) if last_saved else None,
-                       repeated_signals=self.stop.repeated)
+                       repeated_signals=self.stop.repeated, **orphaned)
+        if self.step == self.p.start.step:  # stopped during start-up: this attempt trained and saved nothing
+            if reason == "SIGINT":  # Ctrl-C: the command says so in one line, exit status 130
+                raise Interrupted(" before the first step; no checkpoint was written, the events end in run_stopped")
+            self.progress.message(f"stopped ({reason}) before the first step (step {self.step}); no checkpoint was "
+                                  "written")
+            return 0
         self.progress.message(f"stopped ({reason}) at step {self.step}; checkpoint {last_saved}")
         return 0
 
@@ -770,9 +788,11 @@ def run_training(resolved: Resolved, resume: Path | None = None, fresh: bool = F
                  stop: StopRequest | None = None, env: DistEnv = DistEnv()) -> int:
     runtime = resolved.settings.runtime
     device = resolve_device(runtime, env.local_rank if env.distributed else None).device
+    agent_watch = AgentWatch.start_if_under_agent() if env.distributed else None
     init_process_group(env, device, runtime.dist_timeout_seconds)
     try:
         env = restart_count_of_job(env, device)
+        workers = worker_identities(env) if agent_watch is not None else ()
         if env.distributed:
             _build_data_caches_once(resolved, env)
         prepared = prepare(resolved, resume, fresh, stop_at_step, argv, env)
@@ -780,6 +800,8 @@ def run_training(resolved: Resolved, resume: Path | None = None, fresh: bool = F
         barrier(env)
         if prepared is None:
             return 0
-        return Trainer(prepared, stop).run()
+        return Trainer(prepared, stop, agent_watch, workers).run()
     finally:
+        if agent_watch is not None:
+            agent_watch.close()
         close_process_group()

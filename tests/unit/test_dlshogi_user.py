@@ -234,3 +234,50 @@ def test_the_dlshogi_config_is_summarised_without_any_data(tmp_path):
     assert "eval scale fitted per file" in text and "clip grad norm at 10" in text
     assert "(every parameter)" in text and "silu" in text and "10 blocks x 192 channels" in text
     assert not any(tmp_path.iterdir()), "summary writes nothing"
+
+
+# -- configs/dlshogi-defaults.toml: train.py with no options ----------------------------------------------
+
+DLSHOGI_DEFAULTS = {
+    "run.network": "resnet10x192", "model.activation": "silu", "model.blocks": 10, "model.channels": 192,
+    "model.value_hidden": 256, "optim.batch_size": 1024, "optim.optimizer": "sgd", "optim.momentum": 0.9,
+    "optim.nesterov": True, "optim.lr": 0.01, "optim.warmup_steps": 0, "optim.schedule": "constant",
+    "optim.weight_decay": 1e-4, "optim.weight_decay_policy": "all", "optim.grad_clip_norm": 10.0,
+    "optim.policy_entropy_beta": 0.0, "optim.ema_decay": 0.0, "loss.value_lambda": 0.333,
+    "loss.value_lambda_decay_steps": 0, "data.use_average": False, "data.eval_scale_fit": "off",
+    "data.eval_scale": 1 / 0.0013226, "data.policy_temperature": 1.0, "runtime.precision": "fp32",
+    "runtime.eval_every": 1000, "runtime.log_every": 1000,
+}
+"""dlshogi/train.py's argparse defaults and what main() does with them (no --lr_scheduler: no scheduler; weight
+decay on model.parameters(); clip_grad_norm_ at --clip_grad_max_norm 10; no --use_amp: fp32), in settings."""
+
+
+def test_the_dlshogi_defaults_config_is_train_py_with_no_options(tmp_path):
+    config = REPO_ROOT / "configs" / "dlshogi-defaults.toml"
+    done = trainer_in_process("config", "--config", str(config), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    resolved = json.loads(done.stdout)
+    got = {key: resolved[key.split(".")[0]][key.split(".")[1]] for key in DLSHOGI_DEFAULTS}
+    assert got == pytest.approx(DLSHOGI_DEFAULTS)
+    done = trainer_in_process("summary", "--config", str(config), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "lr 0.01, weight decay 0.0001 (every parameter), warm-up 0 steps then constant, clip grad norm at 10" \
+        in done.stdout
+    assert "10 blocks x 192 channels, silu" in done.stdout and "cuda, fp32" in done.stdout
+    assert not any(tmp_path.iterdir()), "config and summary write nothing"
+    for line in config.read_text().splitlines():  # every key cites what it stands for
+        if re.match(r"[a-z_]+ = ", line):
+            assert "#" in line, f"configs/dlshogi-defaults.toml: {line!r} has no comment citing train.py"
+
+
+def test_every_row_of_the_dlshogi_table_states_dlshogis_default():
+    """Followed row by row, the table must say where tideborn's default is not dlshogi's (it did not say that
+    dlshogi has no learning-rate schedule by default, and a user got a decaying rate)."""
+    for row in dlshogi_section().splitlines():
+        if row.startswith("| `") and not row.startswith("| `train.py` option"):
+            option = row.split(" | ")[0]
+            assert re.search(r"` \([^)]+\)", option), f"docs/training.md, For dlshogi users: no default in {option!r}"
+    section = dlshogi_section()
+    scheduler = next(row for row in section.splitlines() if row.startswith("| `--lr_scheduler`"))
+    assert "(none: no schedule" in scheduler and 'optim.schedule = "constant"' in scheduler
+    assert "configs/dlshogi-defaults.toml" in section

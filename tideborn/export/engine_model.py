@@ -23,6 +23,7 @@ import numpy as np
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM
 
 from tideborn.errors import UserError
+from tideborn.export.external_data import external_tensors, inline_external_data
 from tideborn.export.interface import VALUE_CHOICES
 from tideborn.safefile import NotARegularFile, open_regular
 
@@ -104,7 +105,9 @@ def looks_like_onnx(head: bytes) -> bool:
 def load_engine_model(path: Path, value: str = VALUE_AUTO, threads: int | None = None,
                       providers: list[str] | None = None) -> EngineModel:
     """Open `path` with onnxruntime and recognise its interface; `UserError` (one line naming `path`) if it is
-    missing, not ONNX, not runnable, or has other inputs or outputs than dlshogi's."""
+    missing, not ONNX, not runnable, or has other inputs or outputs than dlshogi's. Weights in side files
+    (external data, `NAME.onnx.data`) are read from the model's folder, whatever the working directory
+    (`tideborn.export.external_data`)."""
     import onnx
     import onnxruntime
     from google.protobuf.message import DecodeError
@@ -119,6 +122,9 @@ def load_engine_model(path: Path, value: str = VALUE_AUTO, threads: int | None =
                         f"with {EXPECTED}") from None
     if not proto.graph.node:
         raise UserError(f"{path}: not an ONNX model (no graph in it); expected an ONNX file with {EXPECTED}")
+    if external_tensors(proto):  # weights in side files (NAME.onnx.data), read here as the model was
+        inline_external_data(path, proto, len(data))
+        data = proto.SerializeToString()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # its warnings about unused initialisers are nothing a user can act on
     if threads:

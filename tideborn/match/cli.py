@@ -118,6 +118,10 @@ def build_parser(prog: str = "tideborn match") -> argparse.ArgumentParser:
     parser.add_argument("--openings", type=Path, metavar="FILE",
                         help="start positions: SFEN lines ('#' comments; 'startpos' and 'moves ...' allowed) or an "
                              ".hcpe file (default: 621 positions from the WCSC28 games shipped with tideborn)")
+    parser.add_argument("--keep-repeated-openings", action="store_true",
+                        help="play an opening position the file holds twice or more as often as it is there (by "
+                             "default each is played once: with argmax play a repeat replays the same games and "
+                             "narrows the interval falsely); either way a warning names the repeats")
     parser.add_argument("--seed", type=_seed, default=0,
                         help="order of the openings and, with --temperature, the moves drawn (default 0)")
     parser.add_argument("--temperature", type=_temperature, default=0.0,
@@ -266,7 +270,9 @@ def main(argv: list[str] | None = None, prog: str = "tideborn match") -> int:
         common = dict(games=args.games, openings=args.openings, seed=args.seed, temperature=args.temperature,
                       max_moves=args.max_moves, parallel=args.parallel, device=args.device, weights=args.weights,
                       save_games=args.save_games, mode=args.mode, onnx_value=args.onnx_value, threads=args.threads,
-                      playouts=args.playouts or DEFAULT_PLAYOUTS, engines=_engine_settings(args))
+                      playouts=args.playouts or DEFAULT_PLAYOUTS, engines=_engine_settings(args),
+                      keep_repeated_openings=args.keep_repeated_openings,
+                      warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True))
         if args.round_robin:
             report = run_round_robin([args.first, args.second, *args.others], **common)
         else:

@@ -2,12 +2,14 @@
 
 Every position is checked here (a valid SFEN; pieces where the rules let them stand; the side not to move not
 in check; `moves` after it legal, one by one; a side to move with a legal move and not already won by an
-entering-king declaration), so a bad one is one line naming the file and line before any game starts.
+entering-king declaration), so a bad one is one line naming the file and line before any game starts. A position
+the file holds twice is found too (`choose_openings`): with argmax play it would replay the same games.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import cshogi
@@ -161,7 +163,64 @@ def board_of_position(line: str, where: str) -> cshogi.Board:
 
 
 def load_openings(path: Path | None = None) -> list[str]:
-    """The SFENs of `path` (text, one a line, `#` comments; or an .hcpe file), the shipped set if None."""
+    """The SFENs of `path` (text, one a line, `#` comments; or an .hcpe file), the shipped set if None; every
+    one, repeats included (`choose_openings` finds them)."""
+    return [sfen for sfen, _ in _read_openings(path)]
+
+
+@dataclass(frozen=True)
+class Openings:
+    """A match's start positions and what was found repeated in the file they came from."""
+    positions: list[str]
+    """The SFENs to play, in the file's order: each position once unless repeats were kept."""
+    source: Path
+    repeats: list[tuple[str, str]]
+    """(where, where first): each line or record whose position an earlier one already holds."""
+    kept: bool
+    """Whether the repeats are among `positions` (`--keep-repeated-openings`)."""
+
+    def warning(self) -> str | None:
+        """One line saying how many positions repeat, the first few by line, and what was done; None if none."""
+        if not self.repeats:
+            return None
+        shown = ", ".join(f"{where} = {first}" for where, first in self.repeats[:REPEATS_SHOWN])
+        more = f", and {len(self.repeats) - REPEATS_SHOWN:,} more" if len(self.repeats) > REPEATS_SHOWN else ""
+        total = len(self.positions) + (0 if self.kept else len(self.repeats))
+        done = ("kept (--keep-repeated-openings): with argmax play each replays the same games" if self.kept else
+                f"dropped, {len(self.positions):,} distinct openings left (--keep-repeated-openings keeps them)")
+        return (f"{self.source}: {len(self.repeats):,} of {total:,} opening positions repeat an earlier one "
+                f"({shown}{more}); {done}")
+
+
+REPEATS_SHOWN = 5
+"""Repeats named in the warning; the rest are counted."""
+
+
+def position_key(sfen: str) -> str:
+    """What makes two openings the same game: board, side to move and hands; not the move number."""
+    return " ".join(sfen.split()[:3])
+
+
+def choose_openings(path: Path | None = None, keep_repeated: bool = False) -> Openings:
+    """The openings of `path` (as `load_openings`) with each position that repeats an earlier one (the same board,
+    side to move and hands, however it was written) found, and dropped unless `keep_repeated`."""
+    first_seen: dict[str, str] = {}
+    positions: list[str] = []
+    repeats: list[tuple[str, str]] = []
+    for sfen, where in _read_openings(path):
+        key = position_key(sfen)
+        if key in first_seen:
+            repeats.append((where, first_seen[key]))
+            if not keep_repeated:
+                continue
+        else:
+            first_seen[key] = where
+        positions.append(sfen)
+    return Openings(positions, DEFAULT_OPENINGS if path is None else path, repeats, keep_repeated)
+
+
+def _read_openings(path: Path | None) -> list[tuple[str, str]]:
+    """(SFEN, where: `line N` or `record N`) of every position of `path`, the shipped set if None."""
     source = DEFAULT_OPENINGS if path is None else path
     if not source.exists():
         raise UserError(f"{source}: no such openings file")
@@ -175,11 +234,11 @@ def load_openings(path: Path | None = None) -> list[str]:
         raise UserError(f"{source}: not a text file of SFEN lines (or name an hcpe file *.hcpe)") from None
     except OSError as exc:
         raise UserError(f"{source}: cannot read the openings file ({exc.strerror})") from None
-    sfens: list[str] = []
+    sfens: list[tuple[str, str]] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        sfens.append(_position_of_line(line, f"{source}:{number}"))
+        sfens.append((_position_of_line(line, f"{source}:{number}"), f"line {number}"))
         if len(sfens) > MAX_OPENINGS:
             raise UserError(f"{source}: more than {MAX_OPENINGS:,} openings; name a smaller file")
     if not sfens:
@@ -187,7 +246,7 @@ def load_openings(path: Path | None = None) -> list[str]:
     return sfens
 
 
-def _hcpe_openings(source: Path) -> list[str]:
+def _hcpe_openings(source: Path) -> list[tuple[str, str]]:
     size = source.stat().st_size
     if size == 0 or size % HCPE_RECORD:
         raise UserError(f"{source}: not an hcpe file ({size} bytes is not a whole number of "
@@ -196,7 +255,7 @@ def _hcpe_openings(source: Path) -> list[str]:
         raise UserError(f"{source}: more than {MAX_OPENINGS:,} openings; name a smaller file")
     records = np.fromfile(source, dtype=cshogi.HuffmanCodedPosAndEval)
     board = cshogi.Board()
-    sfens: list[str] = []
+    sfens: list[tuple[str, str]] = []
     for index, record in enumerate(records):
         try:
             board.set_hcp(np.asarray(record["hcp"]))
@@ -204,5 +263,5 @@ def _hcpe_openings(source: Path) -> list[str]:
             raise UserError(f"{source}: record {index} is not a position ({exc or type(exc).__name__})") from None
         where = f"{source}: record {index}"
         sfen = board.sfen()
-        sfens.append(_check_playable(_check_position(sfen, where), where, sfen))
+        sfens.append((_check_playable(_check_position(sfen, where), where, sfen), f"record {index}"))
     return sfens

@@ -6,6 +6,7 @@ several, rated together), and the reports they return (what `tideborn match --js
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from tideborn.errors import UserError
@@ -36,25 +37,26 @@ def run_match(first: Path, second: Path, *, games: int = DEFAULT_GAMES, openings
               parallel: int = DEFAULT_PARALLEL, device: str = "cpu", weights: str = "auto",
               save_games: Path | None = None, mode: str = "policy",
               run_files: tuple[bool, bool] = (False, False), onnx_value: str = "auto",
-              threads: int | None = None, playouts: int = DEFAULT_PLAYOUTS, engines=None) -> dict:
+              threads: int | None = None, playouts: int = DEFAULT_PLAYOUTS, engines=None,
+              keep_repeated_openings: bool = False, warn: Callable[[str], None] | None = None) -> dict:
     """Play the match and return its report (what --json prints). Raises UserError for bad input.
     Each side is a checkpoint or an ONNX model (`tideborn.match.players`). `run_files`: which of the two is a
     file of a run directory (`runtime.match_every`), read without following a link (always a checkpoint).
     `playouts`: per move, in search mode.
     A side `usi:PATH` is an external USI engine (`tideborn.match.external`), run as `engines`
-    (`EngineSettings`) say; it is started and checked before the first game and asked to quit after the last."""
-    from tideborn.match.openings import load_openings
-
+    (`EngineSettings`) say; it is started and checked before the first game and asked to quit after the last.
+    Openings that repeat an earlier position are dropped unless `keep_repeated_openings`, and `warn` is told
+    (one line) either way, before any game."""
     if save_games is not None:
         _check_save_dir(save_games)
-    positions = load_openings(openings)
+    chosen_openings = _openings(openings, keep_repeated_openings, warn, games, temperature)
     chosen_device = _device(device)
     engines = _check_engines([first, second], engines)
     players: list = []
     try:
         for number, (path, run_file) in enumerate(zip((first, second), run_files), start=1):
             players.append(_load(path, weights, chosen_device, run_file, onnx_value, threads, number, engines))
-        return _play_pair(players, positions, games=games, openings=openings, seed=seed, temperature=temperature,
+        return _play_pair(players, chosen_openings, games=games, seed=seed, temperature=temperature,
                           max_moves=max_moves, parallel=parallel, device=chosen_device, save_games=save_games,
                           mode=mode, playouts=playouts, engines=engines)
     finally:
@@ -65,31 +67,50 @@ def run_round_robin(paths: list[Path], *, games: int = DEFAULT_GAMES, openings: 
                     seed: int = 0, temperature: float = 0.0, max_moves: int = DEFAULT_MAX_MOVES,
                     parallel: int = DEFAULT_PARALLEL, device: str = "cpu", weights: str = "auto",
                     save_games: Path | None = None, mode: str = "policy", onnx_value: str = "auto",
-                    threads: int | None = None, playouts: int = DEFAULT_PLAYOUTS, engines=None) -> dict:
+                    threads: int | None = None, playouts: int = DEFAULT_PLAYOUTS, engines=None,
+                    keep_repeated_openings: bool = False, warn: Callable[[str], None] | None = None) -> dict:
     """Every pair of `paths` plays a match of `games` games (the same openings for each pair); the report
     holds each pair's and the ratings fitted over all games (`tideborn.match.ratings`), the first player
-    the anchor at 0. Every player is loaded, and every input checked, before the first game."""
-    from tideborn.match.openings import load_openings
-
+    the anchor at 0. Every player is loaded, and every input checked, before the first game. Repeated openings
+    as `run_match`."""
     if len(paths) < 2:
         raise UserError(f"a round robin needs two players or more; got {len(paths)}")
     if save_games is not None:
         _check_save_dir(save_games)
-    positions = load_openings(openings)
+    chosen_openings = _openings(openings, keep_repeated_openings, warn, games, temperature)
     chosen_device = _device(device)
     engines = _check_engines(paths, engines)
     players: list = []
     try:
         for number, path in enumerate(paths, start=1):
             players.append(_load(path, weights, chosen_device, False, onnx_value, threads, number, engines))
-        return _round_robin(players, paths, positions, games=games, openings=openings, seed=seed,
+        return _round_robin(players, paths, chosen_openings, games=games, seed=seed,
                             temperature=temperature, max_moves=max_moves, parallel=parallel, device=chosen_device,
                             save_games=save_games, mode=mode, playouts=playouts, engines=engines)
     finally:
         _close(players)
 
 
-def _round_robin(players: list, paths: list[Path], positions: list[str], *, games: int, openings: Path | None,
+def _openings(path: Path | None, keep_repeated: bool, warn: Callable[[str], None] | None, games: int,
+              temperature: float):
+    """The openings to play (`tideborn.match.openings.choose_openings`); `warn` is told of any repeats in the file,
+    and of more game pairs than openings, which plays openings again (the same games, with argmax play)."""
+    from tideborn.match.openings import choose_openings
+
+    chosen = choose_openings(path, keep_repeated)
+    warnings = [chosen.warning()]
+    pairs, available = (games + 1) // 2, len(chosen.positions)
+    if pairs > available:  # (repeats kept on purpose are the warning above's)
+        again = "the same games again" if temperature == 0 else "from the same positions"
+        warnings.append(f"{games:,} games are {pairs:,} pairs but there are {available:,} openings: openings are "
+                        f"played again ({again}); name a larger --openings file or fewer --games")
+    for warning in warnings:
+        if warning and warn is not None:
+            warn(warning)
+    return chosen
+
+
+def _round_robin(players: list, paths: list[Path], chosen_openings, *, games: int,
                  seed: int, temperature: float, max_moves: int, parallel: int, device, save_games: Path | None,
                  mode: str, playouts: int, engines) -> dict:
     import numpy as np
@@ -104,7 +125,7 @@ def _round_robin(players: list, paths: list[Path], positions: list[str], *, game
     for i in range(count):
         for j in range(i + 1, count):
             folder = save_games / f"pair-{i + 1:02d}-{j + 1:02d}" if save_games is not None else None
-            report = _play_pair([players[i], players[j]], positions, games=games, openings=openings, seed=seed,
+            report = _play_pair([players[i], players[j]], chosen_openings, games=games, seed=seed,
                                 temperature=temperature, max_moves=max_moves, parallel=parallel,
                                 device=chosen_device, save_games=None if save_error else folder, mode=mode,
                                 playouts=playouts, engines=engines)
@@ -129,7 +150,9 @@ def _round_robin(players: list, paths: list[Path], positions: list[str], *, game
         "games": total, "games_per_pair": pairs[0]["games"], "policy": pairs[0]["policy"], "mode": mode,
         "playouts": pairs[0]["playouts"],
         "temperature": temperature, "seed": seed, "max_moves": max_moves, "parallel": parallel,
-        "openings": pairs[0]["openings"], "device": str(chosen_device), "threads": pairs[0]["threads"],
+        **{key: pairs[0][key] for key in ("openings", "distinct_openings", "repeated_openings",
+                                          "repeated_openings_kept")},
+        "device": str(chosen_device), "threads": pairs[0]["threads"],
         "seconds": round(seconds, 3), "games_per_second": round(total / max(seconds, 1e-9), 3),
         "saved_games": str(save_games) if save_games is not None else None,
         "save_error": save_error,
@@ -170,7 +193,7 @@ def _load(path: Path, weights: str, device, run_file: bool, onnx_value: str, thr
                        threads=threads)
 
 
-def _play_pair(players: list, positions: list[str], *, games: int, openings: Path | None, seed: int,
+def _play_pair(players: list, chosen_openings, *, games: int, seed: int,
                temperature: float, max_moves: int, parallel: int, device, save_games: Path | None,
                mode: str, playouts: int = DEFAULT_PLAYOUTS, engines=None) -> dict:
     """One match between two loaded players, and its report."""
@@ -179,16 +202,18 @@ def _play_pair(players: list, positions: list[str], *, games: int, openings: Pat
     import torch
 
     from tideborn.match.elo import estimate
-    from tideborn.match.openings import DEFAULT_OPENINGS
+    from tideborn.match.openings import position_key
     from tideborn.match.play import new_games, play
     from tideborn.match.records import write_csa
     from tideborn.safefile import make_dirs
 
+    positions = chosen_openings.positions
     order = list(range(len(positions)))
     random.Random(seed).shuffle(order)
     pairs = (games + 1) // 2
     shuffled = [positions[i] for i in order]
     match_games = new_games(shuffled, pairs, seed)
+    distinct = len({position_key(game.sfen) for game in match_games})
     names = (players[0].name, players[1].name)
     if names[0] == names[1]:
         names = (names[0] + " (A)", names[1] + " (B)")
@@ -218,7 +243,8 @@ def _play_pair(players: list, positions: list[str], *, games: int, openings: Pat
     moves = sum(len(game.moves) for game in match_games)
     return {
         "first": players[0].info, "second": players[1].info, **result.as_dict(),
-        "openings": str(openings or DEFAULT_OPENINGS), "distinct_openings": min(pairs, len(positions)),
+        "openings": str(chosen_openings.source), "distinct_openings": distinct,
+        "repeated_openings": len(chosen_openings.repeats), "repeated_openings_kept": chosen_openings.kept,
         "mode": mode, "temperature": temperature, "playouts": playouts if mode == "search" else None,
         "policy": _how_moves_are_chosen(mode, temperature, playouts),
         "seed": seed, "max_moves": max_moves, "parallel": parallel, "device": str(device),

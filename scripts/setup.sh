@@ -365,7 +365,7 @@ print(" ".join(sorted(n for n in names if (n.startswith(("nvidia-", "cuda-")) or
     installed_torch
     say "torch: installed $CUR_VERSION ($CUR_KIND build)"
     if [[ "$FLAVOUR" == cpu && "$CUR_KIND" == cuda && "$ALLOW_CUDA" != 1 ]]; then
-        die "a CUDA torch build ended up installed despite the check; remove it: $VPY -m pip uninstall -y torch"
+        die "a CUDA torch build ended up installed despite the check; remove it: $(printf '%q' "$VPY") -m pip uninstall -y torch"
     fi
 fi
 

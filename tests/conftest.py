@@ -31,8 +31,8 @@ def start_trainer(tmp_path: Path):
     """Start trainers in the background; any still running when the test ends are killed."""
     started: list[Trainer] = []
 
-    def start(*args: str, cwd: Path | None = None) -> Trainer:
-        trainer = Trainer(args, cwd or tmp_path, tmp_path / "logs")
+    def start(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> Trainer:
+        trainer = Trainer(args, cwd or tmp_path, tmp_path / "logs", env)
         started.append(trainer)
         return trainer
 

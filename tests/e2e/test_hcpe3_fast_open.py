@@ -302,7 +302,11 @@ def test_a_parallel_build_interrupted_leaves_no_cache_a_later_open_trusts(games,
                              start_new_session=True)
     try:
         assert "hcpe3: decoding" in child.stdout.readline()
-        time.sleep(0.3)  # the children have started (a fraction of the decoding)
+        # The children write: a cache's temp file is there (a state, not a time, so a busy machine is no matter).
+        deadline = time.monotonic() + 120  # only a hang's guard
+        while not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]:
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.01)
         os.killpg(child.pid, getattr(signal, signal_name))
         child.wait(timeout=120)
     finally:

@@ -24,7 +24,7 @@ from tideborn.rundir.state import RunTracker
 
 EVENTS = 15_000
 TORN_EVERY = 97
-WAIT_SECONDS = 120  # a reader that never sees the end fails the test; not a performance threshold
+WAIT_SECONDS = 600  # a reader that never sees the end fails the test; not a performance threshold
 
 WRITER = r'''
 import os, socket, sys, time

@@ -35,7 +35,7 @@ from tideborn.rundir.state import RunTracker
 from tideborn.tools import train_run
 
 TOOL = [sys.executable, "-m", "tideborn.tools.train_run"]
-WAIT_SECONDS = 120  # a reader or run that never gets there fails the test; not a performance threshold
+WAIT_SECONDS = 600  # a reader or run that never gets there fails the test; not a performance threshold
 ENDLESS = ("runtime.max_steps=1000000", "optim.batch_size=16", "runtime.log_every=1",
            "runtime.checkpoint_every=1000000", "runtime.threads=1")
 DEEP = b"[" * 100_000

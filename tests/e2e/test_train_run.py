@@ -24,7 +24,7 @@ from tideborn.rundir.files import process_facts, read_pid_record
 from tideborn.tools import train_run
 
 TOOL = [sys.executable, "-m", "tideborn.tools.train_run"]
-WAIT_SECONDS = 120  # a hung run fails the test instead of hanging the suite; not a performance threshold
+WAIT_SECONDS = 600  # a hung run fails the test instead of hanging the suite; not a performance threshold
 # A smoke run that goes on until it is stopped: small steps, a step event each step, no periodic saves.
 ENDLESS = ("runtime.max_steps=1000000", "optim.batch_size=16", "runtime.log_every=1",
            "runtime.checkpoint_every=1000000", "runtime.threads=1")

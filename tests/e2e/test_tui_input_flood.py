@@ -30,7 +30,7 @@ FLOOD_SECONDS = 6.0
 GROWTH_LIMIT_MB = 25.0
 """What RSS may grow by while flooded after its first second (the monitor before the bound: about 8 MB a
 second, without end)."""
-WAIT_SECONDS = 60.0
+WAIT_SECONDS = 600.0
 
 
 class Pty:

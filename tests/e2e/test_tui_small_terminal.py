@@ -19,7 +19,7 @@ from tideborn.tui.testing import write_small_run
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).parent / "tideborn-tui"
 ENV = {"TERM": "xterm-256color", "TZ": "UTC", "PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "")}
-WAIT_SECONDS = 60.0
+WAIT_SECONDS = 600.0
 
 pytestmark = pytest.mark.skipif(not Path(TMUX).exists(), reason="tmux is not installed")
 

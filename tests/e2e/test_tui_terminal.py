@@ -24,7 +24,7 @@ from tideborn.tui.testing import write_fixture_run
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).parent / "tideborn-tui"
-WAIT_SECONDS = 60.0
+WAIT_SECONDS = 600.0
 """A hang fails the test instead of hanging the suite."""
 
 needs_tmux = pytest.mark.skipif(not Path(TMUX).exists(), reason="tmux is not installed")

@@ -243,7 +243,7 @@ def fault_env(tmp_path: Path, *, events: str | None = None, checkpoint: str | No
 # -- runs started through train_run --------------------------------------------------------------------------
 
 TOOL = [sys.executable, "-m", "tideborn.tools.train_run"]
-WAIT_SECONDS = 180  # a hung run fails the test instead of hanging the suite; not a performance threshold
+WAIT_SECONDS = 600  # a hung run fails the test instead of hanging the suite; not a performance threshold
 
 
 def tool(*args: str, cwd: Path | None = None, umask: int | None = None,

@@ -12,7 +12,7 @@ import pytest
 TMUX = shutil.which("tmux") or "/usr/bin/tmux"
 
 
-WAIT_SECONDS = 150.0
+WAIT_SECONDS = 600.0
 """A hung step fails the test instead of hanging the suite (the trainer imports torch first)."""
 
 

@@ -444,9 +444,11 @@ class DashboardScreen(Screen):
         if stopping is None:
             return None
         pid = self.status.pid if self.status is not None else None
+        at_once = (f" To end it at once, losing the steps since its last checkpoint: kill -KILL {pid}"
+                   if pid is not None else "")
         return (f"the run is stopping already ({stopping[0]} {duration(self.options.clock() - stopping[1])} ago): it "
-                "finishes its step, saves a checkpoint and writes run_stopped; another stop would add nothing. To end "
-                f"it at once, losing the steps since its last checkpoint: kill -KILL {pid}")
+                "finishes its step, saves a checkpoint and writes run_stopped; another stop would add nothing."
+                + at_once)
 
     def action_no_plan(self) -> None:
         self.notify(f"nothing to start: no launch.json in {self.run_dir} and no --config given",

@@ -109,3 +109,17 @@ def run_reporting_ctrl_c(command: Callable[[], int], program: str) -> int:
             if not caused_by_ctrl_c(exc):
                 raise
             return report_interrupted(program, getattr(exc, "tail", NOTHING_HALF_WRITTEN))
+
+
+def run_command(handler: Callable[[object], int], args: object, program: str) -> int:
+    """A subcommand's `handler(args)` as its `main` runs it: a user error is one line and exit 2, a closed pipe
+    (`| head`) a quiet 0, and Ctrl-C at any moment one line and exit 130 (`run_reporting_ctrl_c`)."""
+    def run() -> int:
+        try:
+            return handler(args)
+        except UserError as exc:
+            return report_user_error(exc, program)
+        except BrokenPipeError:
+            return 0
+
+    return run_reporting_ctrl_c(run, program)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from tideborn.cliparser import OneLineParser
-from tideborn.errors import UserError, report_user_error, run_reporting_ctrl_c
+from tideborn.errors import UserError, run_command
 
 VERIFY_FOUND_BAD = 1
 
@@ -140,14 +140,5 @@ def main(argv: list[str] | None = None, prog: str = "python -m tideborn.data") -
     handler = {"inspect": command_inspect, "verify": command_verify, "convert": command_convert,
                "split": command_split}[args.command]
     program = f"{prog} {args.command}"
-
-    def run() -> int:
-        try:
-            return handler(args)
-        except UserError as exc:
-            return report_user_error(exc, program)
-        except BrokenPipeError:
-            return 0
-
     # Ctrl-C at any moment, numpy's and cshogi's imports included, is one line (errors.run_reporting_ctrl_c)
-    return run_reporting_ctrl_c(run, program)
+    return run_command(handler, args, program)

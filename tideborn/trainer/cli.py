@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from tideborn.errors import Interrupted, UserError, caused_by_ctrl_c, report_user_error, run_reporting_ctrl_c
+from tideborn.errors import Interrupted, UserError, caused_by_ctrl_c, run_command
 from tideborn.trainer.options import build_parser
 
 
@@ -101,13 +101,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m tideborn.trainer"
     args = build_parser(prog).parse_args(argv)
     handler = {"summary": command_summary, "train": command_train, "config": command_config}[args.command]
     program = f"{prog} {args.command}"  # as argparse names it: `tideborn train`
-
-    def run() -> int:
-        try:
-            return handler(args)
-        except UserError as exc:
-            return report_user_error(exc, program)
-        except BrokenPipeError:
-            return 0
-
-    return run_reporting_ctrl_c(run, program)
+    return run_command(handler, args, program)

@@ -19,7 +19,16 @@ from pathlib import Path
 
 from tideborn.errors import UserError
 from tideborn.rundir import is_run_entry
-from tideborn.safefile import file_type, make_dirs, os_error_text, publish, temp_path, write_probe, write_temp
+from tideborn.safefile import (
+    file_type,
+    make_dirs,
+    os_error_text,
+    publish,
+    temp_path,
+    write_probe,
+    write_temp,
+    writer_running,
+)
 
 
 class OutputError(UserError):
@@ -95,16 +104,6 @@ def describe_write_error(exc: OSError, path: Path) -> str:
     return f"cannot write {path}: {exc.strerror or exc}; nothing was replaced"
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
 def remove_stale_temps(path: Path) -> list[Path]:
     """Remove the temp files of `path` left by writers that died without cleaning up (SIGKILL, a power
     cut): `.NAME.tmp-PID` whose PID is not a running process. Returns what was removed."""
@@ -116,7 +115,7 @@ def remove_stale_temps(path: Path) -> list[Path]:
         return removed
     for entry in entries:
         match = pattern.match(entry.name)
-        if match and int(match.group(1)) != os.getpid() and not _process_alive(int(match.group(1))):
+        if match and int(match.group(1)) != os.getpid() and not writer_running(int(match.group(1))):
             try:
                 entry.unlink()
                 removed.append(entry)

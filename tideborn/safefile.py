@@ -241,7 +241,7 @@ def remove_stale_scratch(beside: Path, folders: bool = False) -> list[Path]:
         if not entry.name.startswith(prefix):
             continue
         pid_text = entry.name[len(prefix):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _running(int(pid_text)):
+        if not pid_text.isdigit() or int(pid_text) == os.getpid() or writer_running(int(pid_text)):
             continue
         try:
             if folders and entry.is_dir() and not entry.is_symlink():
@@ -254,14 +254,24 @@ def remove_stale_scratch(beside: Path, folders: bool = False) -> list[Path]:
     return removed
 
 
-def _running(pid: int) -> bool:
+def writer_running(pid: int) -> bool:
+    """Whether the process that named a temp or scratch file after itself may still write it. A zombie (killed,
+    not yet reaped by its parent: a SIGKILLed pool's children, while their reaper is slow on a busy machine) may
+    not: its files are stale."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process: running
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[-1].split()[:1]
+    except FileNotFoundError:  # gone this moment, or no /proc to ask (not Linux): running, as far as we can tell
+        return not os.path.isdir("/proc/self")
+    except OSError:
+        return True
+    return state != [b"Z"]
 
 
 def write_temp(temp: Path, write: typing.Callable[[typing.BinaryIO], object], refuse_links: bool = True) -> None:

@@ -155,3 +155,34 @@ def test_one_positive_number_type_for_every_command_line():
         positive_int("0")
     with pytest.raises(argparse.ArgumentTypeError, match=r"not a whole number: 'x'"):
         positive_int("x")
+
+
+def test_a_killed_writer_not_yet_reaped_leaves_temp_and_scratch_files_the_next_writer_removes(tmp_path: Path) -> None:
+    """A SIGKILLed pool's children stay zombies until their reaper gets to them (slow on a busy machine): their
+    temp and scratch files are stale all the same, and the next writer removes them."""
+    import subprocess
+    import sys
+    import time
+
+    from tideborn.outputs import remove_stale_temps
+    from tideborn.safefile import SCRATCH_MARK, remove_stale_scratch, writer_running
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        stat_file = Path(f"/proc/{child.pid}/stat")
+        if not stat_file.parent.is_dir():
+            pytest.skip("no /proc here to tell a zombie by")
+        deadline = time.monotonic() + 600  # a hang's guard only
+        while stat_file.read_bytes().rsplit(b")", 1)[-1].split()[0] != b"Z":  # exited, not reaped: a zombie
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        target = tmp_path / "cache.positions"
+        temp = tmp_path / f".cache.positions.tmp-{child.pid}"
+        scratch = tmp_path / f".cache.positions{SCRATCH_MARK}{child.pid}-0"
+        temp.write_bytes(b"half")
+        scratch.write_bytes(b"half")
+        assert not writer_running(child.pid) and writer_running(os.getpid())
+        assert remove_stale_temps(target) == [temp] and remove_stale_scratch(target) == [scratch]
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+    finally:
+        child.wait()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -37,19 +38,32 @@ def workers_killed():
             pass
 
 
-def start_two_ranks(run_dir: Path, cwd: Path, run_dirs: list[Path], workers: list[psutil.Process]) -> int:
-    """A detached 2-rank run that has logged a step; returns the agent's pid, its workers put in `workers`."""
+def launch_args(kind: str) -> list[str]:
+    """torchrun as `train_run start` runs it: two workers, or one elastic node (one worker, c10d rendezvous)."""
+    if kind == "two workers":
+        return ["--nproc-per-node", "2"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return ["--nnodes", "1:2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "orphan-test"]
+
+
+def start_ranks(run_dir: Path, cwd: Path, run_dirs: list[Path], workers: list[psutil.Process],
+                kind: str = "two workers") -> int:
+    """A detached torchrun run that has logged a step; returns the agent's pid, its workers put in `workers`."""
     run_dirs.append(run_dir)
     started = subprocess.run([*TOOL, "start", *settings_args(run_dir, *SMALL, "runtime.max_steps=100000",
                                                              "runtime.checkpoint_every=100000"),
-                              "--nproc-per-node", "2"], cwd=cwd, env=child_env(), capture_output=True, text=True,
-                             timeout=RUN_TIMEOUT_SECONDS, stdin=subprocess.DEVNULL)
+                              *launch_args(kind)], cwd=cwd, env=child_env(), capture_output=True,
+                             text=True, timeout=RUN_TIMEOUT_SECONDS, stdin=subprocess.DEVNULL)
     assert started.returncode == 0, describe(started)
     wait_for(lambda: (run_dir / "events.jsonl").exists() and step_events(events_of(run_dir)), "the first step")
+    # train.pid names the agent, whatever the number of workers (a lone worker once put its own pid there)
     agent = trainer_pid(run_dir)
+    assert "torch.distributed.run" in " ".join(psutil.Process(agent).cmdline())
     ranks = [child for child in psutil.Process(agent).children() if "tideborn.trainer" in " ".join(child.cmdline())]
     workers += ranks
-    assert len(ranks) == 2, ranks
+    assert len(ranks) == (2 if kind == "two workers" else 1), ranks
     # rank 0 recorded both ranks in the run directory's lock, which is how `stop` finds them without the agent
     lock = json.loads((run_dir / ".trainer.lock").read_text())
     assert sorted(worker["pid"] for worker in lock["workers"]) == sorted(rank.pid for rank in ranks)
@@ -57,11 +71,12 @@ def start_two_ranks(run_dir: Path, cwd: Path, run_dirs: list[Path], workers: lis
     return agent
 
 
-def test_workers_whose_agent_is_killed_checkpoint_and_stop(tmp_path, run_dirs, workers_killed, capsys):
+@pytest.mark.parametrize("kind", ["two workers", "one elastic node"])
+def test_workers_whose_agent_is_killed_checkpoint_and_stop(kind, tmp_path, run_dirs, workers_killed, capsys):
     from tideborn.tools.train_run import main as train_run
 
     run_dir = tmp_path / "run"
-    agent = start_two_ranks(run_dir, tmp_path, run_dirs, workers_killed)
+    agent = start_ranks(run_dir, tmp_path, run_dirs, workers_killed, kind)
     psutil.Process(agent).kill()
     # Before: both ranks trained on for good with parent pid 1. The timeout only guards against that hang.
     _, alive = psutil.wait_procs(workers_killed, timeout=RUN_TIMEOUT_SECONDS)
@@ -83,7 +98,7 @@ def test_workers_that_outlive_their_agent_are_reported_by_status_and_ended_by_st
     from tideborn.tools.train_run import main as train_run
 
     run_dir = tmp_path / "run dir; echo oops"
-    agent = start_two_ranks(run_dir, tmp_path, run_dirs, workers_killed)
+    agent = start_ranks(run_dir, tmp_path, run_dirs, workers_killed)
     for worker in workers_killed:  # held, they cannot notice the agent's death: survivors, as a hung rank would be
         worker.send_signal(signal.SIGSTOP)
     psutil.Process(agent).kill()

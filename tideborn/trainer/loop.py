@@ -200,8 +200,9 @@ class Trainer:
         except OSError as exc:
             raise UserError(f"runtime.out_dir: cannot create {p.run_dir}: {os_error_text(exc)}") from None
         check_run_dir(p.run_dir)  # again, now that it exists: ours, writable, no links planted since preflight
-        # Under torchrun, the process `train_run start` launched is torchrun, this rank's parent.
-        with RunDirLock(p.run_dir, launched_pid=os.getppid() if self.env.distributed else None, workers=self.workers):
+        # Under torchrun (one worker or several), the process `train_run start` launched is the agent, this rank's
+        # parent; train.pid must go on naming it, so that `stop` reaches the agent.
+        with RunDirLock(p.run_dir, launched_pid=os.getppid() if self.env.under_agent else None, workers=self.workers):
             try:
                 archived = self._archive_for_fresh() if p.fresh else None
                 warnings = list(p.start.warnings)
@@ -262,7 +263,7 @@ class Trainer:
                 archived_to=str(archived) if archived else None, pid=os.getpid(),
                 # torchrun's agent is the launcher at any world size (an elastic job on one node is one process):
                 # train_run start and status know their launch by it.
-                launcher_pid=os.getppid() if self.env.distributed or self.env.max_restarts is not None else None,
+                launcher_pid=os.getppid() if self.env.distributed or self.env.under_agent else None,
                 host=socket.gethostname(), argv=p.argv, max_steps=s.runtime.max_steps,
                 batch_size=s.optim.batch_size, run_dir=str(p.run_dir), data=getattr(self.state.data, "summary", None),
                 **boot_relative_start(os.getpid()), eval_scales=self._eval_scales(),
@@ -788,7 +789,7 @@ def run_training(resolved: Resolved, resume: Path | None = None, fresh: bool = F
                  stop: StopRequest | None = None, env: DistEnv = DistEnv()) -> int:
     runtime = resolved.settings.runtime
     device = resolve_device(runtime, env.local_rank if env.distributed else None).device
-    agent_watch = AgentWatch.start_if_under_agent() if env.distributed else None
+    agent_watch = AgentWatch.start_if_under_agent() if env.under_agent else None
     init_process_group(env, device, runtime.dist_timeout_seconds)
     try:
         env = restart_count_of_job(env, device)

@@ -27,6 +27,11 @@ class DistEnv:
         return self.world_size > 1
 
     @property
+    def under_agent(self) -> bool:
+        """Launched by torchrun's agent (its worker, at any world size, one process included)."""
+        return self.max_restarts is not None
+
+    @property
     def is_main(self) -> bool:
         return self.rank == 0
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check: the smoke config on CUDA, then the fast-path throughput sweep; figures in OUTDIR.
-#   scripts/gpu-check.sh OUTDIR [--quick] [--peak-tflops N] [other tideborn.bench.gpu options]
+#   scripts/gpu-check.sh OUTDIR [--quick] [--peak-tflops N] [other benchmarks.gpu options]
 # Needs a CUDA machine with torch, numpy and psutil (no network is used, and nothing else of the project's
 # dependencies: cshogi, textual and the rest are not imported, so a stock PyTorch image runs it as it is).
 # Python: $PYTHON if set, else ./.venv/bin/python if present, else python3. Whatever happens, it ends
@@ -38,4 +38,4 @@ if [[ -n "$missing" ]]; then
 fi
 mkdir -p "$OUT"
 # SIGINT first (the tool writes its partial results), SIGKILL 10 s later if it is still there.
-exec timeout --signal=INT --kill-after=10 465 "$PY" -m tideborn.bench.gpu --out "$OUT" "$@"
+exec timeout --signal=INT --kill-after=10 465 "$PY" -m benchmarks.gpu --out "$OUT" "$@"

@@ -99,29 +99,7 @@ md.version("torch"); md.version("tideborn")
 EOF
 }
 
-# The compiled loops (tideborn/data/compiled.py) are built ahead of time for the sources they are built from:
-# an edit to them builds them again, the rest of the setup untouched.
-LOOPS_STAMP="$VENV/.tideborn-loops"
-loops_value() {
-    echo "v1 $(stamp_value) root=$ROOT compiled=$(sha256 tideborn/data/compiled.py)" \
-        "ops=$(sha256 tideborn/data/hcpe3_ops.py) native=$(sha256 tideborn/data/native.py)"
-}
-build_loops() {  # ahead of time, else numba's JIT compiled instead: then one line on stderr says why
-    local said
-    CHANGING=1  # the loops' stamp is written once they are built
-    if ! said="$("$VPY" -m tideborn.data.native build 2>&1 >> "$LOG")"; then
-        [[ -z "$said" ]] || echo "$said" >&2
-        die "building the compiled data loops failed (full log: $LOG)"
-    fi
-    [[ -z "$said" ]] || echo "$said" | tee -a "$LOG" >&2
-    loops_value > "$LOOPS_STAMP"
-}
-
 if [[ -f "$STAMP" && "$(cat "$STAMP" 2>/dev/null)" == "$(stamp_value)" ]] && venv_ok; then
-    if [[ "$(cat "$LOOPS_STAMP" 2>/dev/null)" != "$(loops_value)" ]]; then
-        say "compiled data loops: sources changed, building them again (about 10 s)"
-        build_loops
-    fi
     [[ $QUIET == 1 ]] || say ".venv is up to date (torch flavour $FLAVOUR: $WHY); nothing to do"
     exit 0
 fi
@@ -161,9 +139,6 @@ EOF
 finish() {
     local torch_desc
     torch_desc="$("$VPY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || echo '?')"
-    # the teacher-data loops (tideborn/data/native.py): built here once, ahead of time, rather than by each run
-    say "compiled data loops: building them (about 10 s)"
-    build_loops
     stamp_value > "$STAMP"   # recomputed: uv sync may just have written uv.lock
     say "done: .venv ready (torch $torch_desc, flavour $FLAVOUR)"
     if [[ $QUIET == 0 ]]; then

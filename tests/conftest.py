@@ -13,17 +13,23 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.helpers import order
 from tests.helpers.common import TEMPLATE_SETS, Trainer, train
 
-# One compute thread in the test process, as in the trainer processes the tests start (`child_env`): pytest-xdist
-# runs one test process per core, and torch's default of a thread per core in each would oversubscribe the
-# cores, where idle OpenMP threads spin; the in-process tests took twice the CPU time that way.
-torch.set_num_threads(1)
-
 E2E = Path(__file__).resolve().parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # One compute thread in the test process, as in the trainer processes the tests start (`child_env`): pytest-xdist
+    # runs one test process per core, and torch's default of a thread per core in each would oversubscribe the
+    # cores, where idle OpenMP threads spin; the in-process tests took twice the CPU time that way. Set before each
+    # test once torch is in the process (a collected test file imported it, or an earlier test), never by importing
+    # it here: a session of monitor tests pays for no torch (tests/unit/test_import_hygiene.py).
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import signal
 import stat
 import threading
@@ -18,16 +17,16 @@ import typing
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import is_run_entry
+from tideborn.rundir.layout import is_run_entry
 from tideborn.safefile import (
     file_type,
     make_dirs,
     os_error_text,
     publish,
+    remove_stale_temps,
     temp_path,
     write_probe,
     write_temp,
-    writer_running,
 )
 
 
@@ -104,26 +103,6 @@ def describe_write_error(exc: OSError, path: Path) -> str:
     return f"cannot write {path}: {exc.strerror or exc}; nothing was replaced"
 
 
-def remove_stale_temps(path: Path) -> list[Path]:
-    """Remove the temp files of `path` left by writers that died without cleaning up (SIGKILL, a power
-    cut): `.NAME.tmp-PID` whose PID is not a running process. Returns what was removed."""
-    pattern = re.compile(rf"^\.{re.escape(path.name)}\.tmp-(\d+)$")
-    removed = []
-    try:
-        entries = list(path.parent.iterdir())
-    except OSError:
-        return removed
-    for entry in entries:
-        match = pattern.match(entry.name)
-        if match and int(match.group(1)) != os.getpid() and not writer_running(int(match.group(1))):
-            try:
-                entry.unlink()
-                removed.append(entry)
-            except FileNotFoundError:  # another writer cleaned it up first
-                pass
-    return removed
-
-
 @contextlib.contextmanager
 def _signals_held() -> typing.Iterator[None]:
     """Hold Ctrl-C and SIGTERM back while a group of renames runs (they arrive after it), so that an
@@ -144,7 +123,7 @@ class StagedOutputs:
 
     Use as a context manager: whatever was not published when the block ends (an error, Ctrl-C) is
     removed, so no temp file is left behind by anything short of SIGKILL, and the next writer of the same
-    output removes those (`remove_stale_temps`). Writes that fail are `OutputError`s naming the output.
+    output removes those (`safefile.remove_stale_temps`). Writes that fail are `OutputError`s naming the output.
     """
 
     def __init__(self) -> None:

@@ -3,9 +3,10 @@
 Files are read only when regular (a FIFO would hang the reader) and, where a link could have been planted, never
 through a symbolic link (O_NOFOLLOW); a file is trusted only when it is ours alone (`trust_problem`); a file is
 written whole or not at all (a new temp file, fsync, rename, directory fsync; `write_atomically`); a directory
-is shown writable by a probe. Nothing else in tideborn creates a file with O_CREAT or renames one
-(tests/unit/test_file_safety.py holds it so), so each of these rules is written once. No torch, no numpy: the run
-tools and the monitor use it.
+is shown writable by a probe; the files of a run directory get the run directory's wording on top
+(`open_run_file`, `refuse_link`). Nothing else in tideborn creates a file with O_CREAT or renames one (ruff's
+banned-api, pyproject.toml [tool.ruff.lint.flake8-tidy-imports], holds it so), so each of these rules is written
+once. No torch, no numpy: the run tools and the monitor use it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import errno
 import grp
 import os
 import pwd
+import re
 import shutil
 import stat
 import typing
@@ -88,12 +90,36 @@ def link_target(path: Path) -> str:
         return ""
 
 
-class LinkRefused(UserError):
-    """A symbolic link where tideborn was to write a file: it never writes through one."""
+def whose(path: Path) -> str:
+    """Why this user may not read or write `path`, for a permission error: whose it is, its mode, and who
+    we are (`it belongs to root (uid 0), mode 600, and you are nobody (uid 65534)`). The nearest ancestor
+    that can be examined speaks for a path behind a directory we may not enter."""
+    you = user_text(os.geteuid())
+    for where in (path, *path.parents):
+        try:
+            info = os.stat(where)
+        except OSError:
+            continue
+        owner = f"{where} belongs to" if where != path else "it belongs to"
+        return f"{owner} {user_text(info.st_uid)}, mode {stat.S_IMODE(info.st_mode):o}, and you are {you}"
+    return f"you are {you}"
 
-    def __init__(self, path: Path):
-        super().__init__(f"{path} is a symbolic link{link_target(path)}; tideborn never writes through a link: "
-                         "remove it")
+
+RUN_DIR_CHANGES = "writes, moves or deletes"
+"""What tideborn never does through a link in a run directory (`refuse_link`, `open_run_file`)."""
+
+
+class LinkRefused(UserError):
+    """A symbolic link where tideborn was to write a file (or, in a run directory, `doing` something else to
+    one): it never goes through one. `in_run_dir`: said as a problem of `runtime.out_dir`."""
+
+    def __init__(self, path: Path, doing: str = "writes", in_run_dir: bool = False):
+        said = f"{path} is a symbolic link{link_target(path)}; tideborn never {doing} through a link"
+        if in_run_dir:
+            said = f"runtime.out_dir: {said} in a run directory: remove it, or choose another runtime.out_dir"
+        else:
+            said += ": remove it"
+        super().__init__(said)
 
 
 class NotARegularFile(OSError):
@@ -150,6 +176,39 @@ def open_regular(path: Path, follow_links: bool = True) -> typing.BinaryIO:
     return os.fdopen(fd, "rb")
 
 
+def open_run_file_for_reading(path: Path) -> int:
+    """`os.open` of a run file for reading, never through a symbolic link (O_NOFOLLOW: a link planted in a run
+    directory, now or since start-up, would have us read its target) and only a regular file (checked on the
+    descriptor, opened non-blocking so that a FIFO cannot hang the reader). `UserError` for a link or another
+    file type; `OSError` as the OS says otherwise (FileNotFoundError for a missing file)."""
+    try:
+        fd, _ = open_regular_fd(path, follow_links=False)
+    except NotARegularFile as exc:
+        raise UserError(f"{path}: not a regular file (mode {stat.filemode(exc.mode)}); tideborn reads only regular "
+                        "files in a run directory: move it away") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LinkRefused(path, "reads", in_run_dir=True) from None
+        raise
+    return fd
+
+
+def no_such_file(exc: OSError) -> bool:
+    """Whether `exc` means the path holds no file: missing, under something that is not a directory, or
+    with a name longer than the filesystem takes. Readers treat all three as "not written yet"."""
+    return isinstance(exc, (FileNotFoundError, NotADirectoryError)) or exc.errno == errno.ENAMETOOLONG
+
+
+def is_directory(path: Path) -> bool:
+    """`path.is_dir()`, and False for a path no directory can have (a name too long): readers never crash on it."""
+    try:
+        return path.is_dir()
+    except OSError as exc:
+        if no_such_file(exc):
+            return False
+        raise
+
+
 # -- writing ------------------------------------------------------------------------------------------------
 
 def make_dirs(path: Path) -> None:
@@ -181,6 +240,17 @@ def open_nofollow(path: Path, flags: int) -> int:
     """`os.open` of `path` with `flags`, created with FILE_MODE if missing: the descriptor. Never through a
     symbolic link (O_NOFOLLOW: an `OSError` with errno ELOOP), which would have us write to its target."""
     return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+
+
+def open_run_file(path: Path, flags: int) -> int:
+    """`open_nofollow` of a run-directory file: a symbolic link planted in a run directory (which would have us
+    write to its target) is a `LinkRefused` in the run directory's wording."""
+    try:
+        return open_nofollow(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LinkRefused(path, RUN_DIR_CHANGES, in_run_dir=True) from None
+        raise
 
 
 def create_new_file(path: Path, refuse_links: bool = True) -> int:
@@ -231,17 +301,26 @@ def remove_stale_scratch(beside: Path, folders: bool = False) -> list[Path]:
     """Remove the scratch files of `beside` whose builder is gone (`.NAME.scratch-PID-N`, PID not running):
     what a SIGKILL left; with `folders`, scratch folders too (a build's working folder, removed whole, never
     followed through a link). Returns what was removed."""
-    prefix = f".{beside.name}{SCRATCH_MARK}"
+    named = re.compile(rf"^\.{re.escape(beside.name)}{re.escape(SCRATCH_MARK)}(\d+)(?:-|$)")
+    return _remove_stale(beside.parent, named, folders)
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Remove the temp files of `path` (`temp_path`) left by writers that died without cleaning up (SIGKILL, a
+    power cut): `.NAME.tmp-PID` whose PID is not a running process. Returns what was removed."""
+    return _remove_stale(path.parent, re.compile(rf"^\.{re.escape(path.name)}\.tmp-(\d+)$"))
+
+
+def _remove_stale(folder: Path, named: re.Pattern[str], folders: bool = False) -> list[Path]:
+    """Remove the entries of `folder` that `named` matches whose writer (the PID of its first group) is gone."""
     removed = []
     try:
-        entries = list(beside.parent.iterdir())
+        entries = list(folder.iterdir())
     except OSError:
         return removed
     for entry in entries:
-        if not entry.name.startswith(prefix):
-            continue
-        pid_text = entry.name[len(prefix):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid() or writer_running(int(pid_text)):
+        match = named.match(entry.name)
+        if match is None or int(match.group(1)) == os.getpid() or writer_running(int(match.group(1))):
             continue
         try:
             if folders and entry.is_dir() and not entry.is_symlink():
@@ -249,7 +328,7 @@ def remove_stale_scratch(beside: Path, folders: bool = False) -> list[Path]:
             else:
                 entry.unlink()
             removed.append(entry)
-        except FileNotFoundError:  # another builder removed it first
+        except FileNotFoundError:  # another writer removed it first
             pass
     return removed
 
@@ -302,6 +381,13 @@ def refuse_link_at(path: Path) -> None:
     """`LinkRefused` if `path` is a symbolic link (a file to be replaced by one the user did not choose)."""
     if path.is_symlink():
         raise LinkRefused(path)
+
+
+def refuse_link(path: Path) -> None:
+    """`refuse_link_at` for an entry of a run directory, said as a problem of `runtime.out_dir`: run files are
+    never moved, written or deleted through a link."""
+    if path.is_symlink():
+        raise LinkRefused(path, RUN_DIR_CHANGES, in_run_dir=True)
 
 
 def write_atomically(path: Path, write: typing.Callable[[typing.BinaryIO], object],

@@ -17,7 +17,7 @@ from tests.helpers.common import REPO_ROOT, child_env
 def test_ctrl_c_during_a_measurement_ends_the_child_and_leaves_nothing(tmp_path: Path) -> None:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    bench = subprocess.Popen([sys.executable, "-m", "tideborn.bench.scale", "--sizes", "500000", "--formats", "hcpe3",
+    bench = subprocess.Popen([sys.executable, "-m", "benchmarks.scale", "--sizes", "500000", "--formats", "hcpe3",
                               "--seed-copies", "1", "--scratch", str(scratch)], cwd=REPO_ROOT, env=child_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     children: list[psutil.Process] = []

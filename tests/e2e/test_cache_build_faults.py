@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers.common import REPO_ROOT, child_env
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
-from tideborn.config.schema import DataSettings, Settings
+from tideborn.config.schema import DataSettings
 from tideborn.data import average_merge, hcpe3
 from tideborn.data.average import average_cache_path, average_key, averaged_source, build_average
 from tideborn.data.hcpe3 import Hcpe3File, build_positions, cache_path
@@ -26,7 +26,7 @@ from tideborn.safefile import SCRATCH_MARK
 MERGE = """
 import sys
 from pathlib import Path
-from tideborn.config.schema import DataSettings, Settings
+from tideborn.config.schema import DataSettings
 from tideborn.data import average_merge
 from tideborn.data.average import averaged_source
 from tideborn.data.sources import open_source
@@ -44,7 +44,7 @@ def new(self):  # the third run on disk: the merge is under way; it waits here f
 
 average_merge.Scratch.new = new
 paths = [Path(p) for p in sys.argv[1:]]
-averaged_source(open_source(paths), Settings(data=DataSettings(train=tuple(map(str, paths)), use_average=True)))
+averaged_source(open_source(paths), DataSettings(train=tuple(map(str, paths)), use_average=True))
 """
 
 DECODE = """
@@ -90,8 +90,8 @@ def merge_inputs(games, tmp_path_factory) -> list[bytes]:
     return [paths[0].read_bytes() * 3, paths[1].read_bytes()]
 
 
-def settings_for(paths: list[Path]) -> Settings:
-    return Settings(data=DataSettings(train=tuple(map(str, paths)), use_average=True))
+def settings_for(paths: list[Path]) -> DataSettings:
+    return DataSettings(train=tuple(map(str, paths)), use_average=True)
 
 
 def leftovers(folder: Path) -> list[str]:

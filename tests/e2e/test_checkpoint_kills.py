@@ -16,7 +16,7 @@ from tests.helpers.common import (
     wait_until,
 )
 from tideborn.network.checkpoint import load_checkpoint
-from tideborn.rundir import list_checkpoints, temp_checkpoints
+from tideborn.rundir.layout import list_checkpoints, temp_checkpoints
 
 
 def test_sigkill_at_random_moments_never_leaves_an_unloadable_checkpoint(tmp_path: Path, start_trainer) -> None:

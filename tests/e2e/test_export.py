@@ -21,7 +21,7 @@ from onnx import numpy_helper
 import tideborn
 from tests.helpers.common import REPO_ROOT, assert_user_error, child_env, console_script, describe, tree
 from tideborn.cli import main as tideborn_main
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.export import onnx_export
 from tideborn.export.interface import INPUT_NAMES, METADATA_KEYS, OUTPUT_NAMES
 from tideborn.export.onnx_export import ExportInputError, choose_weights, export_onnx, reference_module

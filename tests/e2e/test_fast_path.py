@@ -1,5 +1,5 @@
 """The fast path as far as a CPU goes: bf16 autocast trains with finite losses, and the GPU check's
-code path (`tideborn.bench.gpu`) runs in its CPU form and writes its figures. Speed itself is a
+code path (`benchmarks.gpu`) runs in its CPU form and writes its figures. Speed itself is a
 benchmark (`scripts/gpu-check.sh`), never a test."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import gpu as bench_gpu
+from benchmarks import gpu_runs
 from tests.helpers.common import REPO_ROOT, child_env, describe, events_of, step_events, terminal_events, train
-from tideborn.bench import gpu as bench_gpu
-from tideborn.bench import gpu_runs
 from tideborn.rundir.events import as_float
 
 

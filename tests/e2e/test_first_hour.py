@@ -150,7 +150,9 @@ def test_the_wheel_ships_the_package_without_its_benchmarks(tmp_path, monkeypatc
     """The benchmarks run from a checkout (docs/benchmarks.md, scripts/gpu-check.sh); a wheel leaves them out."""
     pytest.importorskip("setuptools", reason="builds the wheel with the environment's setuptools (no network)")
     source = tmp_path / "source"
-    shutil.copytree(REPO_ROOT / "tideborn", source / "tideborn", ignore=shutil.ignore_patterns("__pycache__"))
+    # the checkout's tree as the build sees it: the package with the benchmarks beside it
+    for folder in ("tideborn", "benchmarks"):
+        shutil.copytree(REPO_ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO_ROOT / name, source / name)
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
@@ -160,14 +162,14 @@ def test_the_wheel_ships_the_package_without_its_benchmarks(tmp_path, monkeypatc
     (wheel,) = (tmp_path / "wheel").glob("tideborn-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {"tideborn/cli.py", "tideborn/tui/tideborn.tcss", "tideborn/match/openings.sfen"} <= set(names)
-    assert [name for name in names if name.startswith("tideborn/bench/")] == []
+    assert [name for name in names if name.startswith("benchmarks/")] == []
     # ... while a checkout still runs them as docs/benchmarks.md says (`python -m`, as runpy runs a module:
     # in this process, which already has torch, rather than a new one importing it again)
-    monkeypatch.setattr(sys, "argv", ["tideborn.bench.train", "--help"])
+    monkeypatch.setattr(sys, "argv", ["benchmarks.train", "--help"])
     monkeypatch.chdir(REPO_ROOT)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # another test file in this process imported the module
         with pytest.raises(SystemExit) as ended:
-            runpy.run_module("tideborn.bench.train", run_name="__main__", alter_sys=True)
+            runpy.run_module("benchmarks.train", run_name="__main__", alter_sys=True)
     assert ended.value.code == 0
     assert "train-overhead" in capsys.readouterr().out

@@ -25,7 +25,7 @@ from tests.helpers.common import (
 )
 from tideborn.cli import main as tideborn_main
 from tideborn.network.checkpoint import load_checkpoint, prune_checkpoints
-from tideborn.rundir import ARCHIVE_DIR, list_checkpoints
+from tideborn.rundir.layout import ARCHIVE_DIR, list_checkpoints
 from tideborn.tools import train_run
 from tideborn.trainer.cli import main as trainer_main
 

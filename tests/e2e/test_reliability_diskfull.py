@@ -20,8 +20,8 @@ import pytest
 from tests.helpers.common import TEMPLATE_SETS, assert_user_error, describe, run_trainer, settings_args, train
 from tests.helpers.reliability import check_attempts, fault_env, read_history
 from tideborn.network.checkpoint import load_checkpoint
-from tideborn.rundir import list_checkpoints, temp_checkpoints
 from tideborn.rundir.anomaly import AnomalyThresholds
+from tideborn.rundir.layout import list_checkpoints, temp_checkpoints
 from tideborn.rundir.state import RunTracker
 
 SETS = ("runtime.max_steps=6", "runtime.checkpoint_every=2", "runtime.log_every=1", "runtime.keep_checkpoints=5",

@@ -1,6 +1,6 @@
 """Fuzzing (hypothesis, bounded): bad input ends in a clear error or correct handling, never a crash.
 
-- `--set` strings and config files, through `tideborn.config.load_settings`: a valid Settings or a
+- `--set` strings and config files, through `tideborn.config.load.load_settings`: a valid Settings or a
   `UserError`, never another exception; a quoted string value round-trips exactly.
 - event lines (random bytes, torn lines, wrong types, huge lines), through `EventReader` and through
   what status, watch and the TUI build on it (`RunTracker`, the status report and its text, watch's text
@@ -36,12 +36,12 @@ from hypothesis import strategies as st
 
 from tests.helpers.common import REPO_ROOT, child_env
 from tests.helpers.reliability import toml_string
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.config.schema import SECTIONS
 from tideborn.errors import UserError
-from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE
 from tideborn.rundir import report as report_text
 from tideborn.rundir.events import EventReader, well_formed
+from tideborn.rundir.layout import EVENTS_FILE, LOG_FILE, PID_FILE
 from tideborn.rundir.state import RunTracker
 from tideborn.tools import train_run
 

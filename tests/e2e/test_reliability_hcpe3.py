@@ -31,7 +31,7 @@ from tests.helpers.common import (
 )
 from tests.helpers.hcpe3 import records_of_positions, sample_games, write_hcpe3
 from tests.helpers.reliability import launched_runs, tmpfs, tool
-from tideborn.config.schema import DataSettings, Settings
+from tideborn.config.schema import DataSettings
 from tideborn.data import hcpe3 as hcpe3_module
 from tideborn.data.average import averaged_source
 from tideborn.data.cachefile import CacheArray
@@ -254,7 +254,7 @@ def test_a_hostile_averaged_cache_is_left_alone_and_averaged_in_memory(games, tm
     write_hcpe3(tmp_path / "a.hcpe3", games[:3], seed=101)
     write_hcpe3(tmp_path / "b.hcpe3", games[:3], seed=102)
     paths = [tmp_path / "a.hcpe3", tmp_path / "b.hcpe3"]
-    settings = Settings(data=DataSettings(train=tuple(str(p) for p in paths), use_average=True))
+    settings = DataSettings(train=tuple(str(p) for p in paths), use_average=True)
     reference = averaged_source(open_source(paths), settings)
     cache = Path(reference.note["average"]["cache"])
     want = np.asarray(reference.parts[0].arrays["cand_prob"])

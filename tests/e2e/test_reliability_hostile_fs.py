@@ -39,11 +39,12 @@ from tests.helpers.common import (
     tree,
 )
 from tests.helpers.reliability import tmpfs, tool
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.errors import UserError
-from tideborn.rundir import check_run_dir, list_checkpoints, open_run_file
+from tideborn.rundir.access import check_run_dir
 from tideborn.rundir.events import EventWriter
-from tideborn.safefile import write_atomically
+from tideborn.rundir.layout import list_checkpoints
+from tideborn.safefile import open_run_file, write_atomically
 
 OTHER_UID = 4242
 """A uid no account on a test machine uses: "another user"."""

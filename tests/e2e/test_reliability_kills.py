@@ -28,8 +28,8 @@ from tests.helpers.reliability import (
     read_history,
 )
 from tideborn.network.checkpoint import load_checkpoint
-from tideborn.rundir import EVENTS_FILE, list_checkpoints, temp_checkpoints
 from tideborn.rundir.events import TERMINAL_KINDS, EventReader
+from tideborn.rundir.layout import EVENTS_FILE, list_checkpoints, temp_checkpoints
 
 CHECKPOINT_EVERY = 3
 SETS = ("optim.batch_size=16", f"runtime.checkpoint_every={CHECKPOINT_EVERY}", "runtime.log_every=1",

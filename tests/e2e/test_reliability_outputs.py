@@ -19,10 +19,10 @@ import torch
 
 from tests.helpers.common import assert_user_error, settings_args, train
 from tideborn.network.checkpoint import CheckpointError, load_checkpoint
-from tideborn.rundir import MATCH_REFERENCE_FILE
+from tideborn.rundir.layout import MATCH_REFERENCE_FILE
 from tideborn.safefile import write_atomically
 from tideborn.tools import train_run
-from tideborn.trainer import loop
+from tideborn.trainer import checkpointer
 from tideborn.trainer.cli import main as trainer_main
 
 MATCH_SETS = ("runtime.max_steps=6", "runtime.checkpoint_every=2", "runtime.match_every=2", "runtime.match_games=2",
@@ -37,7 +37,7 @@ def train_with(run_dir: Path, monkeypatch: pytest.MonkeyPatch, after_save: dict[
                *sets: str) -> int:
     """A real training run in this process; `after_save[step]` runs right after that step's checkpoint is
     written (and before the trainer keeps or reads its match reference)."""
-    real_save = loop.save_checkpoint
+    real_save = checkpointer.save_checkpoint
 
     def save(run: Path, step: int, payload: dict):
         saved = real_save(run, step, payload)
@@ -45,7 +45,7 @@ def train_with(run_dir: Path, monkeypatch: pytest.MonkeyPatch, after_save: dict[
             after_save[step]()
         return saved
 
-    monkeypatch.setattr(loop, "save_checkpoint", save)
+    monkeypatch.setattr(checkpointer, "save_checkpoint", save)
     return trainer_main(["train", *settings_args(run_dir, *MATCH_SETS, *sets)])
 
 
@@ -167,10 +167,13 @@ def test_a_lost_reference_is_a_rebaseline_warning_shown_by_status_and_the_monito
     assert train_run.main(["status", "--out-dir", str(run_dir), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["elo_rebaselines"] == [[4, 2, 4]]
+    from tideborn.rundir.state import RunTracker
     from tideborn.tui.widgets.header import elo_curve_text
 
-    assert "(origin moved at step 4: vs step 4)" in elo_curve_text(report["elo_curve"], False,
-                                                                   report["elo_rebaselines"])
+    tracker = RunTracker(run_dir)
+    tracker.refresh()
+    status = tracker.status()  # the typed status, as the monitor's header has it
+    assert "(origin moved at step 4: vs step 4)" in elo_curve_text(status.elo_curve, False, status.elo_rebaselines)
 
 
 def test_a_reference_replaced_by_another_checkpoint_is_a_rebaseline(tmp_path, workdir, monkeypatch):

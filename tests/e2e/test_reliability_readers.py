@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.common import REPO_ROOT, child_env
-from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.events import EventReader
+from tideborn.rundir.layout import EVENTS_FILE
 from tideborn.rundir.state import RunTracker
 
 EVENTS = 15_000

@@ -28,9 +28,9 @@ import pytest
 
 from tests.helpers.common import REPO_ROOT, child_env, describe, settings_args
 from tests.helpers.reliability import launched_runs
-from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE
 from tideborn.rundir.events import EventReader, encode_event, read_events
 from tideborn.rundir.files import LogReader, read_pid_record
+from tideborn.rundir.layout import EVENTS_FILE, LOG_FILE, PID_FILE
 from tideborn.rundir.state import RunTracker
 from tideborn.tools import train_run
 

@@ -41,8 +41,8 @@ from tests.helpers.reliability import (
     wait_for,
     write_hostile_checkpoint,
 )
-from tideborn.rundir import list_checkpoints
 from tideborn.rundir.events import TERMINAL_KINDS
+from tideborn.rundir.layout import list_checkpoints
 from tideborn.safefile import DIR_MODE, FILE_MODE
 
 SMOKE_SETS = ("optim.batch_size=16", "runtime.log_every=1", "runtime.progress=plain")

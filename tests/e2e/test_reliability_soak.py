@@ -38,7 +38,7 @@ from tests.helpers.reliability import (
     wait_for,
 )
 from tideborn.network.checkpoint import load_checkpoint
-from tideborn.rundir import list_checkpoints, temp_checkpoints
+from tideborn.rundir.layout import list_checkpoints, temp_checkpoints
 from tideborn.tools import train_run
 
 CHECKPOINT_EVERY = 5

@@ -407,7 +407,7 @@ def test_the_torch_free_mark_is_the_checkpoint_format():
 def test_the_start_check_agrees_with_the_trainer_on_every_checkpoint_state(template_run, tmp_path):
     """`check_start_step` (no torch) against `newest_loadable` (torch): the file the trainer resumes from,
     or no answer where only torch can tell; never another file."""
-    from tideborn.config import load_settings
+    from tideborn.config.load import load_settings
     from tideborn.network.checkpoint import newest_loadable
     from tideborn.trainer.preflight import check_start_step
 

@@ -40,8 +40,8 @@ from tests.helpers.common import (
 )
 from tests.helpers.reliability import WAIT_SECONDS, launched_runs, process_gone, wait_for
 from tideborn.network.checkpoint import load_checkpoint
-from tideborn.rundir import list_checkpoints, temp_checkpoints
 from tideborn.rundir.files import boot_relative_start, process_facts, process_start_ticks, read_pid_record, this_host
+from tideborn.rundir.layout import list_checkpoints, temp_checkpoints
 from tideborn.tools import train_run
 
 TOOL = [sys.executable, "-m", "tideborn.tools.train_run"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.helpers.common import REPO_ROOT, events_of, settings_args, step_events, terminal_events, wait_until
 from tideborn.network.checkpoint import load_checkpoint
-from tideborn.rundir import list_checkpoints
+from tideborn.rundir.layout import list_checkpoints
 
 LONG_RUN = ("runtime.max_steps=100000", "runtime.log_every=1", "runtime.checkpoint_every=100000",
             "runtime.progress=plain")

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.events import TERMINAL_KINDS, read_events
+from tideborn.rundir.layout import EVENTS_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMOKE_CONFIG = REPO_ROOT / "configs" / "smoke.toml"

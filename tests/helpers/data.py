@@ -12,7 +12,7 @@ from pathlib import Path
 import cshogi
 import numpy as np
 
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 
 SAMPLE_GAMES = Path(__file__).resolve().parents[2] / "samples" / "games"
 """Real game records that ship with the project (66 WCSC28 engine games; samples/games/wcsc28/README.md)."""

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.common import SMOKE_CONFIG, assert_same_tensors, out_dir_set
-from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.events import TERMINAL_KINDS, EventReader
+from tideborn.rundir.layout import EVENTS_FILE
 
 RELIABILITY_SEED = int(os.environ.get("TIDEBORN_RELIABILITY_SEED", "20260601"))
 """Seed of the random choices (kill moments, cycle lengths); set the variable to replay another sequence."""

@@ -14,7 +14,7 @@ import pytest
 from cshogi.dlshogi import make_move_label
 
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
-from tideborn.config.schema import DLSHOGI_EVAL_SCALE, DataSettings, Settings
+from tideborn.config.schema import DLSHOGI_EVAL_SCALE, DataSettings
 from tideborn.data import average_merge
 from tideborn.data.average import averaged_source, build_average
 from tideborn.data.cachefile import CacheArray
@@ -84,8 +84,8 @@ def brute_force(paths: list[Path], temperature: float) -> dict[bytes, dict]:
     return merged
 
 
-def settings_for(paths: list[Path]) -> Settings:
-    return Settings(data=DataSettings(train=tuple(str(p) for p in paths), use_average=True, policy_temperature=0.5))
+def settings_for(paths: list[Path]) -> DataSettings:
+    return DataSettings(train=tuple(str(p) for p in paths), use_average=True, policy_temperature=0.5)
 
 
 def assert_brute_force_targets(arrays: dict, want: dict[bytes, dict]) -> None:

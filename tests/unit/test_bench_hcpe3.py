@@ -10,10 +10,10 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+from benchmarks import hcpe3 as bench_hcpe3
+from benchmarks.hcpe3_check import cross_check
+from benchmarks.hcpe3_file import reference_moves
 from tests.helpers.common import REPO_ROOT
-from tideborn.bench import hcpe3 as bench_hcpe3
-from tideborn.bench.hcpe3_check import cross_check
-from tideborn.bench.hcpe3_file import reference_moves
 from tideborn.data.hcpe3 import cache_path
 
 SAMPLES = REPO_ROOT / "samples" / "games" / "wcsc28"
@@ -48,6 +48,17 @@ def test_a_file_it_makes_reads_the_same_in_tideborn_and_the_plain_replay(tmp_pat
     out = capsys.readouterr().out
     assert "all readings agree" in out, out
     assert not cache_path(made).exists()  # the check decodes without leaving a cache beside the file
+
+
+def test_a_measuring_child_finds_the_benchmarks_outside_the_checkouts_root(tmp_path: Path, monkeypatch) -> None:
+    """The benchmarks are no installed package: a child started as `-m benchmarks.hcpe3` gets the checkout on its
+    path, so a run started from another folder still measures instead of failing in the child."""
+    made = tmp_path / "made.hcpe3"
+    assert bench_hcpe3.main(["make", str(made), "--games", str(some_games(tmp_path / "games", 2))]) == 0
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    figures = bench_hcpe3.tideborn_decode_in_child(made, batch_size=16, batches=1, seed=0)
+    assert set(figures) == {"positions_per_second", "positions_per_cpu_second"}
 
 
 def test_the_cross_check_names_the_game_and_move_of_a_difference(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ import cshogi
 import numpy as np
 import pytest
 
-from tideborn.bench import scale
-from tideborn.bench.hcpe3_file import reference_moves
-from tideborn.bench.scale_corpus import Seed, make_seed, write_hcpe3_corpus, write_hcpe_corpus
+from benchmarks import scale
+from benchmarks.hcpe3_file import reference_moves
+from benchmarks.scale_corpus import Seed, make_seed, write_hcpe3_corpus, write_hcpe_corpus
 from tideborn.data.hcpe3 import Hcpe3File
 from tideborn.data.records import RECORD_DTYPES
 

@@ -22,7 +22,7 @@ from tests.helpers.common import (
     trainer_in_process,
 )
 from tideborn.network.checkpoint import FORMAT, FORMAT_VERSION, CheckpointError, load_checkpoint
-from tideborn.rundir import latest_checkpoint, list_checkpoints, temp_checkpoints
+from tideborn.rundir.layout import latest_checkpoint, list_checkpoints, temp_checkpoints
 from tideborn.trainer.cli import main
 
 # -- which files count ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.common import SMOKE_CONFIG, assert_user_error, describe, run_trainer
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.errors import UserError
 from tideborn.trainer.cli import main
 

@@ -13,6 +13,7 @@ from tests.helpers.data import hcpe_records, random_positions, settings_for, wri
 from tideborn.data.dataset import EpochPermutation, ShardedOrder
 from tideborn.data.loader import TeacherBatches
 from tideborn.errors import UserError
+from tideborn.trainer.state import teacher_batches
 
 CPU = torch.device("cpu")
 
@@ -64,13 +65,13 @@ def _read(data: TeacherBatches, batches: int) -> list[tuple]:
 def test_a_resumed_cursor_continues_with_the_same_batches(tmp_path, workers):
     _teacher_file(tmp_path)  # 120 records, batches of 16: 7 per epoch, so 12 batches cross an epoch
     settings = settings_for(tmp_path, f"data.workers={workers}", train=["train.hcpe"])
-    with TeacherBatches(settings, CPU) as unbroken:
+    with teacher_batches(settings, CPU) as unbroken:
         expected = _read(unbroken, 12)
-    with TeacherBatches(settings, CPU) as first:
+    with teacher_batches(settings, CPU) as first:
         head = _read(first, 5)
         saved = first.state_dict()
     assert saved["epoch"] == 0 and saved["batch_in_epoch"] == 5 and saved["position"] == 5
-    with TeacherBatches(settings, CPU) as resumed:
+    with teacher_batches(settings, CPU) as resumed:
         resumed.load_state_dict(saved)
         tail = _read(resumed, 7)
         assert resumed.state_dict()["epoch"] == 1
@@ -79,9 +80,9 @@ def test_a_resumed_cursor_continues_with_the_same_batches(tmp_path, workers):
 
 def test_workers_deliver_what_the_training_process_would_decode(tmp_path):
     _teacher_file(tmp_path)
-    with TeacherBatches(settings_for(tmp_path, "data.workers=0", train=["train.hcpe"]), CPU) as inline:
+    with teacher_batches(settings_for(tmp_path, "data.workers=0", train=["train.hcpe"]), CPU) as inline:
         expected = _read(inline, 4)
-    with TeacherBatches(settings_for(tmp_path, "data.workers=2", "data.prefetch_batches=2",
+    with teacher_batches(settings_for(tmp_path, "data.workers=2", "data.prefetch_batches=2",
                                      train=["train.hcpe"]), CPU) as workers:
         assert _read(workers, 4) == expected
 
@@ -90,9 +91,9 @@ def test_planes_packed_in_the_workers_arrive_bit_for_bit(tmp_path):
     """The packed planes a GPU run gets (eight to a byte, unpacked on the device; forced here on the CPU) are
     the planes the training process would decode itself, and so is the rest of the batch."""
     _teacher_file(tmp_path)
-    with TeacherBatches(settings_for(tmp_path, "data.workers=0", train=["train.hcpe"]), CPU) as inline:
+    with teacher_batches(settings_for(tmp_path, "data.workers=0", train=["train.hcpe"]), CPU) as inline:
         expected = [inline.next_batch() for _ in range(4)]
-    with TeacherBatches(settings_for(tmp_path, "data.workers=2", train=["train.hcpe"]), CPU,
+    with teacher_batches(settings_for(tmp_path, "data.workers=2", train=["train.hcpe"]), CPU,
                         pack_planes=True) as packed:
         assert packed.pack_planes
         got = [packed.next_batch() for _ in range(4)]
@@ -111,18 +112,18 @@ def test_rank_loaders_read_disjoint_records(tmp_path):
     settings = settings_for(tmp_path, "loss.value_lambda=1.0", train=["train.hcpe"])
     values = []
     for rank in range(2):
-        with TeacherBatches(settings, CPU, rank=rank, world_size=2, micro_batch_size=16) as data:
+        with teacher_batches(settings, CPU, rank=rank, world_size=2, micro_batch_size=16) as data:
             values.extend(v for _ in range(3) for v in data.next_batch().value.tolist())
     assert len(values) == 96 and len(set(np.round(np.array(values), 6))) == 96
 
 
 def test_resuming_with_a_different_batch_size_is_refused(tmp_path):
     _teacher_file(tmp_path)
-    with TeacherBatches(settings_for(tmp_path, train=["train.hcpe"]), CPU) as data:
+    with teacher_batches(settings_for(tmp_path, train=["train.hcpe"]), CPU) as data:
         data.next_batch()
         saved = data.state_dict()
     other = settings_for(tmp_path, "optim.batch_size=32", train=["train.hcpe"])
-    with TeacherBatches(other, CPU) as data, pytest.raises(UserError, match="the micro-batch size was 16"):
+    with teacher_batches(other, CPU) as data, pytest.raises(UserError, match="the micro-batch size was 16"):
         data.load_state_dict(saved)
 
 
@@ -131,11 +132,11 @@ def test_skipped_records_are_counted_and_named(tmp_path, workers):
     records = hcpe_records(random_positions(32, seed=2))
     records["bestMove16"][[3, 17]] = 0
     write_records(tmp_path / "train.hcpe", records)
-    with TeacherBatches(settings_for(tmp_path, f"data.workers={workers}", train=["train.hcpe"]), CPU) as data:
+    with teacher_batches(settings_for(tmp_path, f"data.workers={workers}", train=["train.hcpe"]), CPU) as data:
         sizes = [len(data.next_batch()) for _ in range(2)]
         assert sizes == [15, 15] or sorted(sizes) == [14, 16]
-        assert data.skipped_records == 2
-        assert all("train.hcpe: record " in text and "empty move" in text for text in data.skipped_examples)
+        assert data.skipped.count == 2
+        assert all("train.hcpe: record " in text and "empty move" in text for text in data.skipped.examples)
         assert data.state_dict()["skipped_records"] == 2
 
 
@@ -145,7 +146,7 @@ def test_bad_records_can_be_an_error_instead(tmp_path, workers):
     records["bestMove16"][:] = 0
     write_records(tmp_path / "train.hcpe", records)
     settings = settings_for(tmp_path, f"data.workers={workers}", "data.bad_records=\"error\"", train=["train.hcpe"])
-    with TeacherBatches(settings, CPU) as data, pytest.raises(UserError, match=r"train\.hcpe: record \d+: empty move"):
+    with teacher_batches(settings, CPU) as data, pytest.raises(UserError, match=r"train\.hcpe: record \d+: empty move"):
         data.next_batch()
 
 
@@ -153,6 +154,6 @@ def test_data_without_a_usable_record_is_an_error_not_a_hang(tmp_path):
     records = hcpe_records(random_positions(48, seed=2))
     records["bestMove16"][:] = 0
     write_records(tmp_path / "train.hcpe", records)
-    with TeacherBatches(settings_for(tmp_path, train=["train.hcpe"]), CPU) as data, \
+    with teacher_batches(settings_for(tmp_path, train=["train.hcpe"]), CPU) as data, \
             pytest.raises(UserError, match=r"a whole epoch without a usable record \(48 skipped, e\.g\. .*empty move"):
         data.next_batch()

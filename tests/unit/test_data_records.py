@@ -13,10 +13,10 @@ import torch
 
 from tests.helpers.data import HCPE, PSV, hcpe_records, psv_records, random_positions, settings_for, write_records
 from tideborn.data.features import Decoder
-from tideborn.data.loader import TeacherBatches
 from tideborn.data.records import RecordSet, expand_paths, resolve_kind
 from tideborn.data.sources import held_out_source, training_source
 from tideborn.errors import UserError
+from tideborn.trainer.state import teacher_batches
 
 CPU = torch.device("cpu")
 
@@ -63,7 +63,7 @@ def test_relative_paths_and_globs_resolve_against_the_data_root(tmp_path):
     found = expand_paths(["*.hcpe", "sub/c.hcpe"], tmp_path / "root")
     assert found == [tmp_path / "root" / "a.hcpe", tmp_path / "root" / "b.hcpe", tmp_path / "root" / "sub" / "c.hcpe"]
     settings = settings_for(tmp_path / "root", train=["*.hcpe"])
-    assert len(training_source(settings)) == 10
+    assert len(training_source(settings.data, settings.paths.data_root)) == 10
 
 
 def test_the_kind_comes_from_the_extension_unless_given(tmp_path):
@@ -75,7 +75,7 @@ def test_the_kind_comes_from_the_extension_unless_given(tmp_path):
 
 
 def _first_batch(tmp_path: Path, *sets: str, train: list[str]):
-    data = TeacherBatches(settings_for(tmp_path, *sets, train=train), CPU)
+    data = teacher_batches(settings_for(tmp_path, *sets, train=train), CPU)
     try:
         return data.next_batch()
     finally:
@@ -139,7 +139,7 @@ def test_an_unreadable_file_is_an_error_even_for_root(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "open", refuse)
     with pytest.raises(UserError, match=r"locked\.hcpe: cannot read: Permission denied"):
-        training_source(settings_for(tmp_path, train=["locked.hcpe"]))
+        training_source(settings_for(tmp_path, train=["locked.hcpe"]).data, tmp_path)
 
 
 @pytest.mark.parametrize("kind", ["hcpe", "psv"])
@@ -167,4 +167,4 @@ def test_held_out_files_must_not_also_be_training_files(tmp_path):
     write_records(tmp_path / "a.hcpe", hcpe_records(random_positions(5)))
     settings = settings_for(tmp_path, train=["a.hcpe"], test=["./a.hcpe"])
     with pytest.raises(UserError, match=r"data\.test: .*a\.hcpe is also in data\.train"):
-        held_out_source(settings)
+        held_out_source(settings.data, settings.paths.data_root)

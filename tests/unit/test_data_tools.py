@@ -23,12 +23,12 @@ from tests.helpers.data import (
     random_positions,
     write_records,
 )
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.data.cli import main as data_main
 from tideborn.data.game_index import index_path, read_index
-from tideborn.data.loader import TeacherBatches
 from tideborn.data.split import position_hashes
 from tideborn.trainer.evaluation import Evaluator
+from tideborn.trainer.state import teacher_batches
 
 CSA_GAME = """V2.2
 N+alpha
@@ -247,7 +247,7 @@ def test_the_smoke_teacher_commands_make_the_files_its_config_reads(tmp_path, ru
         done = run_data(*args, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     settings = load_settings(config, [f"paths.data_root={str(tmp_path)!r}", "data.workers=0"], environ={}).settings
-    with TeacherBatches(settings, torch.device("cpu")) as data:
+    with teacher_batches(settings, torch.device("cpu")) as data:
         assert len(data.next_batch()) == settings.optim.batch_size
     assert Evaluator(settings, torch.device("cpu")).positions > 0
 

@@ -13,7 +13,7 @@ import torch
 
 from tests.helpers.common import assert_same_tensors, events_of, train
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.data.sources import count_file
 from tideborn.data.watch import DataWatch
 from tideborn.errors import UserError
@@ -331,11 +331,11 @@ def test_a_file_that_is_not_training_data_is_one_warning_and_the_run_goes_on(tmp
 def test_a_long_wait_for_data_keeps_writing_heartbeats_and_ends_on_a_stop(tmp_path):
     """Twenty minutes without data (on a clock the wait's own sleeps move on): a `data_window` event at least every
     minute, so the run never looks stalled (15 minutes without output), and a stop ends the wait."""
-    from tideborn.data.loader import TeacherBatches
     from tideborn.rundir.events import EventWriter
     from tideborn.trainer.data_watch import HEARTBEAT_SECONDS, WatchDuty
     from tideborn.trainer.progress import StepProgress
     from tideborn.trainer.signals import StopRequest
+    from tideborn.trainer.state import teacher_batches
 
     folder = tmp_path / "selfplay"
     folder.mkdir()
@@ -350,8 +350,9 @@ def test_a_long_wait_for_data_keeps_writing_heartbeats_and_ends_on_a_stop(tmp_pa
             stop.reason = "SIGTERM"
 
     events = EventWriter(tmp_path / "events.jsonl")
-    with TeacherBatches(settings, torch.device("cpu")) as data:
-        duty = WatchDuty(data, events, StepProgress("off"), stop, None, lambda: 0, clock=lambda: now[0], sleep=sleep)
+    with teacher_batches(settings, torch.device("cpu")) as data:
+        duty = WatchDuty(data.window, events, StepProgress("off"), stop, None, lambda: 0, clock=lambda: now[0],
+                         sleep=sleep)
         assert data.waiting and duty.ready() is False
     events.close()
     written = [e for e in events_of(tmp_path) if e["kind"] == "data_window"]

@@ -19,9 +19,9 @@ import torch
 
 from tideborn.config.schema import RuntimeSettings, SettingError
 from tideborn.network.checkpoint import load_checkpoint
-from tideborn.rundir import ARCHIVE_DIR, EVENTS_FILE, EXPORT_DIR, LATEST_EXPORT_FILE, export_name, list_exports
 from tideborn.rundir.events import read_events
 from tideborn.rundir.kinds import Export, parse_event
+from tideborn.rundir.layout import ARCHIVE_DIR, EVENTS_FILE, EXPORT_DIR, LATEST_EXPORT_FILE, export_name, list_exports
 from tideborn.trainer.cli import main
 from tideborn.trainer.duties import Duties
 from tideborn.trainer.engine_export import prune_exports

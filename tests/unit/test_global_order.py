@@ -10,13 +10,14 @@ import torch
 
 from tests.helpers.common import SMOKE_CONFIG, events_of, step_events, train
 from tests.helpers.data import hcpe_records, random_positions, settings_for, write_records
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.data.dataset import GlobalOrder
 from tideborn.data.loader import TeacherBatches
 from tideborn.errors import UserError
 from tideborn.trainer.distributed import global_batch_digest
 from tideborn.trainer.loop import prepare
 from tideborn.trainer.rank import DistEnv
+from tideborn.trainer.state import teacher_batches
 from tideborn.trainer.synthetic import SyntheticBatches
 
 CPU = torch.device("cpu")
@@ -72,12 +73,12 @@ def test_teacher_batches_resume_at_another_world_size_in_the_same_global_sequenc
         return found
 
     # One process: 2 micro-batches of 16 a step, 5 steps (crossing the epoch: 4 steps of 32 in 150 records).
-    with TeacherBatches(settings, CPU, accumulation=2) as single:
+    with teacher_batches(settings, CPU, accumulation=2) as single:
         expected = draws(single, 10)
     # Two ranks, 1 micro-batch each a step, for 2 steps; rank 0's cursor saved, then one process goes on.
     pieces = []
     saved = None
-    rank_data = [TeacherBatches(settings, CPU, rank=r, world_size=2, accumulation=1) for r in range(2)]
+    rank_data = [teacher_batches(settings, CPU, rank=r, world_size=2, accumulation=1) for r in range(2)]
     for data in rank_data:
         data.record_draws = True
     for _ in range(2):
@@ -89,7 +90,7 @@ def test_teacher_batches_resume_at_another_world_size_in_the_same_global_sequenc
     assert rank_data[1].state_dict()["batch_in_epoch"] == saved["batch_in_epoch"] == 4  # the same on every rank
     for data in rank_data:
         data.close()
-    with TeacherBatches(settings, CPU, accumulation=2) as resumed:
+    with teacher_batches(settings, CPU, accumulation=2) as resumed:
         resumed.load_state_dict(saved)
         pieces += draws(resumed, 6)
     assert pieces == expected
@@ -100,7 +101,7 @@ def test_a_cursor_from_before_the_global_order_is_read_as_its_global_position(tm
     settings = settings_for(tmp_path, train=["train.hcpe"])
     old = {"kind": "hcpe", "epoch": 0, "batch_in_epoch": 2, "position": 2, "records": 150, "batch_size": 16,
            "world_size": 2, "seed": settings.runtime.seed, "use_average": False, "skipped_records": 0}
-    with TeacherBatches(settings, CPU) as data:
+    with teacher_batches(settings, CPU) as data:
         data.load_state_dict(old)
         assert (data.epoch, data.micro) == (0, 4)  # 2 micro-batches of each of 2 ranks
 

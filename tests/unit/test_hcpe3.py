@@ -280,7 +280,7 @@ def test_averaging_merges_duplicates_across_hcpe3_hcpe_and_psv_files(games, tmp_
     paths = [tmp_path / "a.hcpe3", tmp_path / "b.hcpe3", tmp_path / "c.hcpe", tmp_path / "d.psv"]
     inputs = open_source(paths)
     total = len(inputs)
-    averaged = averaged_source(inputs, settings)
+    averaged = averaged_source(inputs, settings.data)
     want = expected_average([("hcpe3", paths[0]), ("hcpe3", paths[1]), ("hcpe", paths[2]), ("psv", paths[3])],
                             0.5, 756.0)
     summary = averaged.note["average"]
@@ -305,7 +305,7 @@ def test_averaging_merges_duplicates_across_hcpe3_hcpe_and_psv_files(games, tmp_
     cache = Path(summary["cache"])
     assert cache.is_file() and cache.parent == tmp_path
     built = cache.stat().st_mtime_ns
-    assert len(averaged_source(open_source(paths), settings)) == len(want) and cache.stat().st_mtime_ns == built
+    assert len(averaged_source(open_source(paths), settings.data)) == len(want) and cache.stat().st_mtime_ns == built
 
 
 def test_a_run_with_use_average_reports_the_merged_positions(games, tmp_path):
@@ -392,18 +392,19 @@ def test_a_cache_that_cannot_be_written_is_built_in_memory_with_one_warning(game
 
 def test_the_launcher_checks_hcpe3_files_without_decoding_them_and_the_trainer_decodes_them(games, tmp_path):
     from tests.helpers.data import settings_for
+    from tideborn.data.opened import open_data
     from tideborn.trainer.preflight import preflight
 
     write_hcpe3(tmp_path / "a.hcpe3", games[:2], seed=50)
     settings = settings_for(tmp_path, f"runtime.out_dir={str(tmp_path / 'run')!r}", train=["a.hcpe3"])
-    preflight(settings, decode=False)  # what `train_run start` runs: a quick check, no minutes of decoding
+    preflight(settings)  # what `train` and `train_run start` run first: a quick check, no minutes of decoding
     assert not cache_path(tmp_path / "a.hcpe3").exists()
     (tmp_path / "empty.hcpe3").write_bytes(b"")
     with pytest.raises(UserError, match=r"empty\.hcpe3: is empty"):
-        preflight(settings_for(tmp_path, f"runtime.out_dir={str(tmp_path / 'run')!r}", train=["empty.hcpe3"]),
-                  decode=False)
-    preflight(settings)  # the trainer's own check decodes (and would name a malformed game before the start)
-    assert cache_path(tmp_path / "a.hcpe3").is_file()
+        preflight(settings_for(tmp_path, f"runtime.out_dir={str(tmp_path / 'run')!r}", train=["empty.hcpe3"]))
+    opened = open_data(settings.data, settings.paths.data_root)  # the trainer opens its data once: it decodes
+    assert cache_path(tmp_path / "a.hcpe3").is_file() and len(opened.train) > 0 and opened.test is None
+    opened.close()
 
 
 FUZZ_SCRIPT = """
@@ -461,7 +462,7 @@ def test_decoded_sets_pickle_as_their_cache_files_for_worker_processes(games, tm
     assert len(data) < 4000, "the arrays name the cache file, not copied"
     again = pickle.loads(data)
     assert np.array_equal(again.hcp, positions.hcp) and np.array_equal(again.cand_visits, positions.cand_visits)
-    settings = Settings(data=DataSettings(train=("a.hcpe3", "b.hcpe3"), use_average=True))
+    settings = DataSettings(train=("a.hcpe3", "b.hcpe3"), use_average=True)
     averaged = averaged_source(open_source([tmp_path / "a.hcpe3", tmp_path / "b.hcpe3"]), settings)
     part = pickle.loads(pickle.dumps(averaged.parts[0]))
     decoder = BatchDecoder(756.0, 0.3)
@@ -508,16 +509,16 @@ def test_a_damaged_cache_is_rebuilt_not_trusted(games, tmp_path):
 
 
 def test_resuming_with_use_average_changed_is_refused(games, tmp_path):
-    from tideborn.data.loader import TeacherBatches
+    from tideborn.trainer.state import teacher_batches
 
     write_hcpe3(tmp_path / "a.hcpe3", games[:3], seed=95)
     plain = Settings(data=DataSettings(train=(str(tmp_path / "a.hcpe3"),), workers=0))
     averaged = Settings(data=DataSettings(train=(str(tmp_path / "a.hcpe3"),), workers=0, use_average=True))
-    with TeacherBatches(plain, torch.device("cpu"), micro_batch_size=16) as data:
+    with teacher_batches(plain, torch.device("cpu"), micro_batch_size=16) as data:
         data.next_batch()
         state = data.state_dict()
     assert state["use_average"] is False and state["kind"] == "hcpe3"
-    with TeacherBatches(averaged, torch.device("cpu"), micro_batch_size=16) as data:
+    with teacher_batches(averaged, torch.device("cpu"), micro_batch_size=16) as data:
         with pytest.raises(UserError, match="data.use_average was False when the checkpoint was written and is True"):
             data.load_state_dict(state)
 
@@ -542,7 +543,7 @@ def test_per_file_eval_scales_reach_hcpe3_positions_and_their_averages(games, tm
     assert len(decoded) == len(source)
     np.testing.assert_allclose(decoded.eval_value, 1 / (1 + np.exp(-evals / scale_of)), rtol=1e-5)
 
-    settings = Settings(data=DataSettings(train=("a.hcpe3", "b.hcpe3"), use_average=True))
+    settings = DataSettings(train=("a.hcpe3", "b.hcpe3"), use_average=True)
     averaged = averaged_source(open_source(paths), settings, scales=scales)
     sums: dict[bytes, list[float]] = {}
     for pos, p in zip(positions, paths):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.trainer.device import resolve_device
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint

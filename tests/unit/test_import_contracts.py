@@ -1,6 +1,7 @@
 """The import layers hold: import-linter checks the contracts in pyproject.toml ([tool.importlinter]: imports
-point down the layers, no circles, no torch on the monitoring side, no textual on the headless side, command-line
-modules are leaves). test_import_hygiene.py checks the same at run time, in `sys.modules`.
+point down the layers, no circles, no torch on the monitoring side, no textual on the headless side, the package
+never imports the benchmarks beside it, command-line modules are leaves). test_import_hygiene.py checks the same at
+run time, in `sys.modules`.
 
 Every import counts, also one inside a function: a module that imports torch only when a command runs still
 drags it into whatever imports that module."""
@@ -15,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+SETTINGS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+CONTRACTS = SETTINGS["contracts"]
 
 
 def lint_imports(config: Path) -> subprocess.CompletedProcess:
@@ -30,18 +32,23 @@ def test_the_import_contracts_hold() -> None:
     assert "0 broken" in result.stdout
 
 
-def test_the_contracts_cover_layers_circles_torch_textual_and_command_lines() -> None:
+def test_the_contracts_cover_layers_circles_torch_textual_benchmarks_and_command_lines() -> None:
     by_id = {contract["id"]: contract for contract in CONTRACTS}
     assert set(by_id) >= {"layers", "no-circles", "monitoring-without-torch", "headless-without-textual",
-                          "cli-modules-are-leaves"}
+                          "package-without-benchmarks", "cli-modules-are-leaves"}
+    assert SETTINGS["root_packages"] == ["tideborn", "benchmarks"]
     layers = by_id["layers"]
     assert layers["containers"] == ["tideborn"] and layers["exhaustive"] is True
     assert layers["layers"][:2] == ["__main__", "cli"]
-    assert by_id["no-circles"]["ancestors"] == ["tideborn"]
+    assert not any("bench" in layer for layer in layers["layers"]), "the benchmarks are outside the package's layers"
+    assert by_id["no-circles"]["ancestors"] == ["tideborn", "benchmarks"]
     torch_free = by_id["monitoring-without-torch"]
     assert {"tideborn.tui", "tideborn.tools", "tideborn.rundir", "tideborn.config"} <= set(torch_free["source_modules"])
     assert torch_free["forbidden_modules"] == ["torch"] and not torch_free.get("allow_indirect_imports")
     assert "textual" in by_id["headless-without-textual"]["forbidden_modules"]
+    without_benchmarks = by_id["package-without-benchmarks"]
+    assert without_benchmarks["source_modules"] == ["tideborn"]
+    assert without_benchmarks["forbidden_modules"] == ["benchmarks"]
 
 
 BROKEN = {
@@ -65,6 +72,14 @@ BROKEN = {
         protected_modules = ["tideborn.match.run"]
         allowed_importers = ["tideborn.match.cli"]
     """,
+    # the reverse of `package-without-benchmarks`: the checker sees imports from one root package into the other
+    "the package imported by the benchmarks": """
+        [[tool.importlinter.contracts]]
+        name = "the benchmarks without the package"
+        type = "forbidden"
+        source_modules = ["benchmarks"]
+        forbidden_modules = ["tideborn"]
+    """,
 }
 
 
@@ -72,8 +87,8 @@ BROKEN = {
 def test_a_broken_contract_fails(case: str, tmp_path: Path) -> None:
     """The checker can fail: contracts that the code does break are reported, with a non-zero exit status."""
     config = tmp_path / "contracts.toml"
-    config.write_text('[tool.importlinter]\nroot_package = "tideborn"\ninclude_external_packages = true\n'
-                      + textwrap.dedent(BROKEN[case]))
+    config.write_text('[tool.importlinter]\nroot_packages = ["tideborn", "benchmarks"]\n'
+                      'include_external_packages = true\n' + textwrap.dedent(BROKEN[case]))
     result = lint_imports(config)
     assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout + result.stderr
 
@@ -93,7 +108,8 @@ def test_a_circle_fails(tmp_path: Path) -> None:
 
 
 def test_the_docs_name_every_layer_and_the_readme_every_package() -> None:
-    """docs/layout.md describes each layer of the contract; the README's layout line says where each package is."""
+    """docs/layout.md describes each layer of the contract; the README's layout line says where each package is,
+    and both place the benchmarks outside the package."""
     layers = next(contract for contract in CONTRACTS if contract["id"] == "layers")["layers"]
     layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
     for layer in layers:
@@ -104,3 +120,4 @@ def test_the_docs_name_every_layer_and_the_readme_every_package() -> None:
     line = readme[readme.index("Layout ("):].split("\n\n", 1)[0]
     packages = sorted(path.parent.name for path in (ROOT / "tideborn").glob("*/__init__.py"))
     assert packages and all(f"`{package}`" in line for package in packages), (packages, line)
+    assert "`benchmarks/`" in line and "`benchmarks/`" in layout[layout.index("## Outside the package"):]

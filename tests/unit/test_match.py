@@ -279,9 +279,13 @@ def test_match_every_during_a_run_writes_match_events_and_status_watch_and_monit
     watch = run_tool("watch", "--format", "text")
     assert " match step 4 vs step 2: Elo " in watch, watch
 
+    from tideborn.rundir.state import RunTracker
     from tideborn.tui.widgets.header import elo_curve_text
 
-    assert elo_curve_text(curve).startswith("Elo ") and "at step 4" in elo_curve_text(curve)
+    tracker = RunTracker(run_dir)
+    tracker.refresh()
+    shown = elo_curve_text(tracker.status().elo_curve)  # the typed status, as the monitor's header has it
+    assert shown.startswith("Elo ") and "at step 4" in shown, shown
 
 
 def test_match_every_must_be_a_multiple_of_checkpoint_every(tmp_path):

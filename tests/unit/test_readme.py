@@ -166,15 +166,15 @@ class FreshClone:
         return name
 
     def has_checkpoint(self, path: Path, why: str) -> None:
-        from tideborn.rundir import parse_step
+        from tideborn.rundir.layout import parse_step
 
         steps = self.runs.get(self.has_run(path.parent, why))
         assert steps is not None, f"{why}: which checkpoints {path.parent} holds depends on when it was stopped"
         assert parse_step(path) in steps, f"{why}: {path.parent} holds the steps {sorted(steps)}, not {path.name}"
 
     def trains(self, args: argparse.Namespace, why: str, detached: bool) -> None:
-        from tideborn.config import load_settings
-        from tideborn.rundir import run_dir_of
+        from tideborn.config.load import load_settings
+        from tideborn.rundir.layout import run_dir_of
 
         flags = {name: getattr(args, name) for name in ("type", "network", "mode")}
         settings = load_settings(args.config, args.overrides, flags, environ={}, cwd=REPO_ROOT).settings

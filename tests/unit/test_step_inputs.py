@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from tests.helpers.data import hcpe_records, random_positions, settings_for, write_records
-from tideborn.data.loader import TeacherBatches
 from tideborn.trainer.device import resolve_device
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
-from tideborn.trainer.state import TrainingState
+from tideborn.trainer.state import TrainingState, teacher_batches
 
 
 @pytest.mark.parametrize("channels_last", [True, False])
@@ -26,7 +25,7 @@ def test_the_step_feeds_the_network_dense_planes_in_the_asked_layout_with_the_lo
     assert setup.channels_last is channels_last and setup.describe().endswith(", channels_last") is channels_last
     state = TrainingState(settings, setup, DistEnv())
     state.restore(StartPoint())
-    twin = TeacherBatches(settings, torch.device("cpu"))  # the same batches in the same order
+    twin = teacher_batches(settings, torch.device("cpu"))  # the same batches in the same order
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
     state.model.register_forward_pre_hook(lambda _module, inputs: seen.append(inputs))
     try:

@@ -242,7 +242,7 @@ def test_the_console_script_without_a_command_prints_usage_and_exits_2(workdir: 
 
 
 def test_set_takes_a_quoted_out_dir_with_spaces(workdir: Path) -> None:
-    from tideborn.config import load_settings
+    from tideborn.config.load import load_settings
 
     target = workdir / "dir with space" / "run"
     settings = load_settings(SMOKE_CONFIG, [out_dir_set(target)], environ={}).settings

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from tideborn.config.schema import RuntimeSettings
-from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.events import read_events
+from tideborn.rundir.layout import EVENTS_FILE
 from tideborn.trainer.cli import main
 from tideborn.trainer.duties import Duties, Every, Horizon, Interval, Once
 from tideborn.trainer.metrics import MetricsWindow

@@ -29,11 +29,11 @@ from tests.helpers.common import (
     trainer_in_process,
 )
 from tests.helpers.data import hcpe_records, psv_records, random_positions, settings_for, write_records
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.config.schema import LossSettings, WatchdogSettings
 from tideborn.data.evalfix import fit_files, fit_scale, scales_by_file
 from tideborn.data.features import Decoder
-from tideborn.data.loader import TeacherBatches, decode_indices
+from tideborn.data.loader import decode_indices
 from tideborn.data.records import RecordSet
 from tideborn.data.sources import BatchDecoder, as_source
 from tideborn.data.targets import value_lambda_at
@@ -44,7 +44,7 @@ from tideborn.trainer.device import resolve_device
 from tideborn.trainer.evaluation import Evaluator
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
-from tideborn.trainer.state import TrainingState
+from tideborn.trainer.state import TrainingState, teacher_batches
 from tideborn.trainer.synthetic import SyntheticBatches
 from tideborn.trainer.watchdog import GradientJudge
 
@@ -94,7 +94,7 @@ def test_training_mixes_the_value_target_with_the_steps_lambda(decaying_files):
                             train=["train.hcpe"])
     state = TrainingState(settings, resolve_device(settings.runtime), DistEnv())
     state.restore(StartPoint())
-    twin = TeacherBatches(settings, CPU)  # the same batches in the same order, to recompute each loss
+    twin = teacher_batches(settings, CPU)  # the same batches in the same order, to recompute each loss
     try:
         for step, mix in enumerate([0.6, 0.3, 0.0, 0.0]):
             batch = twin.next_batch()
@@ -183,7 +183,7 @@ def test_per_file_scales_are_fitted_and_used_by_the_decoder(evalfix_files):
     evals = records.read(indices)["eval"].astype(np.float64)
     scales = np.array([fit.scale for fit in fits])
     assert item["eval_value"] == pytest.approx(1 / (1 + np.exp(-evals / scales)), rel=1e-6)
-    batches = TeacherBatches(settings, CPU)
+    batches = teacher_batches(settings, CPU)
     try:
         assert [fit.scale for fit in batches.scale_fits] == [fit.scale for fit in fits]
     finally:

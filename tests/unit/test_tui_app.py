@@ -427,6 +427,30 @@ async def test_zoom_and_pan_keys_move_the_step_axis(fixture_run):
         assert plot.zoom is None and plot.span() == (5.0, 400.0)
 
 
+async def test_the_charts_keys_reach_it_wherever_the_focus_is(fixture_run):
+    # The keys are the chart's (LossPlot.KEYS), and the chart never has the focus: the log has it as the dashboard
+    # opens, Tab moves it to the anomalies. Each key still reaches the chart, says what it did, and leaves the focus.
+    seen: list = []
+    async with app_for(fixture_run).run_test(size=(100, 30), message_hook=seen.append) as pilot:
+        screen = await attached(pilot)
+        plot = screen.plot
+        for pane in (LogPane, AnomalyList):
+            screen.query_one(pane).focus()
+            await pilot.pause()
+            views = (plot.options.smooth, plot.options.log, plot.options.wall_time)
+            await pilot.press("m", "l", "t")
+            assert (plot.options.smooth, plot.options.log, plot.options.wall_time) == tuple(not on for on in views)
+            await pilot.press("t", "plus")
+            assert plot.zoom is not None
+            await pilot.press("0", "v")
+            assert plot.zoom is None and plot.cursor is not None
+            await pilot.press("v")
+            assert plot.cursor is None and isinstance(pilot.app.focused, pane)
+        said = {"smoothing off", "smoothing on", "log scale", "linear scale", "x axis: wall time", "x axis: step",
+                "cursor on: [ and ] move it, the legends read the values there", "cursor off"}
+        await until(pilot, lambda: said <= set(notices(seen)), "each key's notification")
+
+
 async def test_mouse_wheel_zooms_about_the_pointer_and_scrolls_sideways(fixture_run):
     from textual import events
 

@@ -63,7 +63,7 @@ from tideborn.data.hcpe3_compact import labels_of
 from tideborn.errors import UserError
 
 if typing.TYPE_CHECKING:
-    from tideborn.config.schema import Settings
+    from tideborn.config.schema import DataSettings
     from tideborn.data.sources import BatchDecoder, TeacherSource
 
 CACHE_FORMAT = "tideborn-averaged-positions"
@@ -91,9 +91,8 @@ class _Entries:
         self.count += len(hcp)
 
 
-def _add_records(entries: _Entries, part, settings: Settings, scales: dict[str, float] | None) -> None:
+def _add_records(entries: _Entries, part, data: DataSettings, scales: dict[str, float] | None) -> None:
     """hcpe or psv records: one-hot on the move; psv positions re-packed as hcp."""
-    data = settings.data
     file_scale = np.array([scales[str(p)] if scales else data.eval_scale for p in part.records.paths])
     records_set = part.records
     kind = part.kind
@@ -141,9 +140,8 @@ def _add_records(entries: _Entries, part, settings: Settings, scales: dict[str, 
                     np.arange(len(rows)), labels[rows], moves16[rows], np.ones(len(rows)))
 
 
-def _add_hcpe3(entries: _Entries, part, settings: Settings, scales: dict[str, float] | None) -> None:
+def _add_hcpe3(entries: _Entries, part, data: DataSettings, scales: dict[str, float] | None) -> None:
     """hcpe3 positions: their visit distributions at `data.policy_temperature`."""
-    data = settings.data
     for positions in part.files:
         scale = scales[str(positions.path)] if scales else data.eval_scale
         for start in range(0, len(positions), CHUNK):
@@ -183,11 +181,10 @@ def _add_hcpe3(entries: _Entries, part, settings: Settings, scales: dict[str, fl
                         labels[nonzero], move16[nonzero], probs[nonzero])
 
 
-def average_key(source: TeacherSource, settings: Settings, scales: dict[str, float] | None = None) -> str:
+def average_key(source: TeacherSource, data: DataSettings, scales: dict[str, float] | None = None) -> str:
     """The digest of what names the merged set: its inputs' paths and the options it depends on. Their
     contents are checked apart (`input_identities`), so that an input changed in place needs no rehash of
     the others to be seen."""
-    data = settings.data
     inputs = [str(Path(p).resolve()) for p in source.paths]
     text = json.dumps({"inputs": inputs, "temperature": data.policy_temperature, "eval_scale": data.eval_scale,
                        "file_scales": scales, "bad_records": data.bad_records, "version": 2}, sort_keys=True)
@@ -233,7 +230,7 @@ def average_cache_path(source: TeacherSource, key: str) -> Path:
     return first.with_name(f".{first.name}.average-{key[:16]}.positions")
 
 
-def build_average(source: TeacherSource, settings: Settings, scales: dict[str, float] | None = None,
+def build_average(source: TeacherSource, data: DataSettings, scales: dict[str, float] | None = None,
                   scratch_beside: Path | None = None) -> tuple[dict, dict[str, np.ndarray]]:
     """(meta, arrays) of the merged set of `source`'s positions, in memory; `scales`: each file's eval scale
     by path (`data.eval_scale_fit = "per_file"`), else `data.eval_scale` for all. With `scratch_beside`, the
@@ -241,13 +238,13 @@ def build_average(source: TeacherSource, settings: Settings, scales: dict[str, f
     into memory; `merge_to_arrays` leaves it on disk too."""
     scratch = Scratch(scratch_beside)
     try:
-        meta, spooled = merge_to_arrays(source, settings, scales, scratch)
+        meta, spooled = merge_to_arrays(source, data, scales, scratch)
         return meta, {name: array.array() for name, array in spooled.items()}
     finally:
         scratch.close()
 
 
-def merge_to_arrays(source: TeacherSource, settings: Settings, scales: dict[str, float] | None,
+def merge_to_arrays(source: TeacherSource, data: DataSettings, scales: dict[str, float] | None,
                     scratch: Scratch) -> tuple[dict, dict[str, SpooledArray]]:
     """(meta, the merged set's arrays spooled in `scratch`): an external sort/merge by packed position in
     chunks of `average_merge.CHUNK_POSITIONS` inputs, so that memory stays bounded at any number of inputs
@@ -257,9 +254,9 @@ def merge_to_arrays(source: TeacherSource, settings: Settings, scales: dict[str,
     entries = _Entries(ExternalMerge(scratch))
     for part in source.parts:
         if part.kind == "hcpe3":
-            _add_hcpe3(entries, part, settings, scales)
+            _add_hcpe3(entries, part, data, scales)
         else:
-            _add_records(entries, part, settings, scales)
+            _add_records(entries, part, data, scales)
     if entries.count == 0:
         raise UserError("data.train: no usable position to average (every record was skipped)")
     arrays = entries.merge.finish()
@@ -269,7 +266,7 @@ def merge_to_arrays(source: TeacherSource, settings: Settings, scales: dict[str,
     return meta, arrays
 
 
-def _build_cache(source: TeacherSource, settings: Settings, scales: dict[str, float] | None, path: Path, key: str,
+def _build_cache(source: TeacherSource, data: DataSettings, scales: dict[str, float] | None, path: Path, key: str,
                  inputs: list[dict], hostile: str | None, say: typing.Callable[[str], None],
                  owners: set[int]) -> tuple[dict, dict]:
     """Merge `source` into the cache at `path` (runs and arrays in scratch files beside it, then the cache
@@ -278,7 +275,7 @@ def _build_cache(source: TeacherSource, settings: Settings, scales: dict[str, fl
     what = "the averaged positions of data.train"
 
     def in_memory() -> tuple[dict, dict]:
-        meta, arrays = build_average(source, settings, scales)
+        meta, arrays = build_average(source, data, scales)
         meta["key"], meta["input_files"] = key, inputs
         return meta, arrays
 
@@ -288,7 +285,7 @@ def _build_cache(source: TeacherSource, settings: Settings, scales: dict[str, fl
     scratch = Scratch(path)
     try:
         try:
-            meta, spooled = merge_to_arrays(source, settings, scales, scratch)
+            meta, spooled = merge_to_arrays(source, data, scales, scratch)
         except ScratchUnwritable as exc:
             say(f"{path}: the averaged positions could not be cached ({exc}); averaged in memory")
             scratch.close()
@@ -370,13 +367,13 @@ class AveragedPart:
         close_arrays(self.arrays.values())
 
 
-def averaged_source(source: TeacherSource, settings: Settings, warn: typing.Callable[[str], None] | None = None,
+def averaged_source(source: TeacherSource, data: DataSettings, warn: typing.Callable[[str], None] | None = None,
                     scales: dict[str, float] | None = None) -> TeacherSource:
     """`source`'s positions with duplicates merged: read from the cache when it is there, else built (and
     written beside the first training file; in memory, with a warning, where that cannot be written)."""
     from tideborn.data.sources import TeacherSource
 
-    key = average_key(source, settings, scales)
+    key = average_key(source, data, scales)
     path = average_cache_path(source, key)
 
     def say(text: str) -> None:
@@ -398,7 +395,7 @@ def averaged_source(source: TeacherSource, settings: Settings, warn: typing.Call
         return cached is not None and cached[0].get("key") == key and _same_contents(cached[0], inputs)
 
     if not current(found):
-        found = _build_cache(source, settings, scales, path, key, inputs, hostile, say, owners)
+        found = _build_cache(source, data, scales, path, key, inputs, hostile, say, owners)
     header, arrays = found
     summary = {"inputs": int(header["inputs"]), "positions": int(header["positions"]),
                "merged": int(header["merged"]), "skipped": int(header["skipped"]), "cache": str(path)}

@@ -311,23 +311,12 @@ def open_cache(path: Path, fmt: str, version: int, source: str, trusted_uids: ty
     sums = header.get("checksums")
     if arrays is None or not isinstance(sums, dict) or set(sums) != set(arrays):
         return None
-    identity = (facts.st_dev, facts.st_ino, facts.st_size, facts.st_mtime_ns, facts.st_ctime_ns)
-    if _CHECKED.get(identity) != sums:
-        for name, array in arrays.items():
-            found = _stored_checksum(cache, array)
-            if found != sums[name]:
-                raise DamagedCache(f"its array {name!r} does not match its checksum (CRC-32 {found}, {sums[name]} "
-                                   f"when written): changed on disk since it was built")
-        _CHECKED[identity] = sums
+    for name, array in arrays.items():
+        found = _stored_checksum(cache, array)
+        if found != sums[name]:
+            raise DamagedCache(f"its array {name!r} does not match its checksum (CRC-32 {found}, {sums[name]} "
+                               f"when written): changed on disk since it was built")
     return header, arrays
-
-
-_CHECKED: dict[tuple[int, ...], dict] = {}
-"""Cache files whose every array this process has checked against the header's checksums, by (device, inode,
-size, mtime, ctime): their checksums. An open of the same file unchanged since (a write, a truncation or a `utime`
-moves its ctime) does not read it whole again: a trainer opens its data three times before its first step (the
-command's check before torch loads, `run_training`'s, the loader's), and at 10^8 hcpe3 positions each pass over
-the 4 GB cache took 1.2 s. A new process (`tideborn data verify`, the next run) checks it whole again."""
 
 
 def _stored_checksum(cache: CacheFile, array: CacheArray) -> str:

@@ -500,6 +500,17 @@ def decode_batch(packed, moves16, usable, anchors, replay_moves, bounds, planes,
         status[i] = DONE
 
 
+def prepare_decoder() -> None:
+    """Load `decode_batch` into this process (from numba's cache, else compiled): a process that forks loader
+    workers calls this first, and they inherit it rather than each loading it again (about 0.35 s a worker and an
+    epoch). The arguments have the types `features.Decoder` passes, so this is the compilation it uses."""
+    no_moves = np.zeros(0, dtype=np.int64)
+    no_hcp = np.zeros((0, 32), dtype=np.uint8)
+    decode_batch(no_hcp, no_moves, np.zeros(0, dtype=np.bool_), no_hcp, no_moves, no_moves,
+                 np.zeros((0, 2 * _FEATURES1_PER_COLOR, 81), dtype=np.uint8),
+                 np.zeros((0, 2 * _HAND_PLANES + 1), dtype=np.uint8), no_moves, np.zeros(0, dtype=np.uint8))
+
+
 # --- the first open's replay: a game's candidates and moves checked and played, the anchors packed ---
 
 def _encoder() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -776,9 +787,13 @@ class _SturdyCache(FunctionCache):
     again, one line says so (once a process), and the unreadable index is removed so that the fresh compilation
     is kept. (numba has no option for this; its hook around each load and save is the place.)
 
-    And keyed on what the code is made of: numba keys its index on the function's file's mtime and size, so an
-    edit that keeps both, or one to a module whose constants the code reads (frozen into it at compilation:
-    hcpe3_ops here), would load the old code. The index's stamp is `stamp` instead (`sources_stamp`)."""
+    And keyed on the contents of every file the code is made of (`stamp`, from `sources_stamp`), which nothing
+    public in numba gives. numba's stamp covers the function's own file alone (its contents in recent numba, 0.68;
+    its mtime and size in the older releases pyproject.toml allows, 0.60), and numba's caching notes say that a
+    change to a symbol defined in another file does not invalidate the cache. The loops read hcpe3_ops.py's
+    constants, frozen into the code when it is compiled: an edit there alone would load the old code, and with it
+    silently wrong planes. (NUMBA_CACHE_DIR only moves the cache.) The stamp and the guard below are numba's
+    internals: test_decode_compiled.py holds them to their behaviour."""
 
     said = False
 

@@ -313,10 +313,10 @@ class Decoder:
         """`decode` of hcp positions: the compiled loop decodes the batch in place, and the positions it leaves
         (`SLOW`: an odd record, a move it does not certify) are decoded here by cshogi, in order, with the loop's
         messages; the kept rows are then moved up over the skipped ones."""
-        # Imported here, not at the top: where no build ahead of time is current, numba's import and the compiled
-        # code's load take about 0.35 s, which only a process that decodes should pay (the monitor, the engine and
-        # the synthetic runs import this module too).
-        from tideborn.data import native
+        # Imported here, not at the top: numba's import and the compiled code's load from its cache take about
+        # 0.35 s, which only a process that decodes should pay (the monitor, the engine and the synthetic runs
+        # import this module too).
+        from tideborn.data import compiled
         n = len(records)
         packed = packed_positions(records)
         results = results_for_side_to_move(records, self.kind)
@@ -333,8 +333,8 @@ class Decoder:
             anchors, replay_moves, bounds = packed, _NO_MOVES, _NO_MOVES
         else:
             anchors, replay_moves, bounds = positions.anchors, positions.moves, positions.bounds
-        native.loops().decode_batch(packed, moves16, decodable, anchors, replay_moves, bounds, flat, features2,
-                                    policy, status)
+        compiled.decode_batch(packed, moves16, decodable, anchors, replay_moves, bounds, flat, features2, policy,
+                              status)
         skipped: list[tuple[int, str]] = []
         board = self.board
         chunk1, chunk2 = self._chunk1, self._chunk2

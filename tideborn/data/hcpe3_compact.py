@@ -237,8 +237,8 @@ class CompactPositions:
         first = int(indices[0])
         move_array = np.asarray(s["move16"][first - int(steps[0]):int(indices[-1])]).astype(np.int64)
         out = np.empty((len(indices), 32), np.uint8)
-        from tideborn.data import native  # here: the compiled loops are for a process that reads hcpe3 positions
-        if native.loops().replay_range(np.ascontiguousarray(start_hcp), steps, move_array, int(steps[0]), out):
+        from tideborn.data import compiled  # here: numba's import is for a process that reads hcpe3 positions
+        if compiled.replay_range(np.ascontiguousarray(start_hcp), steps, move_array, int(steps[0]), out):
             return out
         moves = move_array.tolist()  # a position or move the compiled loop did not certify: cshogi's replay
         if self._board is None:

@@ -221,11 +221,11 @@ def _walk(words: memoryview, base: int, size: int, at_file_end: bool, first_game
     window, end = _Window(), len(words)
     # The whole, sane games first, in compiled code (a Python loop over the moves was a sixth of a first open);
     # the loop below goes on from where it stopped: a game cut by the window's end, or one it must name.
-    from tideborn.data import native  # here: the compiled loops are for a process that opens hcpe3
+    from tideborn.data import compiled  # here: numba's import is for a process that opens hcpe3
     move_prefix = np.empty(end // 3 + 1, np.int64)  # a move is at least 3 words, a game 18
     game_prefix, first_prefix = np.empty(end // 18 + 1, np.int64), np.empty(end // 18 + 1, np.int64)
-    walked, prefix_moves, k = native.loops().walk_games(np.frombuffer(words, dtype=np.uint16), 0, end,
-                                                        MAX_LEGAL_MOVES, move_prefix, game_prefix, first_prefix)
+    walked, prefix_moves, k = compiled.walk_games(np.frombuffer(words, dtype=np.uint16), 0, end, MAX_LEGAL_MOVES,
+                                                  move_prefix, game_prefix, first_prefix)
     window.move_prefix = move_prefix[:prefix_moves].copy()
     window.game_words, window.game_first_move = game_prefix[:walked].tolist(), first_prefix[:walked].tolist()
     del move_prefix, game_prefix, first_prefix
@@ -442,11 +442,11 @@ class ReplayedPositions:
         """Per game of the window, 1 where the compiled loop (`compiled.play_games`: `_play_fast`'s work)
         checked and played it, 0 where it left the game to the loops below (a usable game only: its result
         byte and kings are right); and per move, nonzero where a repetition leaves the position out."""
-        # Imported here: the compiled loops are for a process that opens hcpe3.
-        from tideborn.data import native
+        # Imported here: numba's import is for a process that opens hcpe3.
+        from tideborn.data import compiled
         played = np.zeros(len(usable), dtype=np.uint8)
         gaps = np.zeros(len(hcp), dtype=np.uint8)
-        native.loops().play_games(starts, usable, first_moves, ops, op_starts, hcp, played, gaps)
+        compiled.play_games(starts, usable, first_moves, ops, op_starts, hcp, played, gaps)
         return played.tolist(), gaps
 
     def _where(self, game_index: int, word: int, base: int) -> str:

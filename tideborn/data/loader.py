@@ -1,6 +1,7 @@
 """Teacher batches for the training loop: the same interface as `SyntheticBatches`, fed by worker processes.
 
-`TeacherBatches(settings, device, rank, world_size, micro_batch_size)`: `next_batch() -> Batch` on
+`TeacherBatches(data, loader_settings, device, rank, world_size)`: the `[data]` settings and the few numbers the
+loader needs from the rest (`LoaderSettings`), a `BatchSource` (`data.batch`): `next_batch() -> Batch` on
 `device`, `state_dict()` / `load_state_dict()` with the data cursor, `close()`. Time spent inside
 `next_batch()` is the data wait: with enough workers it is a queue pop and a host-to-device copy.
 
@@ -17,36 +18,34 @@ staging and the bus, which is what limited a fast GPU's data path (docs/benchmar
 
 from __future__ import annotations
 
+import os
 import typing
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from tideborn.config.schema import Settings
-from tideborn.data.batch import Batch
+from tideborn.config.schema import DataSettings
+from tideborn.data.batch import AverageNote, Batch, DataSummary, Hcpe3Note, SkippedRecords, WindowControl, WindowNote
 from tideborn.data.dataset import GlobalOrder
 from tideborn.data.evalfix import ScaleFit, fit_files, scales_by_file
 from tideborn.data.features import FEATURES1_NUM, BadRecord
-from tideborn.data.records import expand_paths
 from tideborn.data.sources import (
     BatchDecoder,
     TeacherSource,
     count_file,
-    file_kind,
-    held_out_source,
     open_source,
     training_source,
     watched_patterns,
 )
-from tideborn.data.targets import value_lambda_decays
 from tideborn.data.watch import DataWatch, ScanResult, window_seed
 from tideborn.errors import UserError
 
 SKIP_EXAMPLES = 5
-"""How many recently skipped records `skipped_examples` keeps for the warning event."""
+"""How many recently skipped records `skipped.examples` keeps for the warning event."""
 
 
 class _DecodedBatches(Dataset):
@@ -144,9 +143,29 @@ class _CursorSampler(Sampler):
         return self.order.rank_cursors(self.epoch, self.micro)
 
 
-def pins_memory(device: torch.device, settings: Settings) -> bool:
+@dataclass(frozen=True)
+class LoaderSettings:
+    """What the loader needs from outside `[data]` (the trainer makes it from the settings)."""
+
+    data_root: str | os.PathLike
+    """`paths.data_root`: where relative `data.train` paths resolve."""
+    seed: int
+    """`runtime.seed`: keys the data order."""
+    micro_batch_size: int
+    """Positions a micro-batch (`optim.micro_batch_size`)."""
+    accumulation_steps: int
+    """Micro-batches a rank takes per step (`optim.accumulation_steps`)."""
+    value_lambda: float
+    """`loss.value_lambda`: the mix of game result and eval in the value target."""
+    value_lambda_decays: bool
+    """The trainer mixes the value target itself (`loss.value_lambda_decay_steps`): batches carry both parts."""
+    pin_memory: bool
+    """`runtime.pin_memory`: stage CUDA batches in pinned memory."""
+
+
+def pins_memory(device: torch.device, pin_memory: bool) -> bool:
     """Whether batches for `device` are staged in pinned memory (`runtime.pin_memory`, CUDA only)."""
-    return device.type == "cuda" and settings.runtime.pin_memory
+    return device.type == "cuda" and pin_memory
 
 
 def to_device_batch(item: dict, device: torch.device, pinned: bool = True, value_parts: bool = False) -> Batch:
@@ -193,17 +212,17 @@ def _to_device(array: np.ndarray | torch.Tensor, device: torch.device, non_block
 
 
 class TeacherBatches:
-    """An endless stream of teacher micro-batches for one rank; resumable at any step boundary, at any world size
-    (the cursor is the global one of `GlobalOrder`). `accumulation`: micro-batches a rank takes per step
-    (default `optim.accumulation_steps`)."""
+    """An endless stream of teacher micro-batches for one rank (a `BatchSource`); resumable at any step boundary,
+    at any world size (the cursor is the global one of `GlobalOrder`). `accumulation`: micro-batches a rank takes
+    per step (default `accumulation_steps`). `source`: `data.train` as the trainer opened it (`data.opened`),
+    taken over (closed with the loader); None: opened here. With `data.watch` it is its own `window`."""
 
-    def __init__(self, settings: Settings, device: torch.device, rank: int = 0, world_size: int = 1,
-                 micro_batch_size: int | None = None, pack_planes: bool | None = None,
-                 accumulation: int | None = None):
-        data = settings.data
-        self.settings = settings
+    def __init__(self, data: DataSettings, loader_settings: LoaderSettings, device: torch.device, rank: int = 0,
+                 world_size: int = 1, micro_batch_size: int | None = None, pack_planes: bool | None = None,
+                 accumulation: int | None = None, source: TeacherSource | None = None):
+        self.data, self.loader_settings = data, loader_settings
         self.device = torch.device(device)
-        self.pinned = pins_memory(self.device, settings)
+        self.pinned = pins_memory(self.device, loader_settings.pin_memory)
         self.pack_planes = self.device.type == "cuda" if pack_planes is None else pack_planes
         """Workers pack the planes eight to a byte (module docstring): on CUDA, where the device unpacks them
         for nothing; on the CPU unpacking would cost more than the copy it saves. (An argument for the
@@ -213,14 +232,12 @@ class TeacherBatches:
         self.resume_left: list[tuple[str, str]] = []
         """With `data.watch`: window files gone or changed since the checkpoint (they left; warnings)."""
         self.kind = data.resolved_kind
-        self.batch_size = micro_batch_size or settings.optim.micro_batch_size
-        self.accumulation = accumulation or settings.optim.accumulation_steps
+        self.batch_size = micro_batch_size or loader_settings.micro_batch_size
+        self.accumulation = accumulation or loader_settings.accumulation_steps
         """Micro-batches a rank takes per step."""
         self.rank, self.world_size = rank, world_size
         self.scale_fits: list[ScaleFit] = []
         """`data.eval_scale_fit = "per_file"`: each training file's eval scale (dlshogi's evalfix)."""
-        self.averaging: dict | None = None
-        """With `data.use_average`: inputs, merged positions, skipped records and the cache file (see `average`)."""
         self.first = 0
         """The window's first position in `records`: positions before it are older than the window."""
         self.watch: DataWatch | None = None
@@ -231,40 +248,42 @@ class TeacherBatches:
         if data.watch:
             if world_size > 1:
                 raise UserError("data.watch: a watched data set is trained by one process; run without torchrun")
-            self.watch = DataWatch(watched_patterns(settings), lambda path: count_file(path, data.kind),
-                                   data.window_positions, data.rescan_seconds)
+            if source is not None:
+                source.close()  # (nothing to take over: the window's files are opened as they join)
+            self.watch = DataWatch(watched_patterns(data, loader_settings.data_root),
+                                   lambda path: count_file(path, data.kind), data.window_positions,
+                                   data.rescan_seconds)
             self.first_scan = self.watch.scan()
             self._open_window()
         else:
-            records = training_source(settings)
+            records = source if source is not None else training_source(data, loader_settings.data_root)
             # fitted on the files as they are (before any averaging, which then uses each file's scale)
             self.scale_fits = fit_files(records, data.eval_scale) if data.eval_scale_fit == "per_file" else []
             self._use_records(records, [])
-        self.decoder_args = (data.eval_scale, settings.loss.value_lambda, data.bad_records, data.policy_temperature,
-                             None if data.use_average else scales_by_file(self.scale_fits))
-        self.value_parts = value_lambda_decays(settings.loss)
+        self.decoder_args = (data.eval_scale, loader_settings.value_lambda, data.bad_records,
+                             data.policy_temperature, None if data.use_average else scales_by_file(self.scale_fits))
+        self.value_parts = loader_settings.value_lambda_decays
         self.epoch, self.micro = 0, 0
         """The global cursor at the start of the current step: (epoch, global micro-batch), the same on every rank."""
         self.micro_in_step = 0
         self.batches_delivered = 0
-        self.skipped_records = 0
+        self._skipped_count = 0
         """Records skipped so far (empty or illegal moves), counted across resumes."""
-        self.skipped_examples: deque[str] = deque(maxlen=SKIP_EXAMPLES)
+        self._skipped_examples: deque[str] = deque(maxlen=SKIP_EXAMPLES)
+        """The latest skipped records as 'file: record N: reason', for the warning event."""
         self.record_draws = False
         """Keep `drawn`: for `runtime.ddp_diagnostics`' digest of the global batches."""
         self.drawn: list[tuple[tuple[int, int], np.ndarray]] = []
         """This rank's micro-batches since the list was last cleared: (epoch, global micro-batch), record indices."""
-        """The latest skipped records as 'file: record N: reason', for the warning event."""
 
     def _use_records(self, records: TeacherSource, window: list) -> None:
         """Train on `records` (averaged first with `data.use_average`), the window's last `data.window_positions`
         of them, in a data order keyed by the seed and the watch's generation; the cursor starts over."""
-        settings, data = self.settings, self.settings.data
+        data = self.data
         if data.use_average:
             from tideborn.data.average import averaged_source
 
-            records = averaged_source(records, settings, scales=scales_by_file(self.scale_fits))
-            self.averaging = records.note.get("average")
+            records = averaged_source(records, data, scales=scales_by_file(self.scale_fits))
         self.records = records
         # Averaged positions have no file order left: the window then holds the newest whole files (watch.window).
         self.first = 0
@@ -277,7 +296,8 @@ class TeacherBatches:
             raise UserError(f"data.train: {positions} records cannot fill one step of {self.world_size} rank(s) "
                             f"x {self.accumulation} micro-batches (optim.accumulation_steps)")
         generation = self.watch.generation if self.watch is not None else 0
-        seed = self.settings.runtime.seed if generation == 0 else window_seed(self.settings.runtime.seed, generation)
+        seed = self.loader_settings.seed
+        seed = seed if generation == 0 else window_seed(seed, generation)
         self.order = GlobalOrder(positions, seed, self.batch_size, self.world_size, self.accumulation, self.rank)
         if window:
             self.records.note["window"] = {"files": len(window), "positions": positions, "generation": generation}
@@ -294,7 +314,7 @@ class TeacherBatches:
         files, _ = self.watch.window()  # the cut is the same as `_use_records` makes
         if not files:
             return
-        records = open_source([Path(f.path) for f in files], self.settings.data.kind)
+        records = open_source([Path(f.path) for f in files], self.data.kind)
         self._use_records(records, files)
 
     def rescan(self) -> ScanResult:
@@ -306,13 +326,31 @@ class TeacherBatches:
         return result
 
     @property
+    def window(self) -> WindowControl | None:
+        """With `data.watch`, the loader itself: its window as the training loop drives it; else None."""
+        return self if self.watch is not None else None
+
+    @property
+    def rescan_seconds(self) -> float:
+        return self.data.rescan_seconds
+
+    @property
+    def joined_files(self) -> int:
+        """Files that joined the watched set (in the window or older)."""
+        return 0 if self.watch is None else len(self.watch.joined)
+
+    def unseen_files(self) -> list[str]:
+        """Files the watched globs match that have not joined (they join at the next rescan)."""
+        return [] if self.watch is None else self.watch.unseen_files()
+
+    @property
     def window_positions(self) -> int:
         return 0 if self.order is None else self.order.records
 
     @property
     def waiting(self) -> bool:
         """With `data.watch`: too few positions to train on yet (`data.window_min_positions`, or none at all)."""
-        return self.order is None or self.window_positions < max(1, self.settings.data.window_min_positions)
+        return self.order is None or self.window_positions < max(1, self.data.window_min_positions)
 
     def window_fields(self) -> dict:
         """The `data_window` event's facts about the window now."""
@@ -320,19 +358,36 @@ class TeacherBatches:
         files, _ = self.watch.window()
         age = self.watch.newest_age_seconds()
         return {"files": len(self.watch.joined), "window_files": len(files), "positions": self.window_positions,
-                "joined_positions": self.watch.total_positions, "window_limit": self.settings.data.window_positions,
-                "min_positions": self.settings.data.window_min_positions, "waiting": self.waiting,
+                "joined_positions": self.watch.total_positions, "window_limit": self.data.window_positions,
+                "min_positions": self.data.window_min_positions, "waiting": self.waiting,
                 "generation": self.watch.generation,
                 "arrival_positions_per_hour": self.watch.arrival_positions_per_hour(),
                 "newest_age_seconds": age}
 
     @property
-    def summary(self) -> dict:
+    def summary(self) -> DataSummary:
         """What the training positions are, for `run_started`'s `data`: positions, files, kinds, hcpe3 games and
-        repetitions left out, and with `data.use_average` the averaging's inputs and merged count."""
+        repetitions left out, with `data.use_average` the averaging's inputs and merged count, and the window."""
         if self.records is None:
-            return {"positions": 0, "files": 0, "kinds": [], "watch": True}
-        return {**self.records.note, **({"watch": True} if self.watch is not None else {})}
+            return DataSummary(positions=0, files=0, kinds=(), watch=True)
+        note = self.records.note
+        hcpe3, average, window = note.get("hcpe3"), note.get("average"), note.get("window")
+        return DataSummary(
+            positions=int(note["positions"]), files=int(note["files"]), kinds=tuple(note["kinds"]),
+            hcpe3=Hcpe3Note(**hcpe3) if hcpe3 is not None else None,
+            average=AverageNote(**average) if average is not None else None,
+            window=WindowNote(**window) if window is not None else None, watch=self.watch is not None)
+
+    @property
+    def skipped(self) -> SkippedRecords:
+        return SkippedRecords(self._skipped_count, tuple(self._skipped_examples))
+
+    def take_warnings(self) -> list[str]:
+        """The cache warnings said in this process since last taken (`cachefile.take_cache_warnings`): those of
+        opening this data (before the loader, `data.opened`, or in it: averaging, a watched window), once each."""
+        from tideborn.data.cachefile import take_cache_warnings
+
+        return take_cache_warnings()
 
     @property
     def position(self) -> int:
@@ -342,14 +397,14 @@ class TeacherBatches:
     def _start(self) -> None:
         if self.records is None or self.order is None:
             raise UserError("data.train: the watched window holds no position yet (data.watch)")
-        workers = self.settings.data.workers
+        workers = self.data.workers
         if workers:
             # The workers fork from here (a fresh set each epoch): they inherit the compiled decoder loaded now
             # rather than each loading it again.
-            from tideborn.data import native  # here: only a run on teacher data needs the compiled loops
-            native.prepare_decoder()
+            from tideborn.data import compiled  # here: only a run on teacher data needs the compiled loops
+            compiled.prepare_decoder()
         dataset = _DecodedBatches(self.records, self.order, self.decoder_args, self.pack_planes, self.first)
-        extra = {"prefetch_factor": self.settings.data.prefetch_batches} if workers else {}
+        extra = {"prefetch_factor": self.data.prefetch_batches} if workers else {}
         self._loader = DataLoader(
             dataset, batch_size=None, sampler=_CursorSampler(self.order, self.epoch, self.micro),
             num_workers=workers, pin_memory=self.pinned, collate_fn=_as_decoded, **extra)
@@ -370,15 +425,15 @@ class TeacherBatches:
             self._advance()
             self.batches_delivered += 1
             for where, reason in item["skipped"]:
-                self.skipped_records += 1
-                self.skipped_examples.append(f"{where}: {reason}")
+                self._skipped_count += 1
+                self._skipped_examples.append(f"{where}: {reason}")
             if item["policy"].shape[0]:
                 return to_device_batch(item, self.device, self.pinned, self.value_parts)
             # every record of this batch was skipped: take the next one rather than train on nothing
             empty_batches += 1
             if empty_batches >= self.order.micros_per_epoch // self.order.world_size:
-                raise UserError(f"data.train: a whole epoch without a usable record ({self.skipped_records} "
-                                f"skipped, e.g. {self.skipped_examples[-1]})")
+                raise UserError(f"data.train: a whole epoch without a usable record ({self._skipped_count} "
+                                f"skipped, e.g. {self._skipped_examples[-1]})")
 
     def _cursor_of(self, micro_in_step: int) -> tuple[int, int]:
         epoch, micro = self.order.step_start(self.epoch, self.micro)
@@ -401,10 +456,10 @@ class TeacherBatches:
         """The global cursor, taken at a step boundary (where the trainer saves)."""
         state = {
             "kind": self.kind, "order": "global", "epoch": self.epoch, "batch_in_epoch": self.micro,
-            "position": self.batches_delivered, "skipped_records": self.skipped_records,
+            "position": self.batches_delivered, "skipped_records": self._skipped_count,
             "records": self.window_positions, "batch_size": self.batch_size,
             "world_size": self.world_size, "global_batch": self.batch_size * self.world_size * self.accumulation,
-            "seed": self.settings.runtime.seed, "use_average": self.settings.data.use_average,
+            "seed": self.loader_settings.seed, "use_average": self.data.use_average,
         }
         if self.watch is not None:
             state["watch"] = self.watch.state_dict()
@@ -421,10 +476,10 @@ class TeacherBatches:
             self._open_window()
             if self.resume_left:  # the window changed: its order starts over, as at any change
                 self.batches_delivered = int(state.get("position", 0))
-                self.skipped_records = int(state.get("skipped_records", 0))
+                self._skipped_count = int(state.get("skipped_records", 0))
                 return
-        expected = {"kind": self.kind, "use_average": self.settings.data.use_average,
-                    "records": self.window_positions, "batch_size": self.batch_size, "seed": self.settings.runtime.seed}
+        expected = {"kind": self.kind, "use_average": self.data.use_average,
+                    "records": self.window_positions, "batch_size": self.batch_size, "seed": self.loader_settings.seed}
         names = {"kind": "data.kind", "use_average": "data.use_average", "records": "data.train's record count",
                  "batch_size": "the micro-batch size", "seed": "runtime.seed"}
         for key, now in expected.items():
@@ -445,7 +500,7 @@ class TeacherBatches:
             self.epoch, self.micro = self.order.step_start(self.epoch, self.micro)
         self.micro_in_step = 0
         self.batches_delivered = int(state.get("position", 0))
-        self.skipped_records = int(state.get("skipped_records", 0))
+        self._skipped_count = int(state.get("skipped_records", 0))
 
     def _stop_workers(self) -> None:
         iterator, self._iterator, self._loader = self._iterator, None, None
@@ -465,25 +520,3 @@ class TeacherBatches:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def build_caches(settings: Settings) -> None:
-    """What the trainer's checks would decode, decoded now: the hcpe3 files of `data.train` and `data.test`
-    into their positions caches and, with `data.use_average`, the averaged set into its cache (under
-    torchrun one process does this while the others wait; see `trainer.loop`)."""
-    data = settings.data
-    if data.resolved_kind == "synthetic" or not data.train:
-        return
-    paths = expand_paths(data.train, settings.paths.data_root, "data.train")
-    if data.test:
-        paths += expand_paths(data.test, settings.paths.data_root, "data.test")
-    if not data.use_average and "hcpe3" not in {file_kind(p, data.kind) for p in paths}:
-        return  # hcpe and psv files have nothing to build
-    source = training_source(settings)
-    if settings.data.use_average:
-        from tideborn.data.average import averaged_source
-
-        source = averaged_source(source, settings)
-    source.close()
-    test = held_out_source(settings)
-    if test is not None:
-        test.close()

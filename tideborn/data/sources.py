@@ -27,7 +27,7 @@ from tideborn.data.records import EXTENSION_KINDS, RecordSet, expand_paths
 from tideborn.errors import UserError
 
 if typing.TYPE_CHECKING:
-    from tideborn.config.schema import Settings
+    from tideborn.config.schema import DataSettings
     from tideborn.data.hcpe3 import Hcpe3Positions
 
 FILE_KINDS = ("hcpe", "psv", "hcpe3")
@@ -308,17 +308,17 @@ def as_source(records: RecordSet | TeacherSource) -> TeacherSource:
     return TeacherSource([RecordPart(records)], records.kind, {"positions": len(records)})
 
 
-def training_source(settings: Settings, warn: typing.Callable[[str], None] | None = None,
-                    decode: bool = True) -> TeacherSource:
-    data = settings.data
-    paths = expand_paths(data.train, settings.paths.data_root, "data.train")
+def training_source(data: DataSettings, data_root: str | os.PathLike,
+                    warn: typing.Callable[[str], None] | None = None, decode: bool = True) -> TeacherSource:
+    """`data.train`'s files (relative ones against `data_root`, `paths.data_root`) as one source."""
+    paths = expand_paths(data.train, data_root, "data.train")
     return open_source(paths, data.kind, warn, decode=decode)
 
 
-def watched_patterns(settings: Settings) -> list[str]:
-    """`data.train` as absolute paths or globs (relative ones against `paths.data_root`), for `data.watch`."""
-    root = Path(settings.paths.data_root)
-    return [str(Path(p).expanduser() if Path(p).expanduser().is_absolute() else root / p) for p in settings.data.train]
+def watched_patterns(data: DataSettings, data_root: str | os.PathLike) -> list[str]:
+    """`data.train` as absolute paths or globs (relative ones against `data_root`), for `data.watch`."""
+    root = Path(data_root)
+    return [str(Path(p).expanduser() if Path(p).expanduser().is_absolute() else root / p) for p in data.train]
 
 
 def count_file(path: Path, kind: str = "auto") -> tuple[int, str]:
@@ -347,18 +347,18 @@ def positions_close(positions: Hcpe3Positions) -> None:
     close_arrays(positions.arrays.values())
 
 
-def held_out_source(settings: Settings, warn: typing.Callable[[str], None] | None = None,
-                    decode: bool = True) -> TeacherSource | None:
-    data = settings.data
+def held_out_source(data: DataSettings, data_root: str | os.PathLike,
+                    warn: typing.Callable[[str], None] | None = None, decode: bool = True) -> TeacherSource | None:
+    """`data.test`'s files as one source (None without any), none of them among the training files."""
     if not data.test:
         return None
-    paths = expand_paths(data.test, settings.paths.data_root, "data.test")
+    paths = expand_paths(data.test, data_root, "data.test")
     if data.watch:  # the watched globs may match nothing yet: compare with what they match now
         import glob
 
-        train = {Path(m).resolve() for pattern in watched_patterns(settings) for m in glob.glob(pattern)}
+        train = {Path(m).resolve() for pattern in watched_patterns(data, data_root) for m in glob.glob(pattern)}
     else:
-        train = {p.resolve() for p in expand_paths(data.train, settings.paths.data_root, "data.train")}
+        train = {p.resolve() for p in expand_paths(data.train, data_root, "data.train")}
     for path in paths:
         if path.resolve() in train:
             raise UserError(f"data.test: {path} is also in data.train; held-out data must not be trained on")

@@ -33,8 +33,8 @@ from tideborn.export.interface import (
 )
 from tideborn.export.parity import ParityError, check_parity
 from tideborn.network.model import FEATURES1_NUM, FEATURES2_NUM, build_model
-from tideborn.outputs import StagedOutputs, check_output_path, remove_stale_temps
-from tideborn.safefile import publish
+from tideborn.outputs import StagedOutputs, check_output_path
+from tideborn.safefile import publish, remove_stale_temps
 
 OPSET = 18
 """The dynamo exporter's own opset. Asking for an older one goes through a version converter that (in

@@ -19,13 +19,8 @@ import torch
 
 from tideborn.errors import UserError
 from tideborn.network.payload_check import PayloadError, check_payload
-from tideborn.rundir import (
-    checkpoint_name,
-    list_checkpoints,
-    open_run_file_for_reading,
-    parse_step,
-)
-from tideborn.safefile import write_atomically
+from tideborn.rundir.layout import checkpoint_name, list_checkpoints, parse_step
+from tideborn.safefile import open_run_file_for_reading, write_atomically
 
 FORMAT = "tideborn-checkpoint"
 FORMAT_VERSION = 1

@@ -17,8 +17,7 @@ import typing
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import no_such_file, open_run_file, whose
-from tideborn.safefile import NotARegularFile, open_regular, trust_problem
+from tideborn.safefile import NotARegularFile, no_such_file, open_regular, open_run_file, trust_problem, whose
 
 SCHEMA_VERSION = 1
 TERMINAL_KINDS = ("run_finished", "run_stopped", "run_failed")

@@ -17,10 +17,10 @@ from pathlib import Path
 import psutil
 
 from tideborn.errors import UserError
-from tideborn.rundir import PID_FILE, no_such_file, whose
 from tideborn.rundir.anomaly import ProcessFacts
 from tideborn.rundir.events import FollowingReader, LineFollower, loads_bounded, well_formed
-from tideborn.safefile import NotARegularFile, open_regular
+from tideborn.rundir.layout import PID_FILE
+from tideborn.safefile import NotARegularFile, no_such_file, open_regular, whose
 
 RUN_STARTED_SEARCH_BYTES = 64 * 1024 * 1024
 """Without train.pid (a run started in a terminal), how far back a tail read looks for the session's

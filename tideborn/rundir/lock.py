@@ -22,10 +22,10 @@ from pathlib import Path
 import psutil
 
 from tideborn.errors import UserError
-from tideborn.rundir import LAUNCH_FILE, PID_FILE, TRAINER_LOCK_FILE, open_run_file
 from tideborn.rundir.anomaly import same_process
 from tideborn.rundir.files import PidRecord, boot_relative_start, process_facts, read_pid_record, this_host
-from tideborn.safefile import os_error_text, write_atomically
+from tideborn.rundir.layout import LAUNCH_FILE, PID_FILE, TRAINER_LOCK_FILE
+from tideborn.safefile import open_run_file, os_error_text, write_atomically
 
 LAUNCH_ENV = "TIDEBORN_LAUNCH"
 """Set by `train_run start` for the trainer it launches: JSON with what train.pid and launch.json record

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import EVENTS_FILE, LOG_FILE, PID_FILE, list_checkpoints, whose
 from tideborn.rundir.anomaly import (
     LOG_RULES,
     LOG_SIGNAL,
@@ -66,8 +65,10 @@ from tideborn.rundir.kinds import (
     Watchdog,
     parse_event,
 )
+from tideborn.rundir.layout import EVENTS_FILE, LOG_FILE, PID_FILE, list_checkpoints
 from tideborn.rundir.lock import orphaned_holder
 from tideborn.rundir.status import CheckpointOnDisk, EloPoint, Rebaseline, RunStatus, WarningsSeen
+from tideborn.safefile import whose
 
 EVENTS_TAIL_BYTES = 2 * 1024 * 1024
 ELO_CURVE_POINTS = 10_000
@@ -78,6 +79,11 @@ LOG_TAIL_BYTES = 1024 * 1024
 KEEP_PER_LOG_RULE = 20
 STATES = ("running", "stalled", "finished", "stopped", "failed", "vanished", "unknown", "not started")
 ENDED_STATES = {"run_finished": "finished", "run_stopped": "stopped", "run_failed": "failed"}
+NO_STEP = Step.parse({"kind": "step"})
+"""A step event without figures: what the status of a session that has logged no step reads its figures from."""
+NO_RUN_STARTED = RunStarted.parse({"kind": "run_started"})
+"""A run_started without fields: what the status reads the session's settings from where none was read (or the
+one read is an earlier run's)."""
 
 
 @dataclass(frozen=True)
@@ -510,71 +516,74 @@ class RunTracker:
     def status(self, now: float | None = None) -> RunStatus:
         """The status report (`status --json` prints its `to_json()`)."""
         now = time.time() if now is None else now
-        launch, started, step_event = self._launch(), self.run_started, self.last_step
+        launch, newest = self._launch(), self.last_step or NO_STEP
         lost_start = self.run_started_rotated_away()
-        if lost_start:
-            started = None  # the session's went with the rotation; one read before is an earlier run's
-        step = max(x for x in (step_event and step_event.step, started and started.step, 0) if isinstance(x, int))
+        # The session's run_started went with a rotation: one read before it is an earlier run's.
+        session = NO_RUN_STARTED if lost_start else self.run_started or NO_RUN_STARTED
         terminal = self.terminal if self.ended() else None
-        if terminal is not None and terminal.step is not None:
-            step = max(step, terminal.step)
-        max_steps = started.max_steps if started is not None else None
+        step = _reached_step(newest, session, terminal)
         rate = self._steps_per_second()
-        eta = ((max_steps - step) / rate if self.state in ("running", "stalled") and rate and max_steps is not None
-               else None)
-        began = started.time if started is not None else None
-        if lost_start and launch is not None:
-            began = launch.launched_at  # the session's run_started went with the rotation: its launch is close
-        ended_at = terminal.time if terminal is not None else None
-        if terminal is not None and terminal.elapsed_seconds is not None:
-            elapsed: float | None = terminal.elapsed_seconds
-        elif ended_at is not None and began is not None:
-            elapsed = ended_at - began
-        else:
-            elapsed = now - began if began is not None else None
-        checkpoint = None
-        try:
-            checkpoints = list_checkpoints(self.run_dir)
-            self._dir_problem = None
-        except PermissionError:  # made unreadable to us since it was opened (another user's run)
-            checkpoints, self._dir_problem = [], f"permission denied ({whose(self.run_dir)})"
-        if checkpoints:
-            ck_step, ck_path = checkpoints[-1]
-            stat = ck_path.stat()
-            saved = self.saved_bytes.get(ck_path.name)
-            checkpoint = CheckpointOnDisk(ck_step, str(ck_path), stat.st_size, now - stat.st_mtime, saved,
-                                          None if saved is None else saved != stat.st_size)
-        last_time = (self.last_event or {}).get("time")
+        began = _session_began(session, launch, lost_start)
+        checkpoint = self._checkpoint_on_disk(now)  # before the anomalies: it says whether the directory reads
         return RunStatus(
             run_dir=str(self.run_dir), state=self.state,
             pid=launch.pid if launch else None, host=launch.host if launch else None,
             pid_file=self.record is not None, launch_started=self.session_is_launch(),
-            step=step, max_steps=max_steps, progress=step / max_steps if max_steps else None,
-            loss=(step_event.losses() or None) if step_event is not None else None,
-            loss_step=step_event.step if step_event is not None else None,
-            lr=step_event.lr if step_event is not None else None,
-            grad_norm=step_event.grad_norm if step_event is not None else None,
-            positions_per_second=step_event.positions_per_second if step_event is not None else None,
-            steps_per_second=rate, eta_seconds=eta, elapsed_seconds=elapsed,
-            session_started=began, resumed_from=started.resumed_from if started is not None else None,
+            step=step, max_steps=session.max_steps, progress=step / session.max_steps if session.max_steps else None,
+            loss=newest.losses() or None, loss_step=newest.step, lr=newest.lr, grad_norm=newest.grad_norm,
+            positions_per_second=newest.positions_per_second,
+            steps_per_second=rate, eta_seconds=self._eta(step, session.max_steps, rate),
+            elapsed_seconds=_elapsed(terminal, began, now),
+            session_started=began, resumed_from=session.resumed_from,
             last_checkpoint=checkpoint, last_eval=self.last_eval,
             resume_from=terminal.resume_from if terminal is not None else None,
             elo_curve=tuple(self.elo_curve), elo_rebaselines=tuple(self.elo_rebaselines),
             terminal=terminal,
             stop_requested=self.stopping() if self.state in ("running", "stalled") else None,
             warnings=WarningsSeen(self.warnings, self.last_warning.message if self.last_warning else None),
-            # well_formed lets only a finite number through; as written, so that JSON prints it as the event did
-            last_event_time=last_time if isinstance(last_time, (int, float)) else None,
+            last_event_time=self._last_event_time(),
             events_read=self.events_read, events_malformed=self.events.malformed,
-            tail_only=self.tail_read, log_error_counts={rule: n for rule, n in self.log_counts.items() if n},
+            tail_only=self.tail_read, log_error_counts=self._log_error_counts(),
             events_rotated=self.events_rotated, run_started_missing=lost_start,
             anomalies=tuple(self.anomalies(now)),
             # Each restart seen (a membership change too, which torchrun does not count), at least torchrun's count
             # (the restarts before a tail-only read).
-            restarts=max(len(self.restarts), (started.restart_count or 0) if started is not None else 0),
-            world_size=started.world_size if started is not None else None,
+            restarts=max(len(self.restarts), session.restart_count or 0),
+            world_size=session.world_size,
             data_window=self.data_window, waiting_for_data=self.waiting_for_data(),
         )
+
+    def _eta(self, step: int, max_steps: int | None, rate: float | None) -> float | None:
+        """Seconds to `max_steps` at the current rate, while the run is live."""
+        if self.state not in ("running", "stalled") or not rate or max_steps is None:
+            return None
+        return (max_steps - step) / rate
+
+    def _checkpoint_on_disk(self, now: float) -> CheckpointOnDisk | None:
+        """The newest checkpoint file as it is now, and whether its size is the one it was saved at. A directory
+        made unreadable to us since it was opened (another user's run) is a problem to report."""
+        try:
+            checkpoints = list_checkpoints(self.run_dir)
+            self._dir_problem = None
+        except PermissionError:
+            checkpoints, self._dir_problem = [], f"permission denied ({whose(self.run_dir)})"
+        if not checkpoints:
+            return None
+        ck_step, ck_path = checkpoints[-1]
+        stat = ck_path.stat()
+        saved = self.saved_bytes.get(ck_path.name)
+        return CheckpointOnDisk(ck_step, str(ck_path), stat.st_size, now - stat.st_mtime, saved,
+                                None if saved is None else saved != stat.st_size)
+
+    def _log_error_counts(self) -> dict[str, int]:
+        """Log rule -> the train.log lines it matched, rules that matched none left out."""
+        return {rule: n for rule, n in self.log_counts.items() if n}
+
+    def _last_event_time(self) -> float | None:
+        """The newest event's time as written (JSON prints it as the event did); None where it has none (the
+        reader's well_formed lets only a finite number through, but any event, of any writer, is the newest)."""
+        last_time = (self.last_event or {}).get("time")
+        return last_time if isinstance(last_time, (int, float)) else None
 
     def waiting_for_data(self) -> bool:
         """The live trainer's newest word on its data is that it waits (`data_window` with `waiting`), and no step
@@ -595,3 +604,23 @@ class RunTracker:
         if pps and batch is not None and batch > 0 and math.isfinite(pps):
             return pps / batch
         return None
+
+
+def _elapsed(terminal: RunEnded | None, began: float | None, now: float) -> float | None:
+    """The session's duration: as its terminal event says it, else from its start to that event, or to now."""
+    if terminal is not None and terminal.elapsed_seconds is not None:
+        return terminal.elapsed_seconds
+    if terminal is not None and terminal.time is not None and began is not None:
+        return terminal.time - began
+    return now - began if began is not None else None
+
+
+def _session_began(session: RunStarted, launch: Launch | None, lost_start: bool) -> float | None:
+    """When the session began: its run_started's time, or its launch's where that went with a rotation (it is
+    close)."""
+    return launch.launched_at if lost_start and launch is not None else session.time
+
+
+def _reached_step(newest: Step, session: RunStarted, terminal: RunEnded | None) -> int:
+    """The furthest step the session's events tell of: its newest step event's, its run_started's, its end's."""
+    return max([0, *(s for s in (newest.step, session.step, terminal and terminal.step) if s is not None)])

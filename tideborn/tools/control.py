@@ -22,20 +22,11 @@ from pathlib import Path
 
 import psutil
 
-from tideborn.config import Settings, load_settings
+from tideborn.config.load import load_settings
+from tideborn.config.schema import Settings
 from tideborn.errors import UserError
 from tideborn.humanize import clock
-from tideborn.rundir import (
-    EVENTS_FILE,
-    LAUNCH_FILE,
-    LOG_FILE,
-    PID_FILE,
-    TRAINER_LOCK_FILE,
-    check_run_dir,
-    open_run_file,
-    open_run_file_for_reading,
-    run_dir_of,
-)
+from tideborn.rundir.access import check_run_dir
 from tideborn.rundir.anomaly import ProcessFacts, identity_mismatch, same_process
 from tideborn.rundir.files import (
     LAUNCH_MARK,
@@ -46,8 +37,17 @@ from tideborn.rundir.files import (
     read_pid_record,
     this_host,
 )
+from tideborn.rundir.kinds import RunStarted
+from tideborn.rundir.layout import EVENTS_FILE, LAUNCH_FILE, LOG_FILE, PID_FILE, TRAINER_LOCK_FILE, run_dir_of
 from tideborn.rundir.lock import LAUNCH_ENV, held, orphaned_holder, read_holder
-from tideborn.safefile import make_dirs, os_error_text, user_text, write_atomically
+from tideborn.safefile import (
+    make_dirs,
+    open_run_file,
+    open_run_file_for_reading,
+    os_error_text,
+    user_text,
+    write_atomically,
+)
 from tideborn.trainer.options import build_parser
 from tideborn.trainer.preflight import check_start_step, preflight
 
@@ -144,8 +144,8 @@ def check_launch(request: LaunchRequest, cwd: Path | None = None,
     environ = os.environ if env is None else env
     resolved = load_settings(request.config, request.overrides, request.flags, cwd=cwd, environ=environ)
     options = build_parser().parse_args(["train", *request.trainer_args])
-    preflight(resolved.settings, options.resume, options.fresh, options.stop_at_step, environ=environ, cwd=cwd,
-              decode=False)  # the trainer decodes hcpe3 files (and names a malformed one) when it starts
+    # the trainer decodes hcpe3 files (and names a malformed one) when it starts
+    preflight(resolved.settings, options.resume, options.fresh, options.stop_at_step, cwd=cwd)
     run_dir = run_dir_of(resolved.settings)
     run_dir = run_dir if run_dir.is_absolute() else cwd / run_dir
     if run_dir.is_dir() and (holder := live_holder(run_dir)):
@@ -293,9 +293,8 @@ def _await_start(launched: Launched, before: dict[str, bytes | None], wait_secon
         code = process.poll()  # the run_started check after it: an exit right after writing it still counts
         started = _run_started_of(launched)
         if started is not None:
-            step = started.get("step") if isinstance(started.get("step"), int) else None
             outcome = "running" if code is None else "ended"
-            return replace(launched, outcome=outcome, started_step=step, exit_code=code)
+            return replace(launched, outcome=outcome, started_step=started.step, exit_code=code)
         if code is not None:
             if code in (0, 2) and not _took_directory(launched):
                 # It refused before it held the run directory, so it changed nothing there: neither may
@@ -308,7 +307,7 @@ def _await_start(launched: Launched, before: dict[str, bytes | None], wait_secon
         time.sleep(0.05)
 
 
-def _run_started_of(launched: Launched) -> dict | None:
+def _run_started_of(launched: Launched) -> RunStarted | None:
     """This launch's run_started (written by the trainer, or by rank 0 under torchrun), or None yet."""
     path = launched.run_dir / EVENTS_FILE
     try:
@@ -319,8 +318,9 @@ def _run_started_of(launched: Launched) -> dict | None:
     pid = launched.record.pid
     while (found := find_first_run_started(path, offset)) is not None:
         at, event = found
-        if pid in (event.get("pid"), event.get("launcher_pid")):
-            return event
+        started = RunStarted.parse(event)
+        if started.written_by(pid):
+            return started
         offset = at + 1  # another trainer's (one started in a terminal that won the directory): look on
     return None
 

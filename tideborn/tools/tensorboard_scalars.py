@@ -19,12 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.outputs import probe_directory, remove_stale_temps
-from tideborn.rundir import EVENTS_FILE
+from tideborn.outputs import probe_directory
 from tideborn.rundir.events import EventReader, as_float
 from tideborn.rundir.kinds import EventRecord, Gpu, Match, RunStarted, Step, parse_event
+from tideborn.rundir.layout import EVENTS_FILE
 from tideborn.rundir.state import ENDED_STATES, RunTracker
-from tideborn.safefile import create_new_file, make_dirs, os_error_text, publish, refuse_link_at, temp_path
+from tideborn.safefile import (
+    create_new_file,
+    make_dirs,
+    os_error_text,
+    publish,
+    refuse_link_at,
+    remove_stale_temps,
+    temp_path,
+)
 
 EXTRA = "tensorboard"
 INSTALL_HINT = f"pip install 'tideborn[{EXTRA}]'"

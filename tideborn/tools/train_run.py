@@ -21,11 +21,12 @@ import psutil
 from tideborn.cliparser import OneLineParser
 from tideborn.errors import UserError, report_error, report_user_error
 from tideborn.humanize import clock, duration
-from tideborn.rundir import EVENTS_FILE, PID_FILE, check_readable_dir, temp_checkpoints
+from tideborn.rundir.access import check_readable_dir
 from tideborn.rundir.anomaly import Anomaly, AnomalyThresholds
 from tideborn.rundir.events import encode_event
 from tideborn.rundir.files import PidRecord, process_facts
 from tideborn.rundir.kinds import RunEnded
+from tideborn.rundir.layout import EVENTS_FILE, PID_FILE, temp_checkpoints
 from tideborn.rundir.report import event_text, status_text
 from tideborn.rundir.state import RunTracker
 from tideborn.tools import tensorboard_scalars

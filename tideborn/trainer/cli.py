@@ -16,7 +16,7 @@ from tideborn.trainer.options import build_parser
 
 
 def resolve(args: argparse.Namespace):
-    from tideborn.config import load_settings
+    from tideborn.config.load import load_settings
 
     flags = {"type": args.type, "network": args.network, "mode": args.mode}
     return load_settings(args.config, args.overrides, flags)
@@ -80,9 +80,9 @@ def command_train(args: argparse.Namespace) -> int:
         require_chosen_settings(args)
         resolved = resolve(args)
         env = dist_env()
-        # under torchrun hcpe3 files are only checked here: local rank 0 decodes them once the process group
-        # is up, while the other ranks wait (`loop._build_data_caches_once`)
-        run_dir = preflight(resolved.settings, args.resume, args.fresh, args.stop_at_step, decode=not env.distributed)
+        # only what is cheap: the trainer opens its data once, decoding hcpe3 files into their caches (under
+        # torchrun local rank 0 does, while the other ranks wait: `loop._build_data_caches_once`)
+        run_dir = preflight(resolved.settings, args.resume, args.fresh, args.stop_at_step)
         if env.is_main:  # the rank that takes the run directory's lock; the others follow it
             refuse_if_held(run_dir)
         from tideborn.trainer.loop import run_training

@@ -11,6 +11,9 @@ from pathlib import Path
 
 from tideborn.trainer.duties import Interval
 
+if typing.TYPE_CHECKING:
+    from tideborn.data.batch import WindowControl
+
 HEARTBEAT_SECONDS = 60.0
 """While waiting, a `data_window` event at least this often: far inside the 15 minutes that make a run stalled."""
 POLL_SECONDS = 0.2
@@ -20,41 +23,41 @@ NAMES_IN_EVENT = 20
 
 
 class WatchDuty:
-    """Rescans every `data.rescan_seconds` (and when the loop asks, at each checkpoint) and says what changed."""
+    """Rescans every `data.rescan_seconds` (and when the loop asks, at each checkpoint) and says what changed.
+    `window`: the data source's window (`BatchSource.window`)."""
 
-    def __init__(self, data, events, progress, stop, resumed_from: Path | None, step: typing.Callable[[], int],
-                 clock: typing.Callable[[], float] = time.monotonic,
+    def __init__(self, window: WindowControl, events, progress, stop, resumed_from: Path | None,
+                 step: typing.Callable[[], int], clock: typing.Callable[[], float] = time.monotonic,
                  sleep: typing.Callable[[float], None] = time.sleep):
-        self.data, self.events, self.progress, self.stop, self.step = data, events, progress, stop, step
+        self.window, self.events, self.progress, self.stop, self.step = window, events, progress, stop, step
         self.clock, self.sleep = clock, sleep
-        rescan = data.settings.data.rescan_seconds
-        self.rescan_due = Interval(rescan, clock=clock)
+        self.rescan_due = Interval(window.rescan_seconds, clock=clock)
         self.rescan_due.should_run()  # the start's own scan was the first
         self.heartbeat = Interval(HEARTBEAT_SECONDS, clock=clock)
         self.waiting_said = False
         self.growing_said: list[str] = []
         if resumed_from is not None:
-            for path, why in data.resume_left:
+            for path, why in window.resume_left:
                 self._warn(f"data.watch: {path} left the window: {why}; it is not read again under that name")
-            unseen = data.watch.unseen_files()
-            self._say(f"data.watch: resumed the window recorded in {resumed_from.name} ({len(data.watch.joined)} "
-                      f"file(s), {data.window_positions:,} positions)"
+            unseen = window.unseen_files()
+            self._say(f"data.watch: resumed the window recorded in {resumed_from.name} ({window.joined_files} "
+                      f"file(s), {window.window_positions:,} positions)"
                       + (f"; {len(unseen)} file(s) that arrived since join at the next rescan" if unseen else ""))
             self.window_event("resumed", arrived_since=len(unseen))
-        elif data.first_scan is not None:
-            self.report(data.first_scan, "start")
+        elif window.first_scan is not None:
+            self.report(window.first_scan, "start")
 
     def ready(self) -> bool:
         """Rescan when due; while the window is too small, wait (rescanning, with heartbeats) until it is not, or
         a stop is requested (False)."""
         if self.rescan_due.should_run():
             self.rescan()
-        while self.data.waiting:
+        while self.window.waiting:
             if self.stop.reason is not None:
                 return False
             if not self.waiting_said:
                 self.waiting_said = True
-                fields = self.data.window_fields()
+                fields = self.window.window_fields()
                 self._say(f"waiting for data: {fields['positions']:,} position(s) in the window, "
                           f"{max(1, fields['min_positions']):,} needed (data.window_min_positions)")
             if self.heartbeat.should_run():
@@ -64,11 +67,11 @@ class WatchDuty:
                 self.rescan()
         if self.waiting_said:
             self.waiting_said = False
-            self._say(f"data: {self.data.window_positions:,} positions in the window; training goes on")
+            self._say(f"data: {self.window.window_positions:,} positions in the window; training goes on")
         return True
 
     def rescan(self) -> None:
-        self.report(self.data.rescan(), "rescan")
+        self.report(self.window.rescan(), "rescan")
 
     def report(self, result, why: str) -> None:
         """A `data_window` event for a change (files joined or left), a warning for each file that left or does
@@ -84,12 +87,12 @@ class WatchDuty:
             if result.joined:
                 self._say(f"data.watch: {len(result.joined)} file(s) joined "
                           f"({sum(j.positions for j in result.joined):,} positions); the window holds "
-                          f"{self.data.window_positions:,} positions")
+                          f"{self.window.window_positions:,} positions")
 
     def window_event(self, why: str, **fields: object) -> None:
         self.events.emit("data_window", step=self.step(), reason=why,
                          **{"joined": [], "joined_count": 0, "left": [], "left_count": 0, "growing": [], **fields},
-                         **self.data.window_fields())
+                         **self.window.window_fields())
 
     def _warn(self, text: str) -> None:
         self.events.emit("warning", step=self.step(), message=text)

@@ -18,9 +18,8 @@ import torch
 from tideborn.errors import UserError
 from tideborn.export.onnx_export import ExportReport, export_onnx
 from tideborn.export.parity import ParityError
-from tideborn.outputs import remove_stale_temps
-from tideborn.rundir import EXPORT_DIR, LATEST_EXPORT_FILE, export_name, list_exports, refuse_link
-from tideborn.safefile import file_type, link_atomically, make_dirs, os_error_text
+from tideborn.rundir.layout import EXPORT_DIR, LATEST_EXPORT_FILE, export_name, list_exports
+from tideborn.safefile import file_type, link_atomically, make_dirs, os_error_text, refuse_link, remove_stale_temps
 
 
 class EngineExportFailed(Exception):

@@ -42,13 +42,13 @@ class Evaluator:
 
     def __init__(self, settings: Settings, device: torch.device, batch_size: int | None = None,
                  records: RecordSet | TeacherSource | None = None):
-        records = records if records is not None else held_out_source(settings)
+        records = records if records is not None else held_out_source(settings.data, settings.paths.data_root)
         if records is None:
             raise UserError("data.test: no files given; evaluation needs held-out data")
         records = as_source(records)
         data = settings.data
         self.device = torch.device(device)
-        self.pinned = pins_memory(self.device, settings)
+        self.pinned = pins_memory(self.device, settings.runtime.pin_memory)
         self.batch_size = batch_size or settings.optim.micro_batch_size
         self.scale_fits = fit_files(records, data.eval_scale) if data.eval_scale_fit == "per_file" else []
         decoder = BatchDecoder(data.eval_scale, settings.loss.value_lambda, data.bad_records, data.policy_temperature,

@@ -15,7 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from tideborn.errors import UserError
-from tideborn.rundir import BRANCH_ARCHIVE, QUARANTINE_ARCHIVE, WATCHDOG_ARCHIVE, list_checkpoints, move_to_archive
+from tideborn.rundir.layout import (
+    BRANCH_ARCHIVE,
+    QUARANTINE_ARCHIVE,
+    WATCHDOG_ARCHIVE,
+    list_checkpoints,
+    move_to_archive,
+)
 from tideborn.trainer.resume import StartPoint
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from tideborn.config import Resolved
+from tideborn.config.load import Resolved
 from tideborn.config.schema import RuntimeSettings
 from tideborn.errors import UserError
 from tideborn.network.model import build_model
-from tideborn.rundir import latest_checkpoint, run_dir_of
+from tideborn.rundir.layout import latest_checkpoint, run_dir_of
 from tideborn.trainer.device import resolve_device
 from tideborn.trainer.preflight import check_start_step, check_teacher_data
 from tideborn.trainer.summary import format_model_summary, parameter_bytes, summarize_model
@@ -62,7 +62,7 @@ def summary_text(resolved: Resolved) -> str:
         device = f"{s.runtime.device}, {s.runtime.precision}: train would refuse on this machine ({exc})"
     data = _data_line(s.data)
     try:
-        check_teacher_data(s, decode=False)
+        check_teacher_data(s)
     except UserError as exc:  # described all the same, with what train would say
         data = f"{data}; train would refuse: {exc}"
     run_dir = run_dir_of(s)

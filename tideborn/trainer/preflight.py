@@ -6,26 +6,31 @@ refuse is refused at the terminal, with the same message, and nothing is launche
 
 from __future__ import annotations
 
-import os
-import typing
 import zipfile
 from pathlib import Path
 
-from tideborn.config import Settings
+from tideborn.config.schema import Settings
 from tideborn.errors import UserError
-from tideborn.rundir import CHECKPOINT_RE, check_run_dir, list_checkpoints, run_dir_of
+from tideborn.rundir.access import check_run_dir
+from tideborn.rundir.layout import CHECKPOINT_RE, list_checkpoints, run_dir_of
 
 CHECKPOINT_FORMAT_MARK = b"tideborn-checkpoint"
 """`checkpoint.FORMAT` as it stands in a checkpoint's pickle (`data.pkl`): the mark of a tideborn checkpoint."""
 
 
 def preflight(settings: Settings, resume: Path | None = None, fresh: bool = False,
-              stop_at_step: int | None = None, environ: typing.Mapping[str, str] | None = None,
-              cwd: Path | None = None, decode: bool = True) -> Path:
-    """Raise `UserError` for what is wrong with the request; return the run directory (relative to `cwd`,
-    the trainer's working directory, when `runtime.out_dir` and `paths.runs_root` are relative)."""
-    environ = os.environ if environ is None else environ
-    check_teacher_data(settings, decode)
+              stop_at_step: int | None = None, cwd: Path | None = None) -> Path:
+    """Raise `UserError` for what is wrong with the request, checking only what is cheap (teacher files are
+    looked at, not opened for training: the trainer does that once, `data.opened`); return the run directory
+    (relative to `cwd`, the trainer's working directory, when `runtime.out_dir` and `paths.runs_root` are
+    relative)."""
+    check_teacher_data(settings)
+    return check_request(settings, resume, fresh, stop_at_step, cwd)
+
+
+def check_request(settings: Settings, resume: Path | None = None, fresh: bool = False,
+                  stop_at_step: int | None = None, cwd: Path | None = None) -> Path:
+    """`preflight` but the data: the flags, and the run directory (returned)."""
     if fresh and resume is not None:
         raise UserError("--fresh and --resume exclude each other")
     if resume is not None and not resume.is_file():
@@ -42,20 +47,23 @@ def preflight(settings: Settings, resume: Path | None = None, fresh: bool = Fals
     return run_dir
 
 
-def check_teacher_data(settings: Settings, decode: bool = True) -> None:
-    """Raise `UserError` for teacher data the trainer would refuse: a pattern that matches no file, a file
-    that cannot be read or is not whole records, a game index written for another version of its file, a
-    train/test pair from two splits. `summary` asks too, so that it says what `train` would."""
-    if settings.data.resolved_kind == "synthetic":
+def check_teacher_data(settings: Settings) -> None:
+    """Raise `UserError` for teacher data the trainer would refuse, as far as a quick look tells: a pattern
+    that matches no file, a file that cannot be read or is not whole records, an hcpe3 file empty or cut
+    short in its first header, a game index written for another version of its file, a train/test pair from
+    two splits. hcpe3 games are not decoded here (minutes for a large file): the trainer decodes them once,
+    as it opens its data (`data.opened.open_data`), and names a malformed game before its run starts.
+    `summary` asks too, so that it says what `train` would."""
+    data = settings.data
+    if data.resolved_kind == "synthetic":
         return
     from tideborn.data.game_index import check_pairs
     from tideborn.data.sources import held_out_source, training_source
 
-    # hcpe3 files are decoded into their caches here (a malformed game is named before anything starts);
-    # `decode=False` (train_run start, summary) only checks them: decoding a large one takes minutes.
     # With data.watch the training files come and go while the run goes on (data/watch.py): none is needed now.
-    train = None if settings.data.watch else training_source(settings, decode=decode)
-    test = held_out_source(settings, decode=decode)
+    root = settings.paths.data_root
+    train = None if data.watch else training_source(data, root, decode=False)
+    test = held_out_source(data, root, decode=False)
     for records in (train, test):
         if records is not None:
             records.close()

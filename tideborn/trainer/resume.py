@@ -12,7 +12,7 @@ from pathlib import Path
 from tideborn.config.schema import RESUME_FIXED_KEYS, Settings
 from tideborn.errors import UserError
 from tideborn.network.checkpoint import CheckpointError, load_checkpoint, newest_loadable
-from tideborn.rundir import list_checkpoints
+from tideborn.rundir.layout import list_checkpoints
 from tideborn.trainer.watchdog import saved_healthy
 
 

@@ -9,6 +9,7 @@ import contextlib
 import platform
 import random
 import time
+import typing
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import tideborn
-from tideborn.config import Settings
+from tideborn.config.schema import Settings
 from tideborn.data.targets import mixed_value_target, policy_entropy, value_lambda_at, value_lambda_decays
 from tideborn.network.checkpoint import FORMAT, FORMAT_VERSION
 from tideborn.network.model import build_model
@@ -33,6 +34,11 @@ from tideborn.trainer.losses import policy_loss as policy_cross_entropy
 from tideborn.trainer.rank import DistEnv
 from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.synthetic import SyntheticBatches
+
+if typing.TYPE_CHECKING:
+    from tideborn.data.batch import BatchSource
+    from tideborn.data.loader import LoaderSettings, TeacherBatches
+    from tideborn.data.opened import OpenedData
 
 
 def versions() -> dict[str, str]:
@@ -67,8 +73,31 @@ class StepResult:
     """`runtime.ddp_diagnostics`: the digest of the step's global batch (`distributed.global_batch_digest`)."""
 
 
+def loader_settings(settings: Settings) -> LoaderSettings:
+    """What the teacher-data loader needs from outside `[data]`."""
+    from tideborn.data.loader import LoaderSettings
+
+    return LoaderSettings(
+        data_root=settings.paths.data_root, seed=settings.runtime.seed,
+        micro_batch_size=settings.optim.micro_batch_size, accumulation_steps=settings.optim.accumulation_steps,
+        value_lambda=settings.loss.value_lambda, value_lambda_decays=value_lambda_decays(settings.loss),
+        pin_memory=settings.runtime.pin_memory)
+
+
+def teacher_batches(settings: Settings, device: torch.device, rank: int = 0, world_size: int = 1,
+                    **options: typing.Any) -> TeacherBatches:
+    """`TeacherBatches` for `settings` (`options`: its keyword arguments, `source=` among them)."""
+    from tideborn.data.loader import TeacherBatches
+
+    return TeacherBatches(settings.data, loader_settings(settings), device, rank, world_size, **options)
+
+
 class TrainingState:
-    def __init__(self, settings: Settings, setup: DeviceSetup, env: DistEnv, resumed_threads: int | None = None):
+    """`opened`: the teacher data as `loop.prepare` opened it, taken over (the training source goes to the loader,
+    the held-out one to the evaluator); None: opened here."""
+
+    def __init__(self, settings: Settings, setup: DeviceSetup, env: DistEnv, opened: OpenedData | None = None,
+                 resumed_threads: int | None = None):
         self.settings, self.setup, self.env = settings, setup, env
         s = settings
         self.threads = apply_global_switches(s.runtime, setup, s.data.workers if s.data.train else 0, resumed_threads)
@@ -83,20 +112,29 @@ class TrainingState:
         self.scheduler = build_scheduler(self.optimizer, s.optim, s.runtime.max_steps)
         self.scaler = torch.amp.GradScaler("cuda") if setup.uses_grad_scaler else None
         self.ema = WeightAverage(model, s.optim.ema_decay) if s.optim.ema_decay > 0 else None
+        self.data: BatchSource
+        self.evaluator = None
         if s.data.resolved_kind == "synthetic":
             self.data = SyntheticBatches(s.runtime.seed, s.optim.micro_batch_size, setup.device,
                                          env.rank, env.world_size)
         else:
-            from tideborn.data.loader import TeacherBatches
+            from tideborn.data.opened import open_data
 
-            self.data = TeacherBatches(s, setup.device, env.rank, env.world_size)
+            if opened is None:
+                opened = open_data(s.data, s.paths.data_root)
+            try:
+                self.data = teacher_batches(s, setup.device, env.rank, env.world_size, source=opened.train)
+                if env.is_main and opened.test is not None:
+                    from tideborn.trainer.evaluation import Evaluator
+
+                    self.evaluator = Evaluator(s, setup.device, records=opened.test)  # it closes the source
+                elif opened.test is not None:  # rank 0 evaluates
+                    opened.test.close()
+            except BaseException:
+                opened.close()
+                raise
         # At any world size, so that a run's global batches can be compared with a single process's.
         self.data.record_draws = s.runtime.ddp_diagnostics
-        self.evaluator = None
-        if env.is_main and s.data.resolved_kind != "synthetic" and s.data.test:
-            from tideborn.trainer.evaluation import Evaluator
-
-            self.evaluator = Evaluator(s, setup.device)
         self.value_lambda_decays = value_lambda_decays(s.loss)
         self.allreduce_counter: AllReduceCounter | None = None
         self.ddp: DistributedDataParallel | None = None

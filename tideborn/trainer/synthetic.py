@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from tideborn.data.batch import Batch
+from tideborn.data.batch import Batch, DataSummary, SkippedRecords, WindowControl
 from tideborn.network.model import FEATURES1_NUM, FEATURES2_NUM, POLICY_CLASSES
 
 PIECE_DENSITY = 0.05
@@ -25,7 +25,13 @@ def _mix(seed: int, index: int) -> int:
 
 
 class SyntheticBatches:
-    """An endless, seekable stream of micro-batches generated on `device`."""
+    """An endless, seekable stream of micro-batches generated on `device` (a `BatchSource` with nothing to say
+    about files: no summary, no scale fits, no skipped records, no window, no warnings)."""
+
+    summary: DataSummary | None = None
+    scale_fits: tuple = ()
+    skipped = SkippedRecords()
+    window: WindowControl | None = None
 
     def __init__(self, seed: int, batch_size: int, device: torch.device, rank: int = 0, world_size: int = 1):
         self.seed, self.batch_size, self.device = seed, batch_size, device
@@ -72,6 +78,9 @@ class SyntheticBatches:
             self.global_position = int(state["position"]) * int(state.get("world_size", 1))
         same = int(state.get("world_size", 1)) == self.world_size
         self.position = int(state["position"]) if same else self.global_position // self.world_size
+
+    def take_warnings(self) -> list[str]:
+        return []
 
     def close(self) -> None:
         """Nothing to release; the teacher-data loader's workers need it."""

@@ -13,9 +13,9 @@ import time
 import typing
 from pathlib import Path
 
-from tideborn.rundir import EVENTS_FILE, LOG_FILE
 from tideborn.rundir.anomaly import AnomalyThresholds, LogScanner, match_log_line
 from tideborn.rundir.files import LogReader, file_size, line_start_at_or_after, this_host
+from tideborn.rundir.layout import EVENTS_FILE, LOG_FILE
 from tideborn.rundir.state import RunTracker
 from tideborn.rundir.status import RunStatus
 from tideborn.tui.gpu import HardwareSample, NvmlProbe, ProcessProbe, devices_from_event

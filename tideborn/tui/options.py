@@ -14,8 +14,9 @@ from pathlib import Path
 
 from tideborn import __version__
 from tideborn.errors import UserError
-from tideborn.rundir import EVENTS_FILE, LAUNCH_FILE, PID_FILE, check_readable_dir
+from tideborn.rundir.access import check_readable_dir
 from tideborn.rundir.anomaly import AnomalyThresholds
+from tideborn.rundir.layout import EVENTS_FILE, LAUNCH_FILE, PID_FILE
 from tideborn.trainer.options import add_settings_arguments
 from tideborn.tui.plan import LaunchPlan
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import tomlkit
 
-from tideborn.config import load_settings
-from tideborn.config.load import DEFAULTS_SOURCE, Resolved, override_layer
+from tideborn.config.load import DEFAULTS_SOURCE, Resolved, load_settings, override_layer
 from tideborn.config.reference import field_docstrings
 from tideborn.config.schema import SECTIONS
 from tideborn.errors import UserError

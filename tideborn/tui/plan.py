@@ -11,11 +11,11 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.errors import UserError
-from tideborn.rundir import LAUNCH_FILE, no_such_file, run_dir_of
 from tideborn.rundir.events import loads_bounded
-from tideborn.safefile import NotARegularFile, open_regular
+from tideborn.rundir.layout import LAUNCH_FILE, run_dir_of
+from tideborn.safefile import NotARegularFile, no_such_file, open_regular
 from tideborn.tools.control import LaunchRequest
 
 OUT_DIR_KEY = "runtime.out_dir"

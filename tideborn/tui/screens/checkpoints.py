@@ -21,10 +21,11 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from tideborn.errors import UserError
 from tideborn.humanize import duration, shortened
-from tideborn.outputs import check_output_before_work, remove_stale_temps
-from tideborn.rundir import list_checkpoints
+from tideborn.outputs import check_output_before_work
+from tideborn.rundir.layout import list_checkpoints
 from tideborn.rundir.report import eval_text
 from tideborn.rundir.status import RunStatus
+from tideborn.safefile import remove_stale_temps
 from tideborn.tui.options import TuiOptions
 
 LIVE_STATES = ("running", "stalled")

@@ -19,9 +19,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from tideborn.humanize import compact
-from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.events import EventReader
 from tideborn.rundir.files import file_size
+from tideborn.rundir.layout import EVENTS_FILE
 from tideborn.tui.framing import cut_label, framed_range
 from tideborn.tui.history import ELO_SERIES, RunHistory, load_history
 from tideborn.tui.options import TuiOptions
@@ -38,7 +38,7 @@ from tideborn.tui.plotting import (
 )
 from tideborn.tui.screens.curves import CurvePickerScreen
 from tideborn.tui.toasts import keep_off
-from tideborn.tui.widgets.loss_plot import SPARSE, ZOOM_FACTOR, LossPlot
+from tideborn.tui.widgets.loss_plot import SPARSE, LossPlot
 
 METRICS = (  # series name (tideborn.tui.history), what people call it
     ("loss", "loss"),
@@ -109,6 +109,12 @@ class CompareChart(LossPlot):
     (`chart` None) where they fit. Without a zoom, each chart's x range is its own data's (runs and metrics
     of different lengths are not squashed into the longest's range), cut where runs are far longer than
     the shortest (`tideborn.tui.framing`) until `0` shows all."""
+
+    KEYS = LossPlot.keys_with(
+        Binding("v", "cursor", "Cursor", tooltip="Cursor: every run's value at a step"),  # the footer has room for it
+        Binding("t", "wall_time", "x: step / wall time", show=False),
+        Binding("0", "reset_zoom", "Zoom: all (again: cut)", show=False),
+    )
 
     def __init__(self, options: PlotOptions, *, id: str | None = None) -> None:
         super().__init__(RunHistory(), options, id=id)
@@ -265,15 +271,7 @@ class CompareScreen(Screen):
         Binding("p", "metric(-1)", "Prev", tooltip="Prev metric"),
         Binding("g", "grid", "All", tooltip="All the metrics in a grid (where they fit), or one at a time"),
         Binding("h", "hide", "Hide", tooltip="Hide or show single runs"),
-        Binding("v", "cursor", "Cursor", tooltip="Cursor: every run's value at a step"),
-        Binding("t", "wall_time", "x: step / wall time", show=False),
-        Binding("plus", "zoom_in", "Zoom in (x axis)", show=False),
-        Binding("minus", "zoom_out", "Zoom out", show=False),
-        Binding("left_square_bracket", "pan(-1)", "Pan left (cursor left while it is on)", show=False),
-        Binding("right_square_bracket", "pan(1)", "Pan right (cursor right while it is on)", show=False),
-        Binding("0", "reset_zoom", "Zoom: all (again: cut)", show=False),
-        Binding("m", "smooth", "Smooth", show=False),
-        Binding("l", "log_scale", "Log", show=False),
+        *CompareChart.screen_bindings(),  # Cursor in the footer; zoom, pan, wall time, smoothing, log scale
         Binding("r", "reload", "Reload", show=False),
         Binding("escape", "back", "Runs"),
     ]
@@ -450,32 +448,13 @@ class CompareScreen(Screen):
 
         self.app.push_screen(CurvePickerScreen("runs shown", chart.curve_names(), chart.hidden), chosen)
 
-    def action_cursor(self) -> None:
-        self.chart.toggle_cursor()
+    async def action_chart(self, action: str) -> None:
+        """One of the chart's keys (`CompareChart.KEYS`), handed on to the chart."""
+        await self.chart.run_action(action)
+
+    def on_loss_plot_view_changed(self, message: LossPlot.ViewChanged) -> None:
+        # The legend reads the view (the cursor's values, the smoothing and log flags): no notification over the chart
         self._show()
-
-    def action_wall_time(self) -> None:
-        self.chart.toggle_wall_time()
-        self._show()
-
-    def action_zoom_in(self) -> None:
-        self.chart.zoom_by(ZOOM_FACTOR)
-
-    def action_zoom_out(self) -> None:
-        self.chart.zoom_by(1 / ZOOM_FACTOR)
-
-    def action_pan(self, direction: int) -> None:
-        self.chart.pan_or_move_cursor(direction)
-        self._show()
-
-    def action_reset_zoom(self) -> None:
-        self.chart.reset_zoom()
-
-    def action_smooth(self) -> None:
-        self.chart.toggle_smoothing()  # the legend's flags say EMA (or not): no notification over the chart
-
-    def action_log_scale(self) -> None:
-        self.chart.toggle_log()
 
     def action_reload(self) -> None:
         self._load()

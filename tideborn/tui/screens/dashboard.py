@@ -17,10 +17,10 @@ from textual.widgets import Footer, OptionList
 
 from tideborn.errors import UserError
 from tideborn.humanize import duration
-from tideborn.rundir import LAUNCH_FILE, list_checkpoints
 from tideborn.rundir.anomaly import STALLED, VANISHED
 from tideborn.rundir.events import TERMINAL_KINDS
 from tideborn.rundir.files import file_size, first_event
+from tideborn.rundir.layout import LAUNCH_FILE, list_checkpoints
 from tideborn.rundir.status import RunStatus
 from tideborn.tools.control import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
 from tideborn.tui.follow import RunFollower, follow
@@ -50,7 +50,7 @@ from tideborn.tui.widgets.anomalies import AnomalyList, clock_text, evidence_tex
 from tideborn.tui.widgets.gpu_panel import GpuPanel
 from tideborn.tui.widgets.header import RunHeader
 from tideborn.tui.widgets.log_pane import LogPane
-from tideborn.tui.widgets.loss_plot import ZOOM_FACTOR, LossPlot
+from tideborn.tui.widgets.loss_plot import LossPlot
 
 LIVE_STATES = ("running", "stalled")
 SMOOTHING_WEIGHTS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
@@ -76,21 +76,13 @@ class DashboardScreen(Screen):
         # Nor while the run is not running (finished, stopped, failed...): x says there is nothing to stop.
         Binding("x", "stop_not_running", "Stop", show=False),
         Binding("k", "checkpoints", "Checkpoints"),
-        # m, l, n: in the help screen, not the footer, so that "? Help" still fits 80 columns next to
-        # Start / Stop, Checkpoints, Chart, Overrides and Follow log
-        Binding("m", "smooth", "Smooth", show=False),
-        Binding("l", "log_scale", "Log", show=False),
+        # n, a, c and the chart's keys: in the help screen, not the footer, so that "? Help" still fits 80 columns
+        # next to Start / Stop, Checkpoints, Chart, Overrides and Follow log
         Binding("n", "last_steps", "Last N", show=False),
         Binding("a", "all_steps", "All", show=False),
         Binding("c", "curves", "Curves: all, train, eval", show=False),
         Binding("g", "next_chart", "Chart"),
-        Binding("plus", "zoom_in", "Zoom in (x axis)", show=False),
-        Binding("minus", "zoom_out", "Zoom out", show=False),
-        Binding("left_square_bracket", "pan_left", "Pan left (cursor left while it is on)", show=False),
-        Binding("right_square_bracket", "pan_right", "Pan right (cursor right while it is on)", show=False),
-        Binding("0", "reset_zoom", "Zoom: all", show=False),
-        Binding("v", "cursor", "Cursor: values at a step", show=False),
-        Binding("t", "wall_time", "x axis: step / wall time", show=False),
+        *LossPlot.screen_bindings(),  # zoom, pan, cursor, wall time, smoothing on/off, log scale
         Binding("less_than_sign", "smoothing_down", "Less smoothing (0 is off)", show=False),
         Binding("greater_than_sign", "smoothing_up", "More smoothing", show=False),
         Binding("e", "edit", "Overrides"),
@@ -497,13 +489,13 @@ class DashboardScreen(Screen):
         self.notify(message.reason, title="cannot stop", severity="error", timeout=15)
 
     # -- view keys ------------------------------------------------------------------------------------
-    def action_smooth(self) -> None:
-        on = self.plot.toggle_smoothing()
-        self.notify(f"smoothing {'on' if on else 'off'}", timeout=2)
+    async def action_chart(self, action: str) -> None:
+        """One of the chart's keys (`LossPlot.KEYS`), handed on to the chart."""
+        await self.plot.run_action(action)
 
-    def action_log_scale(self) -> None:
-        on = self.plot.toggle_log()
-        self.notify(f"{'log' if on else 'linear'} scale", timeout=2)
+    def on_loss_plot_view_changed(self, message: LossPlot.ViewChanged) -> None:
+        if message.note:
+            self.notify(message.note, timeout=message.seconds)
 
     def action_last_steps(self) -> None:
         current = self.plot.options.window
@@ -522,30 +514,6 @@ class DashboardScreen(Screen):
 
     def action_next_chart(self) -> None:
         self.plot.next_chart()  # the chart's title says which it is (2/6 accuracy): no notification over it
-
-    def action_zoom_in(self) -> None:
-        self.plot.zoom_by(ZOOM_FACTOR)
-
-    def action_zoom_out(self) -> None:
-        self.plot.zoom_by(1 / ZOOM_FACTOR)
-
-    def action_pan_left(self) -> None:
-        self.plot.pan_or_move_cursor(-1)
-
-    def action_pan_right(self) -> None:
-        self.plot.pan_or_move_cursor(1)
-
-    def action_reset_zoom(self) -> None:
-        self.plot.reset_zoom()
-
-    def action_cursor(self) -> None:
-        on = self.plot.toggle_cursor() is not None
-        self.notify("cursor on: [ and ] move it, the legends read the values there" if on else "cursor off",
-                    timeout=3)
-
-    def action_wall_time(self) -> None:
-        wall = self.plot.toggle_wall_time()
-        self.notify(f"x axis: {'wall time' if wall else 'step'}", timeout=2)
 
     def action_smoothing_down(self) -> None:
         self._smoothing(-1)

@@ -3,6 +3,7 @@ time since the last event, and the last checkpoint with its age. Ages come from 
 
 from __future__ import annotations
 
+import math
 import typing
 from pathlib import Path
 
@@ -10,8 +11,8 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tideborn.humanize import duration, number
-from tideborn.rundir.report import data_window_text
-from tideborn.rundir.status import RunStatus
+from tideborn.rundir.report import data_window_text, elo_number
+from tideborn.rundir.status import EloPoint, Rebaseline, RunStatus
 
 STATE_STYLES = {
     "running": "bold green", "stalled": "bold yellow", "finished": "bold blue", "stopped": "bold cyan",
@@ -84,46 +85,69 @@ class RunHeader(Widget):
         s = self.status
         if s is None:
             return Text.assemble((" reading ", self._style("bold")), str(self.run_dir), "\n")
-        state = "gone" if self.gone else s.state
+        # One line each, cut with an ellipsis: a wrapped first line would push the second out of the header.
+        return Text("\n", no_wrap=True, overflow="ellipsis").join([self._state_line(s, now), self._events_line(s, now)])
+
+    def _state_line(self, s: RunStatus, now: float) -> Text:
+        """The state (with the anomalies and restarts as badges beside it) and how far the run is."""
         line = Text(no_wrap=True, overflow="ellipsis")
-        label = state.upper()
-        stopping = self.stopping()
-        if stopping is not None:
-            label += f" (stopping, {stopping[0]} {duration(now - stopping[1])} ago)"
-        elif s.waiting_for_data and not self.gone:
-            label += " (waiting for data)"
+        state = "gone" if self.gone else s.state
         holding = len(s.anomalies)
         style = "bold red" if holding else STATE_STYLES.get(state, "bold")  # never a green RUNNING over a NaN
         badge = self._style(style) + (" reverse" if self.colour else "")
-        line.append(f" {label} ", style=badge)
+        line.append(f" {self._state_label(state, s, now)} ", style=badge)
         if holding:
             line.append(f" {holding} {'anomaly' if holding == 1 else 'anomalies'} ", style=badge)
         if s.restarts:  # an elastic job that torchrun's agent restarted is one run that goes on, not a new one
             restarts = f" {s.restarts} {'restart' if s.restarts == 1 else 'restarts'}"
             line.append(restarts + (f", world size {s.world_size} " if s.world_size is not None else " "),
                         style=self._style("bold yellow") + (" reverse" if self.colour else ""))
-        line.append(f" step {s.step:,}" + (f" / {s.max_steps:,}" if s.max_steps is not None else ""))
-        if s.progress is not None:
-            line.append(f" ({s.progress * 100:.1f}%)")
-        if s.eta_seconds is not None:
-            line.append(f"  ETA {duration(s.eta_seconds)}")
-        if s.positions_per_second is not None:
-            line.append(f"  {number(s.positions_per_second, ',.0f')} pos/s")
-        if s.lr is not None:
-            line.append(f"  lr {number(s.lr, '.2e')}")
+        _append_progress(line, s)
+        return line
+
+    def _state_label(self, state: str, s: RunStatus, now: float) -> str:
+        label = state.upper()
+        stopping = self.stopping()
+        if stopping is not None:
+            return label + f" (stopping, {stopping[0]} {duration(now - stopping[1])} ago)"
+        if s.waiting_for_data and not self.gone:
+            return label + " (waiting for data)"
+        return label
+
+    def _events_line(self, s: RunStatus, now: float) -> Text:
+        """Why the run failed (first, so a narrow terminal still shows it), how long ago it wrote, its checkpoint,
+        data window and Elo, how it ended (or its pid), and how the monitor follows it."""
         second = Text(no_wrap=True, overflow="ellipsis")
         terminal = s.terminal
         if self.gone:  # first: what follows is what was read before it went
             second.append(f" {self.run_dir} is gone (removed or renamed); shown as last read:",
                           style=self._style("bold red"))
-        if terminal is not None and terminal.kind == "run_failed":  # first, so a narrow terminal still shows why
+        if terminal is not None and terminal.kind == "run_failed":
             detail = " ".join(str(terminal.error or "").split())
             second.append(f" run_failed at step {terminal.step}" + (f": {detail}" if detail else ""),
                           style=self._style("bold red"))
-        if s.last_event_time is not None:
-            second.append(f"{'  ' if second else ' '}event {duration(now - s.last_event_time)} ago")
-        else:
-            second.append(f"{'  ' if second else ' '}no events yet")
+        since = f"event {duration(now - s.last_event_time)} ago" if s.last_event_time is not None else "no events yet"
+        second.append(f"{'  ' if second else ' '}{since}")
+        self._append_figures(second, s, now)
+        self._append_ending(second, s)
+        if self.watch_problem:
+            second.append(f"  polling every 2 s ({self.watch_problem})", style=self._style("yellow"))
+        if self.note:
+            second.append(f"  {self.note}", style=self._style("italic"))
+        return second
+
+    def _append_ending(self, second: Text, s: RunStatus) -> None:
+        """How the run ended (a failure is said first on the line), or while it has not, its pid."""
+        terminal = s.terminal
+        if terminal is not None and terminal.kind != "run_failed":
+            detail = terminal.reason or terminal.error or ""
+            second.append(f"  {terminal.kind} at step {terminal.step}" + (f": {detail}" if detail else ""),
+                          style=self._style("bold"))
+        elif terminal is None and s.pid is not None:
+            second.append(f"  pid {s.pid}")
+
+    def _append_figures(self, second: Text, s: RunStatus, now: float) -> None:
+        """The checkpoint (its age going on with the clock since the status was taken), the data window, the Elo."""
         checkpoint = s.last_checkpoint
         if checkpoint is not None:
             age = checkpoint.age_seconds + (now - (self.checked_at or now))
@@ -132,22 +156,22 @@ class RunHeader(Widget):
             second.append("  no checkpoint")
         if s.data_window is not None:
             second.append("  " + data_window_text(s.data_window, False))
-        elo = elo_curve_text([point.as_list() for point in s.elo_curve], self.ascii,
-                             [point.as_list() for point in s.elo_rebaselines])
+        elo = elo_curve_text(s.elo_curve, self.ascii, s.elo_rebaselines)
         if elo:
             second.append(f"  {elo}")
-        if terminal is not None and terminal.kind != "run_failed":
-            detail = terminal.reason or terminal.error or ""
-            second.append(f"  {terminal.kind} at step {terminal.step}" + (f": {detail}" if detail else ""),
-                          style=self._style("bold"))
-        elif terminal is None and s.pid is not None:
-            second.append(f"  pid {s.pid}")
-        if self.watch_problem:
-            second.append(f"  polling every 2 s ({self.watch_problem})", style=self._style("yellow"))
-        if self.note:
-            second.append(f"  {self.note}", style=self._style("italic"))
-        # One line each, cut with an ellipsis: a wrapped first line would push the second out of the header.
-        return Text("\n", no_wrap=True, overflow="ellipsis").join([line, second])
+
+
+def _append_progress(line: Text, s: RunStatus) -> None:
+    """Step / max_steps, the share done, the ETA, positions/s and lr: those the status has."""
+    line.append(f" step {s.step:,}" + (f" / {s.max_steps:,}" if s.max_steps is not None else ""))
+    if s.progress is not None:
+        line.append(f" ({s.progress * 100:.1f}%)")
+    if s.eta_seconds is not None:
+        line.append(f"  ETA {duration(s.eta_seconds)}")
+    if s.positions_per_second is not None:
+        line.append(f"  {number(s.positions_per_second, ',.0f')} pos/s")
+    if s.lr is not None:
+        line.append(f"  lr {number(s.lr, '.2e')}")
 
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -155,31 +179,20 @@ ASCII_SPARK = "_.-~=+*#"
 ELO_POINTS_SHOWN = 16
 
 
-def elo_curve_text(curve: object, ascii_only: bool = False, rebaselines: object = None) -> str:
+def elo_curve_text(curve: typing.Sequence[EloPoint], ascii_only: bool = False,
+                   rebaselines: typing.Sequence[Rebaseline] = ()) -> str:
     """The newest `match` result and a sparkline of the Elo curve (runtime.match_every), or ""; with the
     latest re-baseline (`rebaselines`: status's `elo_rebaselines`), where the curve's origin moved."""
-    if not isinstance(curve, list) or not curve or not all(isinstance(p, list) and len(p) >= 4 for p in curve):
+    if not curve:
         return ""
-
-    def value(x: object) -> float | None:
-        if isinstance(x, str) and x in ("inf", "-inf"):
-            return float(x)
-        return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-    def shown(x: object) -> str:
-        v = value(x)
-        return "?" if v is None else f"{v + 0.0:+.0f}" if abs(v) != float("inf") else ("+inf" if v > 0 else "-inf")
-
-    step, elo, low, high = curve[-1][:4]
-    text = f"Elo {shown(elo)} [{shown(low)}, {shown(high)}] at step {step:,}" if isinstance(step, int) else ""
-    finite = [v for p in curve[-ELO_POINTS_SHOWN:] if (v := value(p[1])) is not None and abs(v) != float("inf")]
+    last = curve[-1]
+    text = f"Elo {elo_number(last.elo)} [{elo_number(last.elo_low)}, {elo_number(last.elo_high)}] at step {last.step:,}"
+    finite = [p.elo for p in curve[-ELO_POINTS_SHOWN:] if p.elo is not None and math.isfinite(p.elo)]
     if len(finite) > 1:
         lo, hi = min(finite), max(finite)
         spread = (hi - lo) or 1.0
         ramp = ASCII_SPARK if ascii_only else SPARK
         text += " " + "".join(ramp[round((v - lo) / spread * (len(ramp) - 1))] for v in finite)
-    if isinstance(rebaselines, list) and rebaselines and isinstance(rebaselines[-1], list) and rebaselines[-1]:
-        moved = rebaselines[-1]
-        text += f" (origin moved at step {moved[0]}: vs step {moved[2] if len(moved) > 2 else '?'})"
+    if rebaselines:
+        text += f" (origin moved at step {rebaselines[-1].step}: vs step {rebaselines[-1].reference_step})"
     return text
-

@@ -12,13 +12,16 @@ percent of a core, not one).
 from __future__ import annotations
 
 import time
+import typing
 from collections import Counter
 from dataclasses import replace
 
 import numpy as np
 from rich.text import Text
 from textual import events
+from textual.binding import Binding
 from textual.geometry import Region
+from textual.message import Message
 from textual.widget import Widget
 
 from tideborn.tui.history import COLUMN_NAMES, ELO_SERIES, RunHistory
@@ -86,6 +89,42 @@ MAX_REDRAW_INTERVAL = 4.0
 
 class LossPlot(Widget):
     """Charts over steps (or wall time), with checkpoint, resume and anomaly markers on the x axes."""
+
+    KEYS: typing.ClassVar[list[Binding]] = [
+        # The chart's keys, the same in every screen that shows a chart (`screen_bindings`).
+        Binding("v", "cursor", "Cursor: values at a step", show=False),
+        Binding("t", "wall_time", "x axis: step / wall time", show=False),
+        Binding("plus", "zoom_in", "Zoom in (x axis)", show=False),
+        Binding("minus", "zoom_out", "Zoom out", show=False),
+        Binding("left_square_bracket", "pan(-1)", "Pan left (cursor left while it is on)", show=False),
+        Binding("right_square_bracket", "pan(1)", "Pan right (cursor right while it is on)", show=False),
+        Binding("0", "reset_zoom", "Zoom: all", show=False),
+        Binding("m", "smooth", "Smooth", show=False),
+        Binding("l", "log_scale", "Log", show=False),
+    ]
+
+    class ViewChanged(Message):
+        """A chart key changed the view; `note` says how, for a screen that says it (the dashboard does, in a
+        notification; the comparison's legend shows it instead)."""
+
+        def __init__(self, note: str | None = None, seconds: float = 2.0) -> None:
+            super().__init__()
+            self.note = note
+            self.seconds = seconds
+
+    @classmethod
+    def keys_with(cls, *worded: Binding) -> list[Binding]:
+        """KEYS, some of them (matched by action) worded as another chart says them, in the same order."""
+        by_action = {key.action: key for key in worded}
+        return [by_action.get(key.action, key) for key in cls.KEYS]
+
+    @classmethod
+    def screen_bindings(cls) -> list[Binding]:
+        """The chart's keys as a screen binds them, each running the chart's action (the screen's `chart` action
+        hands it on with `run_action`). Bound on the screen, they reach the chart wherever the focus is: a widget's
+        own bindings fire only while it or a child has focus, and the chart never has it (the dashboard's focus
+        is in its log, and Tab moves between the anomalies and the log)."""
+        return [replace(key, action=f"chart({key.action!r})") for key in cls.KEYS]
 
     def __init__(self, history: RunHistory, options: PlotOptions, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -257,7 +296,7 @@ class LossPlot(Widget):
         self.zoom = self.cursor = None
         self.refresh()
 
-    # -- view settings (the dashboard's keys) ---------------------------------------------------------
+    # -- view settings (the keys') ---------------------------------------------------------------------
     def toggle_smoothing(self) -> bool:
         self.options = replace(self.options, smooth=not self.options.smooth)
         self.refresh()
@@ -419,6 +458,40 @@ class LossPlot(Widget):
         plot_w = max(cell_w - Y_LABEL_WIDTH, 1)
         fraction = min(max((inside - Y_LABEL_WIDTH + 0.5) / plot_w, 0.0), 1.0)
         return span[0] + fraction * (span[1] - span[0])
+
+    # -- the keys (KEYS): each changes the view and says so --------------------------------------------
+    def action_zoom_in(self) -> None:
+        self.zoom_by(ZOOM_FACTOR)
+        self.post_message(self.ViewChanged())
+
+    def action_zoom_out(self) -> None:
+        self.zoom_by(1 / ZOOM_FACTOR)
+        self.post_message(self.ViewChanged())
+
+    def action_pan(self, direction: int) -> None:
+        self.pan_or_move_cursor(direction)
+        self.post_message(self.ViewChanged())
+
+    def action_reset_zoom(self) -> None:
+        self.reset_zoom()
+        self.post_message(self.ViewChanged())
+
+    def action_cursor(self) -> None:
+        on = self.toggle_cursor() is not None
+        self.post_message(self.ViewChanged("cursor on: [ and ] move it, the legends read the values there" if on
+                                           else "cursor off", seconds=3))
+
+    def action_wall_time(self) -> None:
+        wall = self.toggle_wall_time()
+        self.post_message(self.ViewChanged(f"x axis: {'wall time' if wall else 'step'}"))
+
+    def action_smooth(self) -> None:
+        on = self.toggle_smoothing()
+        self.post_message(self.ViewChanged(f"smoothing {'on' if on else 'off'}"))
+
+    def action_log_scale(self) -> None:
+        on = self.toggle_log()
+        self.post_message(self.ViewChanged(f"{'log' if on else 'linear'} scale"))
 
     # -- the mouse: the wheel zooms about the pointer, sideways scrolling pans ---------------------------
     def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:

@@ -1,4 +1,4 @@
-"""Run-tool figures (never pass/fail): `python -m tideborn.bench.run_tools`.
+"""Run-tool figures (never pass/fail): `python -m benchmarks.run_tools`.
 
 1. `train_run status` on a run directory with many `step` events and a large train.log: wall time and
    peak memory of the real command in a fresh process, several repetitions.
@@ -99,7 +99,7 @@ def watch_latencies(run_dir: Path, count: int, interval: float) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tideborn.bench.run_tools")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run_tools")
     parser.add_argument("--steps", type=int, default=2_000_000, help="step events in the big run directory")
     parser.add_argument("--log-gb", type=float, default=2.0, help="size of its train.log")
     parser.add_argument("--reps", type=int, default=5)

@@ -2,7 +2,7 @@
 engine"): the engine's own protocol loop and thinking, in this process, for untrained nets of two sizes, by policy
 and with a search, with the latency it measures at start and the budget its time rule leaves.
 
-    python -m tideborn.bench.usi_latency [--moves 40] [--threads 2]
+    python -m benchmarks.usi_latency [--moves 40] [--threads 2]
 
 Prints figures, never pass/fail: the machine is shared and its noise is part of what the margin is for.
 """

@@ -1,4 +1,4 @@
-"""Benchmark that prints figures (never pass/fail): `python -m tideborn.bench.search`.
+"""Benchmark that prints figures (never pass/fail): `python -m benchmarks.search`.
 
 For each network size (untrained weights: the speed does not depend on them), alternating between the sizes
 for several repetitions in one process: playouts/s of `Searcher.search_many` over positions from the shipped
@@ -46,7 +46,7 @@ def games_per_second(net: torch.nn.Module, games: int, playouts: int, max_moves:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tideborn.bench.search", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.search", description=__doc__)
     parser.add_argument("--nets", default="2x32,10x192", help="blocks x channels, comma-separated")
     parser.add_argument("--positions", type=int, default=32, help="positions searched at once")
     parser.add_argument("--playouts", type=int, default=64)

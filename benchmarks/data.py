@@ -1,7 +1,7 @@
 """Data-pipeline benchmarks that print figures (never pass/fail).
 
-    python -m tideborn.bench.data pipeline [--file X.hcpe] [--workers 0,1,2]
-    python -m tideborn.bench.data wait --config configs/smoke-teacher.toml
+    python -m benchmarks.data pipeline [--file X.hcpe] [--workers 0,1,2]
+    python -m benchmarks.data wait --config configs/smoke-teacher.toml
 
 `pipeline` times positions/s into ready tensors: `TeacherBatches` with each worker count against the
 naive loop a user would write (per record: `board.set_hcp`, `make_input_features`, `make_move_label` into
@@ -29,12 +29,12 @@ import torch.nn.functional as F
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features, make_move_label
 
 from tideborn.cliparser import OneLineParser
-from tideborn.config import load_settings
-from tideborn.data.loader import TeacherBatches
+from tideborn.config.load import load_settings
 from tideborn.data.records import RECORD_DTYPES
 from tideborn.errors import UserError, report_user_error
 from tideborn.network.model import build_model
 from tideborn.trainer.losses import policy_loss
+from tideborn.trainer.state import teacher_batches
 
 
 def random_game_records(count: int, seed: int = 0) -> np.ndarray:
@@ -82,7 +82,7 @@ def pipeline_positions_per_second(path: Path, workers: int, batch_size: int, bat
     settings = load_settings(None, [f"data.train={[str(path)]!r}".replace("'", '"'), f"data.workers={workers}",
                                     f"optim.batch_size={batch_size}", f"runtime.seed={seed}",
                                     "data.prefetch_batches=4"], environ={}).settings
-    with TeacherBatches(settings, device) as data:
+    with teacher_batches(settings, device) as data:
         data.next_batch()  # worker start-up is not throughput
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -135,7 +135,7 @@ def command_wait(args: argparse.Namespace) -> int:
     model = build_model(settings.model).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=settings.optim.lr, momentum=settings.optim.momentum)
     waits, totals = [], []
-    with TeacherBatches(settings, device) as data:
+    with teacher_batches(settings, device) as data:
         for step in range(args.warmup + args.steps):
             started = time.perf_counter()
             batch = data.next_batch()
@@ -160,7 +160,7 @@ def command_wait(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m tideborn.bench.data", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m benchmarks.data", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     pipeline = sub.add_parser("pipeline", help="positions/s of the pipeline against the naive loop")
     pipeline.add_argument("--file", type=Path, help="hcpe file to read (default: random games, --positions)")

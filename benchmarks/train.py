@@ -1,4 +1,4 @@
-"""Benchmarks that print figures (never pass/fail): `python -m tideborn.bench.train train-overhead`.
+"""Benchmarks that print figures (never pass/fail): `python -m benchmarks.train train-overhead`.
 
 train-overhead runs the real trainer (events on, default checkpoint cadence) and a minimal hand-written
 PyTorch loop on the same model, batch and synthetic data, alternating, several repetitions in one
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.network.model import build_model
 from tideborn.network.optim import build_optimizer, build_scheduler
 from tideborn.rundir.events import EventWriter, read_events
@@ -123,7 +123,7 @@ def train_overhead(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tideborn.bench.train")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.train")
     sub = parser.add_subparsers(dest="command", required=True)
     overhead = sub.add_parser("train-overhead", help="trainer vs a hand-written loop, positions/s")
     overhead.add_argument("--network", default="resnet5x64")

@@ -1,10 +1,10 @@
-"""results.md for `tideborn.bench.gpu`: the figures of results.json as Markdown tables (no torch)."""
+"""results.md for `benchmarks.gpu`: the figures of results.json as Markdown tables (no torch)."""
 
 from __future__ import annotations
 
 import datetime
 
-from tideborn.bench.gpu_runs import LOADER_BATCHES
+from benchmarks.gpu_runs import LOADER_BATCHES
 
 
 def _rate(value: float) -> str:

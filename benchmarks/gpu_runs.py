@@ -1,6 +1,6 @@
 """The GPU check's real runs: whole `tideborn train` and `tideborn match` processes on the device.
 
-Beside the step sweep of `tideborn.bench.gpu`, these answer what only a real run shows: the smoke config
+Beside the step sweep of `benchmarks.gpu`, these answer what only a real run shows: the smoke config
 trains; the teacher-data path keeps the production net fed (the share of step time spent waiting for data,
 at the default and at more decoding workers); an hcpe3 run trains; a run stopped and resumed continues
 the computation of one that never stopped (compared with the device's own run-to-run difference); and
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import tideborn
-from tideborn.rundir import EVENTS_FILE
 from tideborn.rundir.events import read_events
+from tideborn.rundir.layout import EVENTS_FILE
 
 REPO_ROOT = Path(tideborn.__file__).resolve().parents[1]
 SMOKE_CONFIG = REPO_ROOT / "configs" / "smoke.toml"
@@ -73,7 +73,7 @@ def teacher_run(device: str, out: Path, timeout_seconds: float, workers: int | N
     lack it). `keep_run_dir` keeps the run directory (its checkpoints) there."""
     if missing := teacher_data_missing():
         return {"skipped": missing}
-    from tideborn.bench.data import random_game_records  # imports cshogi
+    from benchmarks.data import random_game_records  # imports cshogi
 
     with tempfile.TemporaryDirectory(prefix="tideborn-teacher-data-") as scratch:
         data = Path(scratch) / "random-play.hcpe"
@@ -116,7 +116,7 @@ def hcpe3_run(device: str, out: Path, timeout_seconds: float, copies: int = 4) -
     positions cache inside the run."""
     if missing := teacher_data_missing():
         return {"skipped": missing}
-    from tideborn.bench.hcpe3_file import write_hcpe3_from_games  # imports cshogi
+    from benchmarks.hcpe3_file import write_hcpe3_from_games  # imports cshogi
 
     with tempfile.TemporaryDirectory(prefix="tideborn-hcpe3-data-") as scratch:
         data = Path(scratch) / "selfplay.hcpe3"
@@ -326,9 +326,9 @@ def loader_speed(device: str, worker_counts: tuple[int, ...], batches: int | Non
         return [{"skipped": missing}]
     import torch
 
-    from tideborn.bench.data import random_game_records
-    from tideborn.config import load_settings
-    from tideborn.data.loader import TeacherBatches
+    from benchmarks.data import random_game_records
+    from tideborn.config.load import load_settings
+    from tideborn.trainer.state import teacher_batches
 
     if batches is None:
         batches = LOADER_BATCHES if device == "cuda" else CPU_LOADER_BATCHES
@@ -343,7 +343,7 @@ def loader_speed(device: str, worker_counts: tuple[int, ...], batches: int | Non
                     f"data.workers={workers}", f"optim.batch_size={batch_size}", f'runtime.device="{device}"',
                     f"runtime.pin_memory={str(pinned).lower()}"]
             settings = load_settings(None, sets, {}, environ={}, cwd=Path(scratch)).settings
-            loader = TeacherBatches(settings, torch.device(device), pack_planes=packed)
+            loader = teacher_batches(settings, torch.device(device), pack_planes=packed)
             try:
                 for _ in range(10):  # workers started, queues full
                     loader.next_batch()

@@ -14,7 +14,7 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_input_features, make_move_label
 
-from tideborn.bench.hcpe3_file import ReferenceMove
+from benchmarks.hcpe3_file import ReferenceMove
 from tideborn.data.hcpe3 import Hcpe3File
 from tideborn.data.sources import BatchDecoder, Hcpe3Part, TeacherSource
 
@@ -171,14 +171,14 @@ def check_average(path: Path, moves: list[ReferenceMove], dlshogi: dict) -> tupl
     against dlshogi's `use_average` (`dlshogi`: the arrays `bench_hcpe3 dlshogi --dump-average` saves).
     Positions are matched by hcp. Their targets are compared where both merged the same moves; where the
     moves differ (tideborn also trains moves without candidates; the repetition rule) they are counted."""
-    from tideborn.config import load_settings
+    from tideborn.config.load import load_settings
     from tideborn.data.average import AveragedPart, build_average
 
     findings = Findings()
     settings = load_settings(None, [f"data.train={[str(path)]!r}".replace("'", '"'), "data.use_average=true",
                                     f"data.eval_scale={DLSHOGI_EVAL_SCALE!r}"], environ={}).settings
     positions = Hcpe3File(path, cache=False).positions()
-    meta, arrays = build_average(TeacherSource([Hcpe3Part([positions])], "hcpe3"), settings)
+    meta, arrays = build_average(TeacherSource([Hcpe3Part([positions])], "hcpe3"), settings.data)
     part = AveragedPart(path, [path], dict(meta), arrays)
     ours = {row.tobytes(): i for i, row in enumerate(np.asarray(arrays["hcp"]))}
     by_move = {(m.game, m.ply): m for m in moves}

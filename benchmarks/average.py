@@ -1,10 +1,10 @@
 """`data.use_average` at scale: peak memory and time of building the merged set (figures, never pass/fail).
 
-    python -m tideborn.bench.average make-hcpe3 OUT.hcpe3 --from FILE.hcpe3 --copies N
-    python -m tideborn.bench.average make-distinct OUT.hcpe --positions N [--seed S]
-    python -m tideborn.bench.average measure FILE... [--code NAME=DIR ...] [--repeats N]
+    python -m benchmarks.average make-hcpe3 OUT.hcpe3 --from FILE.hcpe3 --copies N
+    python -m benchmarks.average make-distinct OUT.hcpe --positions N [--seed S]
+    python -m benchmarks.average measure FILE... [--code NAME=DIR ...] [--repeats N]
 
-`make-hcpe3` repeats the games of an hcpe3 file (`tideborn.bench.hcpe3 make`) N times: many inputs, few
+`make-hcpe3` repeats the games of an hcpe3 file (`benchmarks.hcpe3 make`) N times: many inputs, few
 distinct positions. `make-distinct` writes hcpe records of random legal playouts from the start position:
 nearly every position distinct. `measure` runs, per repetition and code tree (alternating), with every
 derived file removed first: a fresh child process that opens the files (the hcpe3 positions caches built:
@@ -31,12 +31,12 @@ import numpy as np
 from tideborn.cliparser import OneLineParser, positive_int
 from tideborn.errors import UserError, report_user_error
 
-THIS_TREE = Path(__file__).resolve().parents[2]
+THIS_TREE = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, sys, time
 from pathlib import Path
-from tideborn.config.schema import DataSettings, Settings
+from tideborn.config.schema import DataSettings
 from tideborn.data.average import averaged_source
 from tideborn.data.sources import open_source
 
@@ -47,7 +47,7 @@ opened = time.perf_counter()
 if mode == "open":
     print(json.dumps({"seconds": opened - started}))
     raise SystemExit(0)
-settings = Settings(data=DataSettings(train=tuple(map(str, paths)), use_average=True))
+settings = DataSettings(train=tuple(map(str, paths)), use_average=True)
 averaged = averaged_source(source, settings)
 print(json.dumps({"seconds": time.perf_counter() - opened, **averaged.note["average"]}))
 """
@@ -129,7 +129,7 @@ def make_distinct(out: Path, positions: int, seed: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m tideborn.bench.average", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m benchmarks.average", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("make-hcpe3")
     make.add_argument("out", type=Path)

@@ -1,6 +1,6 @@
 """The scale benchmark: tideborn (and dlshogi) on corpora of 10^6, 10^7, ... positions (figures, never pass/fail).
 
-    python -m tideborn.bench.scale [--sizes 1000000,10000000] [--formats hcpe,hcpe3] [--dlshogi-build DIR]
+    python -m benchmarks.scale [--sizes 1000000,10000000] [--formats hcpe,hcpe3] [--dlshogi-build DIR]
 
 Per size and format it writes a synthetic-but-valid corpus from the shipped games (`scale_corpus`: real
 games repeated, made-up search statistics) in a scratch folder, then, each in a fresh process whose whole
@@ -22,7 +22,7 @@ the median (min..max), memory as the largest. The first opens are compared per r
 and per CPU second of the opening process (each side's own CPU time around the open, without the process's
 start-up).
 
-With `--dlshogi-build DIR` (a dlshogi source tree with `cppshogi` built, as `python -m tideborn.bench.hcpe3
+With `--dlshogi-build DIR` (a dlshogi source tree with `cppshogi` built, as `python -m benchmarks.hcpe3
 --help` says; its `dlshogi/train.py` and the torch of this Python), the same for dlshogi on hcpe3 corpora:
 first open is `load_hcpe3` in a child with one OpenMP thread (dlshogi has no later open: it loads at every
 start); training is its `train.py` on the CPU (`--gpu -1`, the same network and batch size, `--eval_interval
@@ -54,12 +54,12 @@ from pathlib import Path
 
 import psutil
 
-from tideborn.bench import average
-from tideborn.bench.scale_corpus import Seed, make_seed, write_hcpe3_corpus, write_hcpe_corpus
+from benchmarks import average
+from benchmarks.scale_corpus import Seed, make_seed, write_hcpe3_corpus, write_hcpe_corpus
 from tideborn.cliparser import OneLineParser, positive_int
 from tideborn.errors import UserError, report_interrupted, report_user_error
 
-THIS_TREE = Path(__file__).resolve().parents[2]
+THIS_TREE = Path(__file__).resolve().parents[1]
 CACHE_BYTES_PER_POSITION = 60
 """hcpe3 positions cache at most (about 40-46 measured), for the disk check."""
 DISK_MARGIN_BYTES = 1 << 30
@@ -97,12 +97,13 @@ def tree_rss(process: psutil.Process) -> int:
 
 
 def run_sampled(command: list[str], env: dict | None = None, timeout: float = 3600.0, interval: float = 0.05,
-                stop_when: typing.Callable[[list[tuple[float, str]]], bool] | None = None) -> Sampled:
+                stop_when: typing.Callable[[list[tuple[float, str]]], bool] | None = None,
+                cwd: Path = THIS_TREE) -> Sampled:
     """Run `command` in a session of its own, sampling its process tree's RSS; `stop_when(lines)` true
     ends it (SIGTERM to its group, then SIGKILL), as does `timeout` (then UserError)."""
     started = time.time()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                             start_new_session=True, cwd=THIS_TREE)
+                             start_new_session=True, cwd=cwd)
     lines: list[tuple[float, str]] = []
 
     def read() -> None:
@@ -173,8 +174,9 @@ def average_figures(path: Path, args: argparse.Namespace) -> dict:
     return {"average_seconds": result["seconds"], "average_rss": run.peak_rss}
 
 
-def train_figures(path: Path, args: argparse.Namespace, scratch: Path) -> dict:
-    """A real `tideborn train` process on `path`: launch to first step, positions/s, peak RSS."""
+def train_figures(path: Path, args: argparse.Namespace, scratch: Path, checkout: Path = THIS_TREE) -> dict:
+    """A real `tideborn train` process on `path`: launch to first step, positions/s, peak RSS, the whole process's
+    seconds. `checkout`: the source tree whose `tideborn` it runs (its working directory and `PYTHONPATH`)."""
     out = scratch / "run"
     sets = [f"data.train={json.dumps([str(path)])}", f"runtime.out_dir={json.dumps(str(out))}",
             f"runtime.max_steps={args.steps}", "runtime.log_every=1", f"runtime.checkpoint_every={args.steps}",
@@ -184,8 +186,9 @@ def train_figures(path: Path, args: argparse.Namespace, scratch: Path) -> dict:
     command = [sys.executable, "-m", "tideborn", "train", "--network", args.network]
     for item in sets:
         command += ["--set", item]
+    env = None if checkout == THIS_TREE else {**os.environ, "PYTHONPATH": str(checkout)}
     launched = time.time()
-    run = run_sampled(command, timeout=args.timeout)
+    run = run_sampled(command, env=env, timeout=args.timeout, cwd=checkout)
     if run.returncode != 0:
         raise _failed(f"tideborn train on {path.name}", run)
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines() if line.strip()]
@@ -193,7 +196,7 @@ def train_figures(path: Path, args: argparse.Namespace, scratch: Path) -> dict:
     shutil.rmtree(out)
     rates = [e["positions_per_second"] for e in steps[WARMUP_STEPS:]] or [steps[-1]["positions_per_second"]]
     return {"launch_to_first_step": steps[0]["time"] - launched, "positions_per_second": statistics.median(rates),
-            "train_rss": run.peak_rss}
+            "train_rss": run.peak_rss, "train_seconds": run.seconds}
 
 
 DLSHOGI_TRAIN = r"""
@@ -217,7 +220,7 @@ def dlshogi_figures(path: Path, seed: Seed, args: argparse.Namespace, scratch: P
     """dlshogi on the hcpe3 corpus `path`: `load_hcpe3` alone (one OpenMP thread), then its train.py."""
     build = args.dlshogi_build
     env = {**os.environ, "OMP_THREAD_LIMIT": str(args.threads), "OMP_NUM_THREADS": str(args.threads)}
-    load = run_sampled([sys.executable, "-m", "tideborn.bench.hcpe3", "dlshogi", str(path), "--dlshogi-build",
+    load = run_sampled([sys.executable, "-m", "benchmarks.hcpe3", "dlshogi", str(path), "--dlshogi-build",
                         str(build), "--batch-size", "64", "--batches", "1"], env=env, timeout=args.timeout)
     if load.returncode != 0:
         raise _failed(f"dlshogi's load_hcpe3 on {path.name}", load)
@@ -291,7 +294,7 @@ HEADER = (f"{'size':>12s} {'format':6s} {'who':9s} {'positions':>12s} | first op
 
 def run_benchmark(args: argparse.Namespace) -> int:
     if args.dlshogi_build is not None:
-        from tideborn.bench.hcpe3_dlshogi import load_cppshogi
+        from benchmarks.hcpe3_dlshogi import load_cppshogi
 
         load_cppshogi(args.dlshogi_build)  # refuse a bad build before any work
         if not (args.dlshogi_build / "dlshogi" / "train.py").is_file():
@@ -377,7 +380,7 @@ def _formats(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m tideborn.bench.scale", description=__doc__.split("\n\n")[0],
+    parser = OneLineParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0],
                            epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=_sizes, default=[10**6, 10**7],
                         help="positions per corpus, comma-separated (default 1e6,1e7)")

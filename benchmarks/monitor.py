@@ -1,4 +1,4 @@
-"""Benchmark of the monitor following a live run (figures, never pass/fail): `python -m tideborn.bench.monitor`.
+"""Benchmark of the monitor following a live run (figures, never pass/fail): `python -m benchmarks.monitor`.
 
 `tideborn-tui` runs as a real process in a pseudo-terminal of 200x50 (its output is read and thrown away, as
 a terminal would show it), on a run of N step events (default 2,000,000) that a writer process keeps
@@ -38,7 +38,7 @@ import psutil
 
 from tideborn.rundir.files import boot_id, process_start_ticks, this_host
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 COLUMNS, ROWS = 200, 50
 STEP_LINE = ('{{"v":1,"time":{time:.3f},"kind":"step","step":{step},"loss":{loss:.6f},"policy_loss":{policy:.6f},'
              '"value_loss":{value:.6f},"grad_norm":1.2345,"lr":0.0123456,"positions_per_second":41234.5,'
@@ -227,7 +227,7 @@ def measure(label: str, source: Path, run_dir: Path, args: argparse.Namespace) -
     env = {**os.environ, "TERM": "xterm-256color", "COLORTERM": "truecolor", "PYTHONPATH": str(source),
            "LINES": str(ROWS), "COLUMNS": str(COLUMNS)}
     env.pop("NO_COLOR", None)
-    feeder = subprocess.Popen([sys.executable, "-m", "tideborn.bench.monitor", "--writer", str(run_dir),
+    feeder = subprocess.Popen([sys.executable, "-m", "benchmarks.monitor", "--writer", str(run_dir),
                                str(args.rate)], cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     terminal = Terminal([sys.executable, "-m", "tideborn.tui.app", str(run_dir), "--no-nvml"], env, source)
     try:
@@ -290,7 +290,7 @@ def report(launches: list[Launch]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tideborn.bench.monitor", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.monitor", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=2_000_000, help="step events in the run (default 2,000,000)")
     parser.add_argument("--follow-seconds", type=float, default=30.0, help="how long CPU use is measured (30)")
     parser.add_argument("--settle-timeout", type=float, default=120.0, help=argparse.SUPPRESS)

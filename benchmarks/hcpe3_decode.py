@@ -1,7 +1,7 @@
 """Decode per core from an hcpe3 file's positions cache, this code against another tree's, side by side
 (figures, never pass/fail).
 
-    python -m tideborn.bench.hcpe3_decode FILE.hcpe3 --code NAME=DIR [--repeats N] [--batches N]
+    python -m benchmarks.hcpe3_decode FILE.hcpe3 --code NAME=DIR [--repeats N] [--batches N]
 
 Each code tree gets its own copy of the file (their caches may be of different versions, which would rebuild
 each other's) and opens it once (the cache built, untimed). Then, per repetition and tree, alternating, a
@@ -24,7 +24,7 @@ from pathlib import Path
 from tideborn.cliparser import OneLineParser, positive_int
 from tideborn.errors import UserError, report_user_error
 
-THIS_TREE = Path(__file__).resolve().parents[2]
+THIS_TREE = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, sys, time
@@ -61,7 +61,7 @@ def run_child(code: Path | None, path: Path, batches: int, mode: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m tideborn.bench.hcpe3_decode", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m benchmarks.hcpe3_decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("file", type=Path)
     parser.add_argument("--code", action="append", default=[], help="NAME=DIR: also decode with DIR first on the path")
     parser.add_argument("--repeats", type=positive_int, default=4)

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tideborn.bench.hcpe3_file import HCPE3_HEADER, MOVE_INFO, MOVE_VISITS, reference_moves, write_hcpe3_from_games
+from benchmarks.hcpe3_file import HCPE3_HEADER, MOVE_INFO, MOVE_VISITS, reference_moves, write_hcpe3_from_games
 from tideborn.data.records import RECORD_DTYPES
 from tideborn.errors import UserError
 from tideborn.outputs import StagedOutputs
 
-SAMPLE_GAMES = Path(__file__).resolve().parents[2] / "samples" / "games"
+SAMPLE_GAMES = Path(__file__).resolve().parents[1] / "samples" / "games"
 WRITE_BYTES = 1 << 24
 """Bytes handed to the file at a time: large enough that Python's loop is not the cost, small in memory."""
 

@@ -1,10 +1,10 @@
 """hcpe3 throughput: tideborn's loader against dlshogi's C++ one on the same file (figures, never pass/fail).
 
-    python -m tideborn.bench.hcpe3 pipeline [--file X.hcpe3 | --games DIR --copies N] [--dlshogi-build DIR]
-    python -m tideborn.bench.hcpe3 open [--file X.hcpe3 | --games DIR --copies N] [--dlshogi-build DIR]
-    python -m tideborn.bench.hcpe3 decode [--file X.hcpe3 | --games DIR --copies N] --dlshogi-build DIR
-    python -m tideborn.bench.hcpe3 check X.hcpe3 [--dlshogi-build DIR [--average]]
-    python -m tideborn.bench.hcpe3 make OUT.hcpe3 [--games DIR ...] [--copies N] [--book-plies N]
+    python -m benchmarks.hcpe3 pipeline [--file X.hcpe3 | --games DIR --copies N] [--dlshogi-build DIR]
+    python -m benchmarks.hcpe3 open [--file X.hcpe3 | --games DIR --copies N] [--dlshogi-build DIR]
+    python -m benchmarks.hcpe3 decode [--file X.hcpe3 | --games DIR --copies N] --dlshogi-build DIR
+    python -m benchmarks.hcpe3 check X.hcpe3 [--dlshogi-build DIR [--average]]
+    python -m benchmarks.hcpe3 make OUT.hcpe3 [--games DIR ...] [--copies N] [--book-plies N]
 
 `pipeline` times, alternating, several repetitions in one run, on a copy of the file in a scratch folder:
 tideborn's first open (every game replayed into the positions cache) and a second one (the cache mapped);
@@ -58,38 +58,46 @@ from pathlib import Path
 
 import numpy as np
 
-from tideborn.bench.hcpe3_check import check_average, cross_check
-from tideborn.bench.hcpe3_dlshogi import (
+from benchmarks.hcpe3_check import check_average, cross_check
+from benchmarks.hcpe3_dlshogi import (
     DlshogiData,
     dlshogi_figures,
     dlshogi_hcpe_figures,
     dump_dlshogi_average,
     load_cppshogi,
 )
-from tideborn.bench.hcpe3_file import reference_moves, write_hcpe3_from_games
+from benchmarks.hcpe3_file import reference_moves, write_hcpe3_from_games
 from tideborn.cliparser import OneLineParser, positive_int
 from tideborn.errors import UserError, report_user_error
 
-DEFAULT_GAMES = Path(__file__).resolve().parents[2] / "samples" / "games"
+CHECKOUT = Path(__file__).resolve().parents[1]
+DEFAULT_GAMES = CHECKOUT / "samples" / "games"
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment for a `-m benchmarks.hcpe3` child, with the checkout on its path: the benchmarks are
+    no installed package, and the child may start in another folder."""
+    path = os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, **(extra or {}), "PYTHONPATH": path}
 
 
 def dlshogi_in_child(build: Path, path: Path, threads: int, batch_size: int, batches: int, seed: int) -> dict:
     """`dlshogi_figures` in a fresh process limited to `threads` OpenMP threads (the limit is read when
     libgomp starts, and dlshogi's decode asks for 2 threads whatever OMP_NUM_THREADS says)."""
-    command = [sys.executable, "-m", "tideborn.bench.hcpe3", "dlshogi", str(path), "--dlshogi-build", str(build),
+    command = [sys.executable, "-m", "benchmarks.hcpe3", "dlshogi", str(path), "--dlshogi-build", str(build),
                "--batch-size", str(batch_size), "--batches", str(batches), "--seed", str(seed)]
     return _child(command, {"OMP_THREAD_LIMIT": str(threads)}, f"dlshogi's loader on {path}")
 
 
 def tideborn_decode_in_child(path: Path, batch_size: int, batches: int, seed: int) -> dict:
     """`tideborn_decode_positions_per_second` in a fresh process on one thread."""
-    command = [sys.executable, "-m", "tideborn.bench.hcpe3", "tideborn-decode", str(path), "--batch-size",
+    command = [sys.executable, "-m", "benchmarks.hcpe3", "tideborn-decode", str(path), "--batch-size",
                str(batch_size), "--batches", str(batches), "--seed", str(seed)]
     return _child(command, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, f"tideborn's decode of {path}")
 
 
 def _child(command: list[str], env: dict[str, str], what: str) -> dict:
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, timeout=3600)
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(env), timeout=3600)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise UserError(f"{what} failed: {last}")
@@ -172,13 +180,13 @@ def tideborn_positions_per_second(path: Path, workers: int, batch_size: int, bat
     input planes widened to float, value targets, sparse policy distributions."""
     import torch
 
-    from tideborn.config import load_settings
-    from tideborn.data.loader import TeacherBatches
+    from tideborn.config.load import load_settings
+    from tideborn.trainer.state import teacher_batches
 
     settings = load_settings(None, [f"data.train={json.dumps([str(path)])}", f"data.workers={workers}",
                                     f"optim.batch_size={batch_size}", f"runtime.seed={seed}",
                                     "data.prefetch_batches=4"], environ={}).settings
-    with TeacherBatches(settings, torch.device("cpu")) as data:
+    with teacher_batches(settings, torch.device("cpu")) as data:
         data.next_batch()  # worker start-up (and opening the file) is not throughput
         started = time.perf_counter()
         positions = sum(len(data.next_batch()) for _ in range(batches))
@@ -327,9 +335,9 @@ def command_check(args: argparse.Namespace) -> int:
             raise UserError("--average compares with dlshogi's averaging: give --dlshogi-build too")
         with tempfile.TemporaryDirectory() as scratch:
             dump = Path(scratch) / "average.npz"
-            command = [sys.executable, "-m", "tideborn.bench.hcpe3", "dlshogi", str(args.file),
+            command = [sys.executable, "-m", "benchmarks.hcpe3", "dlshogi", str(args.file),
                        "--dlshogi-build", str(args.dlshogi_build), "--dump-average", str(dump)]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+            done = subprocess.run(command, capture_output=True, text=True, env=child_env(), timeout=3600)
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
                 raise UserError(f"dlshogi's averaging of {args.file} failed: {last}")
@@ -418,7 +426,7 @@ def _counts(text: str, least: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m tideborn.bench.hcpe3", description=__doc__.split("\n\n")[0],
+    parser = OneLineParser(prog="python -m benchmarks.hcpe3", description=__doc__.split("\n\n")[0],
                            epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 

@@ -1,4 +1,4 @@
-"""DDP on this machine (figures, never pass/fail): `python -m tideborn.bench.ddp`.
+"""DDP on this machine (figures, never pass/fail): `python -m benchmarks.ddp`.
 
 Runs the real trainer through torchrun with 1 and 2 CPU processes (gloo), alternating, several
 repetitions, and reports positions/s (all ranks) with spread. Then times the gradient all-reduce alone:
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.network.model import build_model
 from tideborn.rundir.events import read_events
 
@@ -74,7 +74,7 @@ def _spread(values: list[float], unit: str = "") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tideborn.bench.ddp")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ddp")
     parser.add_argument("--network", default="resnet5x64")
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
     parser.add_argument("--steps", type=int, default=40)

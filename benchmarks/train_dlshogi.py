@@ -1,6 +1,6 @@
 """tideborn's training step against dlshogi's, side by side (prints figures, never pass/fail):
 
-    python -m tideborn.bench.train_dlshogi --dlshogi-build DLSHOGI_TREE --data FILE.hcpe
+    python -m benchmarks.train_dlshogi --dlshogi-build DLSHOGI_TREE --data FILE.hcpe
 
 Both sides train the same network shape on the same hcpe positions, one thread each, alternating, `--pairs`
 times per net and batch, each side in a process of its own as each trainer runs: process-wide settings, such as
@@ -10,8 +10,8 @@ the CPU trainer's allocator setting (`trainer.device.keep_freed_host_memory`), s
 planes broadcast); dlshogi's side is its `PolicyValueNetwork` from
 `dlshogi/network/policy_value_network_resnet.py` and the step of its `train.py` (4caf57c) copied below, fed what
 its `Hcpe3DataLoader` hands it: dense float planes and a dense one-hot policy target. Batches are decoded before
-the clock starts on both sides, so the figures are the step alone; decode speed is `tideborn.bench.data`'s and
-`tideborn.bench.hcpe3`'s business.
+the clock starts on both sides, so the figures are the step alone; decode speed is `benchmarks.data`'s and
+`benchmarks.hcpe3`'s business.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tideborn.config import load_settings
+from tideborn.config.load import load_settings
 from tideborn.network.model import POLICY_CLASSES
 from tideborn.trainer.device import keep_freed_host_memory, resolve_device
 from tideborn.trainer.rank import DistEnv
@@ -68,9 +68,9 @@ def _tideborn_side(data: Path, blocks: int, channels: int, batch_size: int):
 def _loader_batches(data: Path, blocks: int, channels: int, batch_size: int) -> list:
     """The batches `_tideborn_side` trains on (the same settings and seed), made by the loader alone, so that
     dlshogi's process gets none of tideborn's trainer settings."""
-    from tideborn.data.loader import TeacherBatches
+    from tideborn.trainer.state import teacher_batches
 
-    loader = TeacherBatches(_settings(data, blocks, channels, batch_size), torch.device("cpu"), 0, 1)
+    loader = teacher_batches(_settings(data, blocks, channels, batch_size), torch.device("cpu"), 0, 1)
     try:
         return [loader.next_batch() for _ in range(BATCHES)]
     finally:
@@ -140,7 +140,7 @@ def _serve(side: str, tree: Path, data: Path, blocks: int, channels: int, batch_
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tideborn.bench.train_dlshogi")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.train_dlshogi")
     parser.add_argument("--dlshogi-build", type=Path, required=True, help="a DeepLearningShogi source tree")
     parser.add_argument("--data", type=Path, required=True, help="an hcpe file (at least 8 batches of records)")
     parser.add_argument("--nets", default="2x32:256,2x32:1024,10x192:256", help="BLOCKSxCHANNELS:BATCH, ...")

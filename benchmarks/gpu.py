@@ -1,6 +1,6 @@
 """GPU check: the smoke config on CUDA, then a training-throughput sweep of the fast-path switches.
 
-`python -m tideborn.bench.gpu --out OUTDIR [--quick] [--peak-tflops N]` (scripts/gpu-check.sh
+`python -m benchmarks.gpu --out OUTDIR [--quick] [--peak-tflops N]` (scripts/gpu-check.sh
 runs it). It prints and writes figures, never pass/fail: OUTDIR/results.json and OUTDIR/results.md.
 
 The smoke part is a real `tideborn train` process with `runtime.device="cuda"`. The sweep times the
@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 
 import tideborn
-from tideborn.bench import gpu_runs
-from tideborn.bench.gpu_report import render_markdown
-from tideborn.bench.gpu_runs import describe_run, smoke_run
-from tideborn.config import load_settings
+from benchmarks import gpu_runs
+from benchmarks.gpu_report import render_markdown
+from benchmarks.gpu_runs import describe_run, smoke_run
+from tideborn.config.load import load_settings
 from tideborn.config.schema import RuntimeSettings
 from tideborn.network.model import build_model
 from tideborn.trainer.device import resolve_device
@@ -401,7 +401,7 @@ def real_runs(args: argparse.Namespace, plan: Plan, results: dict, save) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tideborn.bench.gpu", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for results.json and results.md")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="one batch size, fewer and shorter repetitions")
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"tool": "tideborn.bench.gpu", "tideborn": tideborn.__version__, "quick": args.quick,
+    results: dict = {"tool": "benchmarks.gpu", "tideborn": tideborn.__version__, "quick": args.quick,
                      "started_at": time.time(), "device": device_info(args.device, args.peak_tflops),
                      "smoke": None, "teacher": None, "models": {}, "sweep": [], "finished": False}
 

@@ -37,8 +37,8 @@ CHILD = r"""
 import json, sys, time
 from pathlib import Path
 from tideborn.config.schema import DataSettings
-from tideborn.data.average import averaged_source
-from tideborn.data.sources import open_source
+from tideborn.data.sets.average import averaged_source
+from tideborn.data.sets.sources import open_source
 
 mode, paths = sys.argv[1], [Path(p) for p in sys.argv[2:]]
 started = time.perf_counter()

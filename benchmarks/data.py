@@ -30,7 +30,7 @@ from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features, ma
 
 from tideborn.cliparser import OneLineParser
 from tideborn.config.load import load_settings
-from tideborn.data.records import RECORD_DTYPES
+from tideborn.data.formats.records import RECORD_DTYPES
 from tideborn.errors import UserError, report_user_error
 from tideborn.network.model import build_model
 from tideborn.trainer.losses import policy_loss

@@ -131,7 +131,7 @@ def tideborn_open_seconds(source: Path, scratch: Path) -> tuple[float, float, in
 def tideborn_open_times(source: Path, scratch: Path) -> tuple[float, float, float, int]:
     """`tideborn_open_seconds` and, second, the CPU seconds of the cold open (this process's: the open runs
     on one thread; the waits for the disk, fsync above all, are not in it)."""
-    from tideborn.data.hcpe3 import Hcpe3File
+    from tideborn.data.cache.hcpe3 import Hcpe3File
 
     folder = Path(tempfile.mkdtemp(dir=scratch))
     copy = folder / source.name
@@ -157,8 +157,8 @@ def tideborn_decode_figures(path: Path, batch_size: int, batches: int, seed: int
     """`tideborn_decode_positions_per_second`, and the same per second of this process's CPU time (per core,
     whatever else the machine runs)."""
     from tideborn.config.schema import DataSettings, LossSettings
-    from tideborn.data.dataset import ShardedOrder
-    from tideborn.data.sources import BatchDecoder, open_source
+    from tideborn.data.sets.sources import BatchDecoder, open_source
+    from tideborn.data.training.dataset import ShardedOrder
 
     data, loss = DataSettings(), LossSettings()
     source = open_source([path])
@@ -286,7 +286,7 @@ def command_open(args: argparse.Namespace) -> int:
         copy.parent.mkdir()
         shutil.copyfile(path, copy)
         _open_positions(copy)
-        from tideborn.data.hcpe3 import cache_path
+        from tideborn.data.cache.hcpe3 import cache_path
 
         cache_bytes = cache_path(copy).stat().st_size
         print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
@@ -308,7 +308,7 @@ def command_open(args: argparse.Namespace) -> int:
 
 
 def _open_positions(path: Path):
-    from tideborn.data.hcpe3 import Hcpe3File
+    from tideborn.data.cache.hcpe3 import Hcpe3File
 
     return Hcpe3File(path).positions(progress=_quiet)
 
@@ -355,7 +355,7 @@ def command_decode(args: argparse.Namespace) -> int:
         files = {"hcpe3": scratch / "timed" / "games.hcpe3", "hcpe": scratch / "timed" / "games.hcpe"}
         files["hcpe3"].parent.mkdir()
         shutil.copyfile(source, files["hcpe3"])
-        from tideborn.data.sources import open_source
+        from tideborn.data.sets.sources import open_source
 
         opened = open_source([files["hcpe3"]])  # the positions cache is built here, untimed
         every = np.arange(len(opened))

@@ -15,8 +15,8 @@ import numpy as np
 from cshogi.dlshogi import make_input_features, make_move_label
 
 from benchmarks.hcpe3_file import ReferenceMove
-from tideborn.data.hcpe3 import Hcpe3File
-from tideborn.data.sources import BatchDecoder, Hcpe3Part, TeacherSource
+from tideborn.data.cache.hcpe3 import Hcpe3File
+from tideborn.data.sets.sources import BatchDecoder, Hcpe3Part, TeacherSource
 
 POLICY = 27 * 81
 DLSHOGI_EVAL_SCALE = 1 / 0.0013226
@@ -172,7 +172,7 @@ def check_average(path: Path, moves: list[ReferenceMove], dlshogi: dict) -> tupl
     Positions are matched by hcp. Their targets are compared where both merged the same moves; where the
     moves differ (tideborn also trains moves without candidates; the repetition rule) they are counted."""
     from tideborn.config.load import load_settings
-    from tideborn.data.average import AveragedPart, build_average
+    from tideborn.data.sets.average import AveragedPart, build_average
 
     findings = Findings()
     settings = load_settings(None, [f"data.train={[str(path)]!r}".replace("'", '"'), "data.use_average=true",

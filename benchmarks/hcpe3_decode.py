@@ -30,8 +30,8 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 from pathlib import Path
-from tideborn.data.sources import BatchDecoder, open_source
-from tideborn.data.hcpe3 import cache_path
+from tideborn.data.sets.sources import BatchDecoder, open_source
+from tideborn.data.cache.hcpe3 import cache_path
 path, batches, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 source = open_source([path])
 if mode == "open":

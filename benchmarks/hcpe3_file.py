@@ -23,8 +23,8 @@ from pathlib import Path
 import cshogi
 import numpy as np
 
-from tideborn.data.features import sane_kings
-from tideborn.data.games import GameReadError, find_game_files, read_games
+from tideborn.data.decode.features import sane_kings
+from tideborn.data.formats.games import GameReadError, find_game_files, read_games
 from tideborn.errors import UserError
 from tideborn.outputs import StagedOutputs
 

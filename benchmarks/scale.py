@@ -68,7 +68,7 @@ WARMUP_STEPS = 3
 OPEN_CHILD = r"""
 import json, sys, time
 from pathlib import Path
-from tideborn.data.sources import open_source
+from tideborn.data.sets.sources import open_source
 started, cpu_started = time.perf_counter(), time.process_time()
 source = open_source([Path(sys.argv[1])], processes=1)
 print(json.dumps({"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,

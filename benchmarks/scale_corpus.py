@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.hcpe3_file import HCPE3_HEADER, MOVE_INFO, MOVE_VISITS, reference_moves, write_hcpe3_from_games
-from tideborn.data.records import RECORD_DTYPES
+from tideborn.data.formats.records import RECORD_DTYPES
 from tideborn.errors import UserError
 from tideborn.outputs import StagedOutputs
 

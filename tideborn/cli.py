@@ -30,7 +30,7 @@ COMMANDS = (
     Command("summary", "tideborn.trainer.cli", "tideborn summary --config configs/smoke.toml", trainer=True),
     Command("config", "tideborn.trainer.cli", "tideborn config --config configs/smoke.toml", trainer=True),
     Command("run", "tideborn.tools.train_run", "tideborn run status --out-dir runs/ckpt/smoke"),
-    Command("data", "tideborn.data.cli", "tideborn data inspect data/teacher/train.hcpe"),
+    Command("data", "tideborn.data.tools.cli", "tideborn data inspect data/teacher/train.hcpe"),
     Command("export", "tideborn.export.cli", "tideborn export --checkpoint CKPT --out model.onnx"),
     Command("match", "tideborn.match.cli", "tideborn match A.pt B.pt --games 200"),
     Command("usi", "tideborn.usi.cli", "tideborn usi model.onnx"),

@@ -17,19 +17,20 @@ import pytest
 from tests.helpers.common import REPO_ROOT, child_env
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
 from tideborn.config.schema import DataSettings
-from tideborn.data import average_merge, hcpe3
-from tideborn.data.average import average_cache_path, average_key, averaged_source, build_average
-from tideborn.data.hcpe3 import Hcpe3File, build_positions, cache_path
-from tideborn.data.sources import open_source
+from tideborn.data.cache import hcpe3
+from tideborn.data.cache.hcpe3 import Hcpe3File, build_positions, cache_path
+from tideborn.data.sets import average_merge
+from tideborn.data.sets.average import average_cache_path, average_key, averaged_source, build_average
+from tideborn.data.sets.sources import open_source
 from tideborn.safefile import SCRATCH_MARK
 
 MERGE = """
 import sys
 from pathlib import Path
 from tideborn.config.schema import DataSettings
-from tideborn.data import average_merge
-from tideborn.data.average import averaged_source
-from tideborn.data.sources import open_source
+from tideborn.data.sets import average_merge
+from tideborn.data.sets.average import averaged_source
+from tideborn.data.sets.sources import open_source
 average_merge.CHUNK_POSITIONS = 200  # many runs, each a scratch file
 real_new = average_merge.Scratch.new
 
@@ -49,7 +50,7 @@ averaged_source(open_source(paths), DataSettings(train=tuple(map(str, paths)), u
 
 DECODE = """
 import sys
-from tideborn.data.hcpe3 import Hcpe3File
+from tideborn.data.cache.hcpe3 import Hcpe3File
 
 
 def progress(done, size):  # part of the file decoded: the decode is under way; it waits here for the signal

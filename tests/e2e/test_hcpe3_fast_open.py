@@ -16,10 +16,11 @@ import pytest
 from cshogi.dlshogi import make_move_label
 
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
-from tideborn.data import hcpe3, hcpe3_replay
-from tideborn.data.features import material_problem, sane_kings
-from tideborn.data.hcpe3 import Hcpe3File, build_caches, build_positions, cache_path, iter_games
-from tideborn.data.sources import open_source
+from tideborn.data.cache import hcpe3
+from tideborn.data.cache.hcpe3 import Hcpe3File, build_caches, build_positions, cache_path, iter_games
+from tideborn.data.decode import hcpe3_replay
+from tideborn.data.decode.features import material_problem, sane_kings
+from tideborn.data.sets.sources import open_source
 from tideborn.errors import UserError
 
 SKIPPED = (cshogi.REPETITION_DRAW, cshogi.REPETITION_SUPERIOR, cshogi.REPETITION_INFERIOR)
@@ -274,7 +275,7 @@ import sys
 # Ctrl-C as in a terminal's foreground job, even where the test runs with SIGINT ignored (a background job)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from pathlib import Path
-from tideborn.data import hcpe3
+from tideborn.data.cache import hcpe3
 hcpe3.PARALLEL_BYTES = 0
 hcpe3.build_caches([Path(p) for p in sys.argv[1:]], processes=2)
 """

@@ -19,8 +19,8 @@ import pytest
 
 from tests.helpers.common import REPO_ROOT, child_env, console_script, describe, settings_args
 from tests.helpers.data import random_csa_games
-from tideborn.data.convert import convert_games
-from tideborn.data.split import split_games
+from tideborn.data.tools.convert import convert_games
+from tideborn.data.tools.split import split_games
 
 CTRL_C_SITE = r'''
 """Test-only (tests/e2e/test_reliability_ctrl_c.py), loaded through PYTHONPATH: a real SIGINT to this process
@@ -166,7 +166,7 @@ def events(run_dir: Path) -> list[dict]:
     ("smoke-teacher", "import:numpy"),  # imported by cshogi's init: the KeyboardInterrupt becomes an ImportError
     ("smoke", "import:numpy"),  # imported by torch's init, which drops the KeyboardInterrupt and goes on without numpy
     ("smoke", "import:torch"),
-    ("smoke-teacher", "call:tideborn.data.sources:training_source"),  # the teacher data's first open
+    ("smoke-teacher", "call:tideborn.data.sets.sources:training_source"),  # the teacher data's first open
 ])
 def test_ctrl_c_before_the_trainer_takes_its_run_directory_writes_nothing(games_hcpe, tmp_path, config, at):
     """The process ends at once (or, where an import swallowed the Ctrl-C, before it writes anything): one line,

@@ -37,9 +37,9 @@ from tests.helpers.common import (
     wait_until,
 )
 from tests.helpers.data import hcpe_records, random_csa_games, random_positions, write_records
-from tideborn.data.convert import convert_games
-from tideborn.data.records import RECORD_DTYPES
-from tideborn.data.split import split_games
+from tideborn.data.formats.records import RECORD_DTYPES
+from tideborn.data.tools.convert import convert_games
+from tideborn.data.tools.split import split_games
 
 TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"
 HCPE_SIZE = RECORD_DTYPES["hcpe"].itemsize
@@ -210,7 +210,7 @@ def in_process(main: typing.Callable[[list[str]], int], argv: list[str], cwd: Pa
 
 def data_in_process(*args: str, cwd: Path, capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
     """`python -m tideborn.data ARGS` in this process (`in_process`)."""
-    from tideborn.data.cli import main
+    from tideborn.data.tools.cli import main
 
     return in_process(main, list(args), cwd, capfd)
 
@@ -392,8 +392,8 @@ class _Killed(BaseException):
 @pytest.mark.parametrize("renames_done", [1, 2, 3])
 def test_a_split_killed_between_its_renames_leaves_a_pair_that_is_refused(games_hcpe, tmp_path, monkeypatch,
                                                                           renames_done):
-    from tideborn.data.cli import main as data_main
-    from tideborn.data.game_index import check_pairs
+    from tideborn.data.formats.game_index import check_pairs
+    from tideborn.data.tools.cli import main as data_main
     from tideborn.errors import UserError
 
     train, test = split_into(games_hcpe, tmp_path / "pair", seed=1)
@@ -430,8 +430,8 @@ def test_ctrl_c_while_split_writes_keeps_the_old_pair_and_leaves_no_temp_file(ga
 
 def big_split_source(games_hcpe: Path, path: Path, copies: int) -> Path:
     """`games_hcpe` repeated `copies` times, with a game index to match: a source `split` hashes for seconds."""
-    from tideborn.data.game_index import IndexHeader, index_path, read_index, write_index
-    from tideborn.data.records import records_fingerprint
+    from tideborn.data.formats.game_index import IndexHeader, index_path, read_index, write_index
+    from tideborn.data.formats.records import records_fingerprint
 
     records = np.fromfile(games_hcpe, dtype=RECORD_DTYPES["hcpe"])
     games = read_index(index_path(games_hcpe), len(records))

@@ -15,12 +15,12 @@ import pytest
 from tests.helpers.common import REPO_ROOT, events_of, settings_args, trainer_in_process
 from tests.helpers.hcpe3 import records_of_positions, sample_games, write_hcpe3
 from tideborn.config.schema import DataSettings
-from tideborn.data import cachefile
 from tideborn.data import hcpe3 as hcpe3_module
-from tideborn.data.average import averaged_source, build_average
-from tideborn.data.cli import main as data_main
-from tideborn.data.hcpe3 import HEADER_DTYPE, MOVE_INFO_DTYPE, Hcpe3File, build_positions, cache_path, iter_games
-from tideborn.data.sources import BatchDecoder, open_source
+from tideborn.data.cache import cachefile
+from tideborn.data.cache.hcpe3 import HEADER_DTYPE, MOVE_INFO_DTYPE, Hcpe3File, build_positions, cache_path, iter_games
+from tideborn.data.sets.average import averaged_source, build_average
+from tideborn.data.sets.sources import BatchDecoder, open_source
+from tideborn.data.tools.cli import main as data_main
 from tideborn.errors import UserError
 
 TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"

@@ -31,7 +31,7 @@ from tests.helpers.common import (
     trainer_in_process,
 )
 from tideborn.config.schema import WatchdogSettings
-from tideborn.data.cli import main as data_main
+from tideborn.data.tools.cli import main as data_main
 from tideborn.network.checkpoint import CheckpointError, load_checkpoint, prune_checkpoints
 from tideborn.trainer.watchdog import GradientJudge
 

@@ -523,9 +523,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 sys.path.insert(0, sys.argv[1])
 from tests.helpers.data import hcpe_records, psv_records, random_positions
-from tideborn.data.checks import verify_files
-from tideborn.data.features import BadRecord, Decoder
-from tideborn.data.records import RECORD_DTYPES, RecordSet
+from tideborn.data.tools.checks import verify_files
+from tideborn.data.decode.features import BadRecord, Decoder
+from tideborn.data.formats.records import RECORD_DTYPES, RecordSet
 from tideborn.errors import UserError
 
 examples = int(sys.argv[2])
@@ -752,7 +752,7 @@ def tree_state(root: Path) -> dict[str, tuple[str, bytes | None]]:
 def run_data_tool(argv: list[str]) -> tuple[int, str]:
     """`tideborn data ...` in this process (a subprocess per case would take minutes); its exit status and
     stderr. A hang (a FIFO opened for writing) fails the test through its timeout."""
-    from tideborn.data.cli import main as data_main
+    from tideborn.data.tools.cli import main as data_main
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

@@ -33,10 +33,10 @@ from tests.helpers.hcpe3 import records_of_positions, sample_games, write_hcpe3
 from tests.helpers.reliability import launched_runs, tmpfs, tool
 from tideborn.config.schema import DataSettings
 from tideborn.data import hcpe3 as hcpe3_module
-from tideborn.data.average import averaged_source
-from tideborn.data.cachefile import CacheArray
-from tideborn.data.hcpe3 import Hcpe3File, build_positions, cache_path
-from tideborn.data.sources import open_source
+from tideborn.data.cache.cachefile import CacheArray
+from tideborn.data.cache.hcpe3 import Hcpe3File, build_positions, cache_path
+from tideborn.data.sets.average import averaged_source
+from tideborn.data.sets.sources import open_source
 
 TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"
 ENDLESS = ("optim.batch_size=32", "runtime.max_steps=100000", "runtime.log_every=1", "runtime.eval_every=100000",

@@ -11,10 +11,10 @@ import torch
 
 from tests.helpers.common import REPO_ROOT, events_of, settings_args, step_events, trainer_in_process
 from tests.helpers.data import SAMPLE_GAMES
-from tideborn.data.convert import convert_games
-from tideborn.data.features import Decoder
-from tideborn.data.records import RecordSet
-from tideborn.data.split import split_games
+from tideborn.data.decode.features import Decoder
+from tideborn.data.formats.records import RecordSet
+from tideborn.data.tools.convert import convert_games
+from tideborn.data.tools.split import split_games
 from tideborn.network.checkpoint import load_checkpoint
 
 TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"

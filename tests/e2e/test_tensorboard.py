@@ -35,8 +35,8 @@ from tests.helpers.common import (
 from tests.helpers.data import SAMPLE_GAMES
 from tests.helpers.reliability import wait_for
 from tideborn.cli import main as tideborn
-from tideborn.data.convert import convert_games
-from tideborn.data.split import split_games
+from tideborn.data.tools.convert import convert_games
+from tideborn.data.tools.split import split_games
 from tideborn.rundir.events import EventWriter
 from tideborn.rundir.files import PidRecord, boot_relative_start, this_host
 from tideborn.tools.tensorboard_scalars import SCALARS_FILE

@@ -94,7 +94,7 @@ def trainer_in_process(*args: str, cwd: Path, console: bool = False) -> subproce
     import torch
 
     from tideborn.cli import main as console_main
-    from tideborn.data.cachefile import take_cache_warnings
+    from tideborn.data.cache.cachefile import take_cache_warnings
     from tideborn.trainer.cli import main as trainer_main
 
     main = console_main if console else trainer_main

@@ -14,8 +14,8 @@ from pathlib import Path
 import cshogi
 import numpy as np
 
-from tideborn.data.games import find_game_files, read_games
-from tideborn.data.hcpe3 import HEADER_DTYPE, MOVE_INFO_DTYPE, MOVE_VISITS_DTYPE
+from tideborn.data.cache.hcpe3 import HEADER_DTYPE, MOVE_INFO_DTYPE, MOVE_VISITS_DTYPE
+from tideborn.data.formats.games import find_game_files, read_games
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_GAMES = REPO / "samples" / "games"
@@ -65,7 +65,7 @@ def stm_result(result: int, ply: int) -> int:
 
 def write_hcpe3(path: Path, games: list, seed: int = 0, book_plies: int = 2, max_moves: int | None = None,
                 result_flags: int = 0, eval_unit: float | None = None) -> list[WrittenGame]:
-    """Write `games` (tideborn.data.games.Game) as hcpe3 to `path`; returns what was written.
+    """Write `games` (tideborn.data.formats.games.Game) as hcpe3 to `path`; returns what was written.
 
     Evals are uniform noise unless `eval_unit` is given: then each is the side to move's result (+1 win,
     -1 loss, 0 draw) times `eval_unit` plus noise of the same size, so the evals predict the results and

@@ -1,5 +1,5 @@
 """`data.use_average` in bounded memory: the merged set built by an external sort/merge in chunks on disk
-(`tideborn.data.average_merge`), forced here into many small chunks so that the run files and the block
+(`tideborn.data.sets.average_merge`), forced here into many small chunks so that the run files and the block
 merge really run; the same merged targets as by brute force; scratch files removed however the build ends."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from cshogi.dlshogi import make_move_label
 
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
 from tideborn.config.schema import DLSHOGI_EVAL_SCALE, DataSettings
-from tideborn.data import average_merge
-from tideborn.data.average import averaged_source, build_average
-from tideborn.data.cachefile import CacheArray
-from tideborn.data.convert import convert_games
-from tideborn.data.hcpe3 import Hcpe3File
-from tideborn.data.sources import open_source
+from tideborn.data.cache.cachefile import CacheArray
+from tideborn.data.cache.hcpe3 import Hcpe3File
+from tideborn.data.sets import average_merge
+from tideborn.data.sets.average import averaged_source, build_average
+from tideborn.data.sets.sources import open_source
+from tideborn.data.tools.convert import convert_games
 from tideborn.safefile import SCRATCH_MARK
 
 SMALL_CHUNK = 97

@@ -14,7 +14,7 @@ from benchmarks import hcpe3 as bench_hcpe3
 from benchmarks.hcpe3_check import cross_check
 from benchmarks.hcpe3_file import reference_moves
 from tests.helpers.common import REPO_ROOT
-from tideborn.data.hcpe3 import cache_path
+from tideborn.data.cache.hcpe3 import cache_path
 
 SAMPLES = REPO_ROOT / "samples" / "games" / "wcsc28"
 

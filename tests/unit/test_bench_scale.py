@@ -16,8 +16,8 @@ import pytest
 from benchmarks import scale
 from benchmarks.hcpe3_file import reference_moves
 from benchmarks.scale_corpus import Seed, make_seed, write_hcpe3_corpus, write_hcpe_corpus
-from tideborn.data.hcpe3 import Hcpe3File
-from tideborn.data.records import RECORD_DTYPES
+from tideborn.data.cache.hcpe3 import Hcpe3File
+from tideborn.data.formats.records import RECORD_DTYPES
 
 
 @pytest.fixture(scope="module")

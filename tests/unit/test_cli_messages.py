@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.common import REPO_ROOT, child_env, console_script, copy_run, trainer_in_process, tree
-from tideborn.data.cli import build_parser as data_parser
+from tideborn.data.tools.cli import build_parser as data_parser
 from tideborn.tools.train_run import build_parser as run_parser
 from tideborn.tools.train_run import main as run_tools_main
 from tideborn.trainer.cli import build_parser as trainer_parser

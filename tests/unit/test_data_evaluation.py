@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.helpers.data import hcpe_records, random_positions, settings_for, write_records
-from tideborn.data.features import Decoder
-from tideborn.data.records import RecordSet
+from tideborn.data.decode.features import Decoder
+from tideborn.data.formats.records import RecordSet
 from tideborn.network.model import build_model
 from tideborn.trainer.evaluation import Evaluator, evaluate
 

@@ -15,8 +15,8 @@ import torch
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features, make_move_label
 
 from tests.helpers.data import HCPE, PSV, hcpe_records, psv_records, random_positions
-from tideborn.data.features import BadRecord, Decoder, king_squares, value_targets
-from tideborn.data.loader import to_device_batch
+from tideborn.data.decode.features import BadRecord, Decoder, king_squares, value_targets
+from tideborn.data.training.loader import to_device_batch
 
 # A middle game with pieces in hand on both sides, black to move, and the same with white to move.
 HANDS_SFEN = "ln1g1g1nl/1ks2r3/1ppp1s1pp/p4pp2/9/P1P1P1P1P/1PSP1PP2/1KG1G2R1/LN5NL b BSbp 1"
@@ -137,8 +137,8 @@ def test_random_bytes_never_crash_the_decoder(kind):
     # cshogi's decoders can crash on garbage; run in a child so a crash fails this test, not the suite.
     code = textwrap.dedent(f"""
         import numpy as np
-        from tideborn.data.features import BadRecord, Decoder
-        from tideborn.data.records import RECORD_DTYPES
+        from tideborn.data.decode.features import BadRecord, Decoder
+        from tideborn.data.formats.records import RECORD_DTYPES
         dtype = RECORD_DTYPES[{kind!r}]
         rng = np.random.default_rng(11)
         decoder = Decoder({kind!r}, 756.0, 0.3)

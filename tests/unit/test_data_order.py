@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.data import hcpe_records, random_positions, settings_for, write_records
-from tideborn.data.dataset import EpochPermutation, ShardedOrder
-from tideborn.data.loader import TeacherBatches
+from tideborn.data.training.dataset import EpochPermutation, ShardedOrder
+from tideborn.data.training.loader import TeacherBatches
 from tideborn.errors import UserError
 from tideborn.trainer.state import teacher_batches
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tests.helpers.data import HCPE, PSV, hcpe_records, psv_records, random_positions, settings_for, write_records
-from tideborn.data.features import Decoder
-from tideborn.data.records import RecordSet, expand_paths, resolve_kind
-from tideborn.data.sources import held_out_source, training_source
+from tideborn.data.decode.features import Decoder
+from tideborn.data.formats.records import RecordSet, expand_paths, resolve_kind
+from tideborn.data.sets.sources import held_out_source, training_source
 from tideborn.errors import UserError
 from tideborn.trainer.state import teacher_batches
 

@@ -24,9 +24,9 @@ from tests.helpers.data import (
     write_records,
 )
 from tideborn.config.load import load_settings
-from tideborn.data.cli import main as data_main
-from tideborn.data.game_index import index_path, read_index
-from tideborn.data.split import position_hashes
+from tideborn.data.formats.game_index import index_path, read_index
+from tideborn.data.tools.cli import main as data_main
+from tideborn.data.tools.split import position_hashes
 from tideborn.trainer.evaluation import Evaluator
 from tideborn.trainer.state import teacher_batches
 
@@ -231,8 +231,8 @@ def test_bad_arguments_get_one_line_and_exit_status_2(tmp_path, args, message, r
 
 
 def test_the_data_tools_do_not_import_torch():
-    code = ("import sys, tideborn.data.cli, tideborn.data.checks, tideborn.data.convert, tideborn.data.split; "
-            "print('torch' in sys.modules)")
+    code = ("import sys, tideborn.data.tools.cli, tideborn.data.tools.checks, tideborn.data.tools.convert, "
+            "tideborn.data.tools.split; print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
@@ -260,7 +260,7 @@ KI2_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ki2"
     ("denou3-1.ki2", 98, cshogi.WHITE_WIN),
 ])
 def test_real_ki2_records_cshogi_cannot_read_convert(name, plies, result):
-    from tideborn.data.games import read_games
+    from tideborn.data.formats.games import read_games
 
     [game] = read_games(KI2_FIXTURES / name)
     assert game.plies == plies and game.result == result

@@ -14,8 +14,8 @@ import torch
 from tests.helpers.common import assert_same_tensors, events_of, train
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
 from tideborn.config.load import load_settings
-from tideborn.data.sources import count_file
-from tideborn.data.watch import DataWatch
+from tideborn.data.sets.sources import count_file
+from tideborn.data.training.watch import DataWatch
 from tideborn.errors import UserError
 from tideborn.rundir.kinds import DataWindow, parse_event
 

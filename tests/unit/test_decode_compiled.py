@@ -1,4 +1,4 @@
-"""The compiled decode (`tideborn.data.compiled`, issue 23's decode per core) against cshogi itself, position by
+"""The compiled decode (`tideborn.data.decode.compiled`, issue 23's decode per core) against cshogi itself, position by
 position: what it certifies (status DONE) must be exactly cshogi's planes, hand/check values and move label, and
 only for moves cshogi calls legal; what it leaves (SLOW) goes to cshogi, so a whole batch through `Decoder` equals
 the cshogi-only path (`compiled=False`), messages and skips included. Positions: the shipped games, random play
@@ -22,9 +22,9 @@ import pytest
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features, make_move_label
 
 from tests.helpers.hcpe3 import sample_games
-from tideborn.data import compiled
-from tideborn.data.features import BadRecord, Decoder
-from tideborn.data.hcpe3_ops import DONE, SLOW
+from tideborn.data.decode import compiled
+from tideborn.data.decode.features import BadRecord, Decoder
+from tideborn.data.decode.hcpe3_ops import DONE, SLOW
 
 NO_MOVES = np.zeros(0, dtype=np.int64)
 
@@ -214,8 +214,8 @@ from pathlib import Path
 import numpy as np
 sys.path.insert(0, sys.argv[2])
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
-from tideborn.data import compiled
-from tideborn.data.sources import BatchDecoder, open_source
+from tideborn.data.decode import compiled
+from tideborn.data.sets.sources import BatchDecoder, open_source
 path = Path(sys.argv[1])
 write_hcpe3(path, sample_games(limit=8), seed=1)
 source = open_source([path], processes=1)  # the first open: the walk and the replay
@@ -245,7 +245,7 @@ TINY = """
 import sys
 from pathlib import Path
 from numba import njit
-from tideborn.data.compiled import _SturdyCache, sources_stamp
+from tideborn.data.decode.compiled import _SturdyCache, sources_stamp
 from step import STEP
 
 @njit(cache=True)
@@ -263,8 +263,8 @@ def test_a_damaged_cache_file_is_compiled_again_with_one_line(tmp_path):
     index is replaced by the fresh compilation's."""
     from numba.core.dispatcher import Dispatcher  # here: numba's import only where a test runs the JIT
 
-    from tideborn.data import compiled
-    from tideborn.data.compiled import _SturdyCache
+    from tideborn.data.decode import compiled
+    from tideborn.data.decode.compiled import _SturdyCache
 
     assert all(isinstance(f._cache, _SturdyCache) for f in vars(compiled).values() if isinstance(f, Dispatcher))
     (tmp_path / "tiny.py").write_text(TINY)

@@ -13,8 +13,8 @@ import pytest
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_input_features, make_move_label
 
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
-from tideborn.data.features import CHUNK, Decoder
-from tideborn.data.sources import BatchDecoder, open_source
+from tideborn.data.decode.features import CHUNK, Decoder
+from tideborn.data.sets.sources import BatchDecoder, open_source
 
 
 @pytest.fixture(scope="module")

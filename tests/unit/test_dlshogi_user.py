@@ -28,7 +28,7 @@ from tests.helpers.common import (
     tree,
 )
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
-from tideborn.data.convert import convert_games
+from tideborn.data.tools.convert import convert_games
 from tideborn.network.checkpoint import load_checkpoint
 
 TEACHER_CONFIG = REPO_ROOT / "configs" / "smoke-teacher.toml"

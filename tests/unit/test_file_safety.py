@@ -104,9 +104,10 @@ def test_each_file_rule_and_helper_is_written_once(name):
 
 
 def test_one_table_of_extensions_serves_records_and_sources():
-    from tideborn.data import records, sources
+    from tideborn.data.formats import records
+    from tideborn.data.sets import sources
 
-    assert _defined("EXTENSION_KINDS") == ["data/records.py"]
+    assert _defined("EXTENSION_KINDS") == ["data/formats/records.py"]
     assert sources.EXTENSION_KINDS is records.EXTENSION_KINDS
     assert {suffix: sources.file_kind(f"x{suffix}") for suffix in (".hcpe", ".bin", ".psv", ".hcpe3")} == {
         ".hcpe": "hcpe", ".bin": "psv", ".psv": "psv", ".hcpe3": "hcpe3"}

@@ -11,8 +11,8 @@ import torch
 from tests.helpers.common import SMOKE_CONFIG, events_of, step_events, train
 from tests.helpers.data import hcpe_records, random_positions, settings_for, write_records
 from tideborn.config.load import load_settings
-from tideborn.data.dataset import GlobalOrder
-from tideborn.data.loader import TeacherBatches
+from tideborn.data.training.dataset import GlobalOrder
+from tideborn.data.training.loader import TeacherBatches
 from tideborn.errors import UserError
 from tideborn.trainer.distributed import global_batch_digest
 from tideborn.trainer.loop import prepare

@@ -21,13 +21,13 @@ from tests.helpers.data import SHARED_DATA, psv_records
 from tests.helpers.hcpe3 import corrupt, sample_games, write_hcpe3
 from tideborn.config.load import settings_from_dict
 from tideborn.config.schema import DataSettings, LossSettings, Settings
-from tideborn.data.average import averaged_source
-from tideborn.data.batch import Batch
-from tideborn.data.cachefile import CacheArray
-from tideborn.data.cli import main as data_main
-from tideborn.data.convert import convert_games
-from tideborn.data.hcpe3 import Hcpe3File, cache_path, policy_targets
-from tideborn.data.sources import BatchDecoder, open_source
+from tideborn.data.cache.cachefile import CacheArray
+from tideborn.data.cache.hcpe3 import Hcpe3File, cache_path, policy_targets
+from tideborn.data.sets.average import averaged_source
+from tideborn.data.sets.sources import BatchDecoder, open_source
+from tideborn.data.tools.cli import main as data_main
+from tideborn.data.tools.convert import convert_games
+from tideborn.data.training.batch import Batch
 from tideborn.errors import UserError
 from tideborn.network.checkpoint import load_checkpoint
 from tideborn.network.model import build_model
@@ -392,7 +392,7 @@ def test_a_cache_that_cannot_be_written_is_built_in_memory_with_one_warning(game
 
 def test_the_launcher_checks_hcpe3_files_without_decoding_them_and_the_trainer_decodes_them(games, tmp_path):
     from tests.helpers.data import settings_for
-    from tideborn.data.opened import open_data
+    from tideborn.data.training.opened import open_data
     from tideborn.trainer.preflight import preflight
 
     write_hcpe3(tmp_path / "a.hcpe3", games[:2], seed=50)
@@ -412,7 +412,7 @@ import json
 import sys
 from pathlib import Path
 import numpy as np
-from tideborn.data.hcpe3 import build_positions
+from tideborn.data.cache.hcpe3 import build_positions
 from tideborn.errors import UserError
 
 good = Path(sys.argv[1]).read_bytes()
@@ -472,7 +472,7 @@ def test_decoded_sets_pickle_as_their_cache_files_for_worker_processes(games, tm
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/data (more real games) is not beside the repository")
 def test_hcpe3_from_the_shared_real_games_reads_back_exactly(tmp_path):
-    from tideborn.data.games import GameReadError, find_game_files, read_games
+    from tideborn.data.formats.games import GameReadError, find_game_files, read_games
 
     found = []
     for path in find_game_files([SHARED_DATA]):
@@ -526,7 +526,7 @@ def test_resuming_with_use_average_changed_is_refused(games, tmp_path):
 def test_per_file_eval_scales_reach_hcpe3_positions_and_their_averages(games, tmp_path):
     """data.eval_scale_fit on hcpe3: each file is fitted on its own positions, its scale is used when its
     positions are decoded, and averaging mixes each duplicate's win rate at its own file's scale."""
-    from tideborn.data.evalfix import fit_files
+    from tideborn.data.sets.evalfix import fit_files
 
     write_hcpe3(tmp_path / "a.hcpe3", games[:6], seed=30)
     write_hcpe3(tmp_path / "b.hcpe3", games[:6], seed=31)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
-from tideborn.data import hcpe3
-from tideborn.data.checks import verify_hcpe3
-from tideborn.data.hcpe3 import CACHE_FORMAT, Hcpe3File, build_positions, cache_path, read_arrays, write_arrays
-from tideborn.data.hcpe3_compact import ANCHOR_EVERY, compact
+from tideborn.data.cache import hcpe3
+from tideborn.data.cache.hcpe3 import CACHE_FORMAT, Hcpe3File, build_positions, cache_path, read_arrays, write_arrays
+from tideborn.data.cache.hcpe3_compact import ANCHOR_EVERY, compact
+from tideborn.data.tools.checks import verify_hcpe3
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The hcpe3 positions cache's compact layout (version 4, `tideborn.data.hcpe3_compact`): at most 50 bytes a
+"""The hcpe3 positions cache's compact layout (version 4, `tideborn.data.cache.hcpe3_compact`): at most 50 bytes a
 position at six candidates, read back exactly as a fresh decode gives the positions, and caches of the older
 layout rebuilt, never misread."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
-from tideborn.data import hcpe3
-from tideborn.data.hcpe3 import Hcpe3File, build_positions, cache_path, read_arrays, write_arrays
+from tideborn.data.cache import hcpe3
+from tideborn.data.cache.hcpe3 import Hcpe3File, build_positions, cache_path, read_arrays, write_arrays
 from tideborn.errors import UserError
 
 FULL_NAMES = ("game_offsets", "hcp", "eval", "move16", "result", "label", "game", "ply", "cand_offsets",

@@ -13,8 +13,9 @@ import cshogi
 import numpy as np
 import pytest
 
-from tideborn.data import hcpe3, hcpe3_replay
-from tideborn.data.features import material_problem
+from tideborn.data.cache import hcpe3
+from tideborn.data.decode import hcpe3_replay
+from tideborn.data.decode.features import material_problem
 from tideborn.errors import UserError
 
 DAMAGED = bytes.fromhex("58a449210cd757217e8e4d212caf427814f5ab109e4d212cd75f213e8e49210c")

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
-from tideborn.data import hcpe3, hcpe3_replay
-from tideborn.data.games import Game
+from tideborn.data.cache import hcpe3
+from tideborn.data.decode import hcpe3_replay
+from tideborn.data.formats.games import Game
 from tideborn.errors import UserError
 
 

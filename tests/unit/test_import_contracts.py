@@ -34,13 +34,18 @@ def test_the_import_contracts_hold() -> None:
 
 def test_the_contracts_cover_layers_circles_torch_textual_benchmarks_and_command_lines() -> None:
     by_id = {contract["id"]: contract for contract in CONTRACTS}
-    assert set(by_id) >= {"layers", "no-circles", "monitoring-without-torch", "headless-without-textual",
-                          "package-without-benchmarks", "cli-modules-are-leaves"}
+    assert set(by_id) >= {"layers", "data-floors", "no-circles", "monitoring-without-torch",
+                          "headless-without-textual", "package-without-benchmarks", "cli-modules-are-leaves"}
     assert SETTINGS["root_packages"] == ["tideborn", "benchmarks"]
     layers = by_id["layers"]
     assert layers["containers"] == ["tideborn"] and layers["exhaustive"] is True
     assert layers["layers"][:2] == ["__main__", "cli"]
     assert not any("bench" in layer for layer in layers["layers"]), "the benchmarks are outside the package's layers"
+    floors = by_id["data-floors"]
+    assert floors["containers"] == ["tideborn.data"] and floors["exhaustive"] is True
+    on_disk = {path.parent.name for path in (ROOT / "tideborn" / "data").glob("*/__init__.py")}
+    assert {part.strip() for layer in floors["layers"] for part in layer.split("|")} == on_disk | {"__main__"}
+    assert not list((ROOT / "tideborn" / "data").glob("[!_]*.py")), "every data module lives on a floor"
     assert by_id["no-circles"]["ancestors"] == ["tideborn", "benchmarks"]
     torch_free = by_id["monitoring-without-torch"]
     assert {"tideborn.tui", "tideborn.tools", "tideborn.rundir", "tideborn.config"} <= set(torch_free["source_modules"])
@@ -57,6 +62,14 @@ BROKEN = {
         name = "rundir above config"
         type = "layers"
         layers = ["tideborn.config", "tideborn.rundir"]
+    """,
+    # the loader (training floor) reads the sources (sets floor): with the floors swapped that import runs up
+    "a data floor importing one above": """
+        [[tool.importlinter.contracts]]
+        name = "sets above training"
+        type = "layers"
+        containers = ["tideborn.data"]
+        layers = ["sets", "training"]
     """,
     "torch in the trainer": """
         [[tool.importlinter.contracts]]

@@ -21,7 +21,7 @@ from cshogi import CSA
 from tests.helpers.common import TEACHER_CONFIG, assert_user_error, child_env, settings_args, trainer_in_process
 from tests.helpers.data import SAMPLE_GAMES
 from tideborn.config.schema import ModelSettings
-from tideborn.data.convert import convert_games
+from tideborn.data.tools.convert import convert_games
 from tideborn.match.cli import main as match_main
 from tideborn.match.elo import elo_of_score, estimate
 from tideborn.match.openings import DEFAULT_OPENINGS, load_openings

@@ -128,7 +128,7 @@ def tideborn_words(command: str) -> list[str] | None:
 
 def parsed(words: list[str]) -> argparse.Namespace:
     """The command's options as its own parser reads them."""
-    from tideborn.data.cli import build_parser as data_parser
+    from tideborn.data.tools.cli import build_parser as data_parser
     from tideborn.export.cli import build_parser as export_parser
     from tideborn.match.cli import build_parser as match_parser
     from tideborn.tools.train_run import build_parser as run_parser

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.common import TEACHER_CONFIG, assert_user_error, settings_args, trainer_in_process
 from tests.helpers.data import SAMPLE_GAMES
-from tideborn.data.convert import convert_games
+from tideborn.data.tools.convert import convert_games
 from tideborn.match.cli import main as match_main
 from tideborn.match.elo import estimate, format_elo
 from tideborn.match.openings import load_openings

@@ -31,12 +31,12 @@ from tests.helpers.common import (
 from tests.helpers.data import hcpe_records, psv_records, random_positions, settings_for, write_records
 from tideborn.config.load import load_settings
 from tideborn.config.schema import LossSettings, WatchdogSettings
-from tideborn.data.evalfix import fit_files, fit_scale, scales_by_file
-from tideborn.data.features import Decoder
-from tideborn.data.loader import decode_indices
-from tideborn.data.records import RecordSet
-from tideborn.data.sources import BatchDecoder, as_source
-from tideborn.data.targets import value_lambda_at
+from tideborn.data.decode.features import Decoder
+from tideborn.data.decode.targets import value_lambda_at
+from tideborn.data.formats.records import RecordSet
+from tideborn.data.sets.evalfix import fit_files, fit_scale, scales_by_file
+from tideborn.data.sets.sources import BatchDecoder, as_source
+from tideborn.data.training.loader import decode_indices
 from tideborn.errors import UserError
 from tideborn.network.model import build_model
 from tideborn.network.optim import build_optimizer

@@ -6,7 +6,7 @@ from tideborn.errors import run_reporting_ctrl_c
 
 
 def command() -> int:
-    from tideborn.data.cli import main
+    from tideborn.data.tools.cli import main
 
     return main()
 

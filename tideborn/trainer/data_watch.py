@@ -1,6 +1,6 @@
 """The training loop's side of `data.watch`: when to rescan the watched globs, the `data_window` events, and the
 wait for data (`data.window_min_positions`) with a heartbeat, so that status and the monitor show the run
-waiting rather than stalled. The files and the window themselves are `tideborn.data.watch`'s.
+waiting rather than stalled. The files and the window themselves are `tideborn.data.training.watch`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from tideborn.trainer.duties import Interval
 
 if typing.TYPE_CHECKING:
-    from tideborn.data.batch import WindowControl
+    from tideborn.data.training.batch import WindowControl
 
 HEARTBEAT_SECONDS = 60.0
 """While waiting, a `data_window` event at least this often: far inside the 15 minutes that make a run stalled."""

@@ -15,14 +15,14 @@ import torch
 import torch.nn.functional as F
 
 from tideborn.config.schema import Settings
-from tideborn.data.evalfix import fit_files, scales_by_file
-from tideborn.data.features import BadRecord, kept_positions
-from tideborn.data.legal import LegalLabels
-from tideborn.data.legal import mask as legal_mask
-from tideborn.data.loader import pins_memory, to_device_batch
-from tideborn.data.records import RecordSet
-from tideborn.data.sources import BatchDecoder, TeacherSource, as_source, held_out_source, padded_targets
-from tideborn.data.targets import mixed_value_target, policy_entropy, value_entropy
+from tideborn.data.decode.features import BadRecord, kept_positions
+from tideborn.data.decode.legal import LegalLabels
+from tideborn.data.decode.legal import mask as legal_mask
+from tideborn.data.decode.targets import mixed_value_target, policy_entropy, value_entropy
+from tideborn.data.formats.records import RecordSet
+from tideborn.data.sets.evalfix import fit_files, scales_by_file
+from tideborn.data.sets.sources import BatchDecoder, TeacherSource, as_source, held_out_source, padded_targets
+from tideborn.data.training.loader import pins_memory, to_device_batch
 from tideborn.errors import UserError
 from tideborn.trainer.losses import policy_loss as policy_cross_entropy
 

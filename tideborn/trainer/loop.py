@@ -23,8 +23,8 @@ import torch
 
 from tideborn.config.load import Resolved
 from tideborn.config.schema import SettingError, Settings
-from tideborn.data.opened import OpenedData, open_data
-from tideborn.data.targets import value_lambda_at
+from tideborn.data.decode.targets import value_lambda_at
+from tideborn.data.training.opened import OpenedData, open_data
 from tideborn.errors import Interrupted, UserError
 from tideborn.humanize import duration
 from tideborn.rundir.access import check_run_dir
@@ -72,7 +72,7 @@ class Prepared:
     argv: list[str]
     env: DistEnv = DistEnv()
     data: OpenedData = OpenedData()
-    """The teacher data, opened once (`data.opened`): the training state takes it over."""
+    """The teacher data, opened once (`data.training.opened`): the training state takes it over."""
 
 
 def prepare(resolved: Resolved, resume: Path | None = None, fresh: bool = False,
@@ -516,7 +516,7 @@ def eval_scales(state: TrainingState, settings: Settings) -> dict[str, float] | 
     """`run_started.eval_scales`: each teacher file's eval scale with `data.eval_scale_fit = "per_file"`."""
     if settings.data.eval_scale_fit != "per_file":
         return None
-    from tideborn.data.evalfix import scales_field  # teacher data only: cshogi is not needed otherwise
+    from tideborn.data.sets.evalfix import scales_field  # teacher data only: cshogi is not needed otherwise
 
     fits = list(state.data.scale_fits)
     if state.evaluator is not None:
@@ -527,7 +527,7 @@ def eval_scales(state: TrainingState, settings: Settings) -> dict[str, float] | 
 def eval_scale_warnings(state: TrainingState, settings: Settings) -> list[str]:
     if settings.data.eval_scale_fit != "per_file":
         return []
-    from tideborn.data.evalfix import fit_warning
+    from tideborn.data.sets.evalfix import fit_warning
 
     found = [fit_warning(fit, "data.train") for fit in state.data.scale_fits if fit.problem]
     if state.evaluator is not None:
@@ -566,7 +566,7 @@ def _build_data_caches_once(resolved: Resolved, env: DistEnv) -> OpenedData | No
         try:
             opened = open_data(data, resolved.settings.paths.data_root)
             if data.use_average and opened.train is not None:
-                from tideborn.data.average import averaged_source
+                from tideborn.data.sets.average import averaged_source
 
                 averaged_source(opened.train, data).close()  # (the training source reopens its files when read)
         except UserError as exc:

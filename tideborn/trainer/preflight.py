@@ -21,7 +21,7 @@ CHECKPOINT_FORMAT_MARK = b"tideborn-checkpoint"
 def preflight(settings: Settings, resume: Path | None = None, fresh: bool = False,
               stop_at_step: int | None = None, cwd: Path | None = None) -> Path:
     """Raise `UserError` for what is wrong with the request, checking only what is cheap (teacher files are
-    looked at, not opened for training: the trainer does that once, `data.opened`); return the run directory
+    looked at, not opened for training: the trainer does that once, `data.training.opened`); return the run directory
     (relative to `cwd`, the trainer's working directory, when `runtime.out_dir` and `paths.runs_root` are
     relative)."""
     check_teacher_data(settings)
@@ -52,15 +52,15 @@ def check_teacher_data(settings: Settings) -> None:
     that matches no file, a file that cannot be read or is not whole records, an hcpe3 file empty or cut
     short in its first header, a game index written for another version of its file, a train/test pair from
     two splits. hcpe3 games are not decoded here (minutes for a large file): the trainer decodes them once,
-    as it opens its data (`data.opened.open_data`), and names a malformed game before its run starts.
+    as it opens its data (`data.training.opened.open_data`), and names a malformed game before its run starts.
     `summary` asks too, so that it says what `train` would."""
     data = settings.data
     if data.resolved_kind == "synthetic":
         return
-    from tideborn.data.game_index import check_pairs
-    from tideborn.data.sources import held_out_source, training_source
+    from tideborn.data.formats.game_index import check_pairs
+    from tideborn.data.sets.sources import held_out_source, training_source
 
-    # With data.watch the training files come and go while the run goes on (data/watch.py): none is needed now.
+    # With data.watch the training files come and go while the run goes on (data/training/watch.py): none is needed now.
     root = settings.paths.data_root
     train = None if data.watch else training_source(data, root, decode=False)
     test = held_out_source(data, root, decode=False)

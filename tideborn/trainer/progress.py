@@ -1,5 +1,5 @@
 """The trainer's progress on stdout: one updating line per logged step on a TTY, else one line per logged step,
-and its messages between them. (The data tools' counter of records or files done is `data.progress`.)"""
+and its messages between them. (The data tools' counter of records or files done is `data.tools.progress`.)"""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import tideborn
 from tideborn.config.schema import Settings
-from tideborn.data.targets import mixed_value_target, policy_entropy, value_lambda_at, value_lambda_decays
+from tideborn.data.decode.targets import mixed_value_target, policy_entropy, value_lambda_at, value_lambda_decays
 from tideborn.network.checkpoint import FORMAT, FORMAT_VERSION
 from tideborn.network.model import build_model
 from tideborn.network.optim import (
@@ -36,9 +36,9 @@ from tideborn.trainer.resume import StartPoint
 from tideborn.trainer.synthetic import SyntheticBatches
 
 if typing.TYPE_CHECKING:
-    from tideborn.data.batch import BatchSource
-    from tideborn.data.loader import LoaderSettings, TeacherBatches
-    from tideborn.data.opened import OpenedData
+    from tideborn.data.training.batch import BatchSource
+    from tideborn.data.training.loader import LoaderSettings, TeacherBatches
+    from tideborn.data.training.opened import OpenedData
 
 
 def versions() -> dict[str, str]:
@@ -75,7 +75,7 @@ class StepResult:
 
 def loader_settings(settings: Settings) -> LoaderSettings:
     """What the teacher-data loader needs from outside `[data]`."""
-    from tideborn.data.loader import LoaderSettings
+    from tideborn.data.training.loader import LoaderSettings
 
     return LoaderSettings(
         data_root=settings.paths.data_root, seed=settings.runtime.seed,
@@ -87,7 +87,7 @@ def loader_settings(settings: Settings) -> LoaderSettings:
 def teacher_batches(settings: Settings, device: torch.device, rank: int = 0, world_size: int = 1,
                     **options: typing.Any) -> TeacherBatches:
     """`TeacherBatches` for `settings` (`options`: its keyword arguments, `source=` among them)."""
-    from tideborn.data.loader import TeacherBatches
+    from tideborn.data.training.loader import TeacherBatches
 
     return TeacherBatches(settings.data, loader_settings(settings), device, rank, world_size, **options)
 
@@ -118,7 +118,7 @@ class TrainingState:
             self.data = SyntheticBatches(s.runtime.seed, s.optim.micro_batch_size, setup.device,
                                          env.rank, env.world_size)
         else:
-            from tideborn.data.opened import open_data
+            from tideborn.data.training.opened import open_data
 
             if opened is None:
                 opened = open_data(s.data, s.paths.data_root)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from tideborn.config.schema import Settings
-from tideborn.data.targets import value_lambda_at
+from tideborn.data.decode.targets import value_lambda_at
 from tideborn.errors import UserError
 from tideborn.trainer.checkpointer import Checkpointer, Reporter
 from tideborn.trainer.device import DeviceSetup

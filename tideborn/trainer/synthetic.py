@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from tideborn.data.batch import Batch, DataSummary, SkippedRecords, WindowControl
+from tideborn.data.training.batch import Batch, DataSummary, SkippedRecords, WindowControl
 from tideborn.network.model import FEATURES1_NUM, FEATURES2_NUM, POLICY_CLASSES
 
 PIECE_DENSITY = 0.05

@@ -23,7 +23,7 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import FEATURES1_NUM, FEATURES2_NUM, make_move_label
 
-from tideborn.data.hcpe3_ops import SLOW
+from tideborn.data.decode.hcpe3_ops import SLOW
 
 POLICY_CLASSES = 27 * 81
 EVAL_LIMIT = 32767
@@ -316,7 +316,7 @@ class Decoder:
         # Imported here, not at the top: numba's import and the compiled code's load from its cache take about
         # 0.35 s, which only a process that decodes should pay (the monitor, the engine and the synthetic runs
         # import this module too).
-        from tideborn.data import compiled
+        from tideborn.data.decode import compiled
         n = len(records)
         packed = packed_positions(records)
         results = results_for_side_to_move(records, self.kind)

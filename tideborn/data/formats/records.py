@@ -27,7 +27,7 @@ RECORD_DTYPES: dict[str, np.dtype] = {
 }
 EXTENSION_KINDS = {".hcpe": "hcpe", ".bin": "psv", ".psv": "psv", ".hcpe3": "hcpe3"}
 """Every teacher file kind by its extension: the fixed-size record kinds (RECORD_DTYPES) and hcpe3 (games of
-variable length, `tideborn.data.hcpe3`). The one table; `sources.file_kind` reads it too."""
+variable length, `tideborn.data.cache.hcpe3`). The one table; `sources.file_kind` reads it too."""
 
 
 def kind_from_extension(path: str | os.PathLike) -> str | None:

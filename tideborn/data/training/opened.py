@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 if typing.TYPE_CHECKING:
     from tideborn.config.schema import DataSettings
-    from tideborn.data.sources import TeacherSource
+    from tideborn.data.sets.sources import TeacherSource
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ def open_data(data: DataSettings, data_root: str | os.PathLike,
     checked as a pair (`game_index.check_pairs`); `UserError` for anything the trainer refuses."""
     if data.resolved_kind == "synthetic":
         return OpenedData()
-    from tideborn.data.game_index import check_pairs
-    from tideborn.data.sources import held_out_source, training_source
+    from tideborn.data.formats.game_index import check_pairs
+    from tideborn.data.sets.sources import held_out_source, training_source
 
     train = None if data.watch else training_source(data, data_root, warn)
     try:

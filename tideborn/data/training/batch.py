@@ -1,4 +1,4 @@
-"""A batch of training positions as the training loop takes it, from teacher data (`data.loader`) or
+"""A batch of training positions as the training loop takes it, from teacher data (`data.training.loader`) or
 synthetic data (`trainer.synthetic`): input planes and the policy and value targets, as tensors; and
 `BatchSource`, the one typed door through which the loop takes batches and asks about its data.
 """
@@ -99,7 +99,7 @@ class WindowControl(typing.Protocol):
     resume_left: list[tuple[str, str]]
     """Window files gone or changed since the checkpoint resumed from (they left; warnings)."""
     first_scan: typing.Any
-    """The scan made when the data was opened (`data.watch.ScanResult`), reported as the run starts."""
+    """The scan made when the data was opened (`data.training.watch.ScanResult`), reported as the run starts."""
 
     @property
     def joined_files(self) -> int: ...
@@ -119,7 +119,7 @@ class WindowControl(typing.Protocol):
 
 class BatchSource(typing.Protocol):
     """The one door between the training loop and its data: synthetic batches (`trainer.synthetic`) and teacher
-    batches (`data.loader.TeacherBatches`) both implement it, and the loop asks nothing else of them."""
+    batches (`data.training.loader.TeacherBatches`) both implement it, and the loop asks nothing else of them."""
 
     record_draws: bool
     """Keep `drawn` (`runtime.ddp_diagnostics`' digest of the global batches)."""
@@ -143,7 +143,7 @@ class BatchSource(typing.Protocol):
 
     @property
     def scale_fits(self) -> typing.Sequence[typing.Any]:
-        """`data.eval_scale_fit = "per_file"`: each training file's fitted eval scale (`data.evalfix.ScaleFit`)."""
+        """`data.eval_scale_fit = "per_file"`: each training file's fitted eval scale (`data.sets.evalfix.ScaleFit`)."""
         ...
 
     @property

@@ -2,7 +2,7 @@
 
 A `TeacherSource` is a list of parts, each one kind: consecutive hcpe or psv files are one `RecordPart` (a
 `RecordSet`, read by `pread`), consecutive hcpe3 files one `Hcpe3Part` (their decoded positions caches,
-read with `pread`), and a duplicate-averaged set (`tideborn.data.average`) is one `AveragedPart`. Position `i`
+read with `pread`), and a duplicate-averaged set (`tideborn.data.sets.average`) is one `AveragedPart`. Position `i`
 of the source is position `i - offsets[p]` of part `p`, so the data order (`dataset.ShardedOrder`) treats
 hcpe3 positions exactly like records.
 
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tideborn.data.features import BadRecord, DecodedBatch, Decoder, kept_positions
-from tideborn.data.records import EXTENSION_KINDS, RecordSet, expand_paths
+from tideborn.data.decode.features import BadRecord, DecodedBatch, Decoder, kept_positions
+from tideborn.data.formats.records import EXTENSION_KINDS, RecordSet, expand_paths
 from tideborn.errors import UserError
 
 if typing.TYPE_CHECKING:
     from tideborn.config.schema import DataSettings
-    from tideborn.data.hcpe3 import Hcpe3Positions
+    from tideborn.data.cache.hcpe3 import Hcpe3Positions
 
 FILE_KINDS = ("hcpe", "psv", "hcpe3")
 
@@ -136,7 +136,7 @@ class Hcpe3Part:
             yield positions.path, positions.hcpe_records(pick(len(positions))), "hcpe"
 
     def close(self) -> None:
-        from tideborn.data.cachefile import close_arrays
+        from tideborn.data.cache.cachefile import close_arrays
 
         for positions in self.files:
             close_arrays(positions.arrays.values())
@@ -265,7 +265,7 @@ def open_source(paths: typing.Sequence[Path], kind: str = "auto", warn: typing.C
     `decode=False` (the launcher's preflight) only checks that hcpe3 files can be read and are not empty:
     decoding a large one takes minutes, and the trainer does it (once; then the cache is read), several
     files at a time in up to `processes` child processes (default: the usable cores; `hcpe3.build_caches`)."""
-    from tideborn.data.hcpe3 import Hcpe3File, build_caches, check_hcpe3_file
+    from tideborn.data.cache.hcpe3 import Hcpe3File, build_caches, check_hcpe3_file
 
     kinds = [file_kind(path, kind, what) for path in paths]
     if decode:
@@ -325,7 +325,7 @@ def count_file(path: Path, kind: str = "auto") -> tuple[int, str]:
     """(positions, hash of the whole content) of one training file, read whole: an hcpe3 file decoded into its
     positions cache, a record file checked to hold whole records. What `data.watch` asks before a file joins;
     `UserError` for a file that does not parse (a game cut short, a partial record, an unknown extension)."""
-    from tideborn.data.hcpe3 import Hcpe3File, content_hash
+    from tideborn.data.cache.hcpe3 import Hcpe3File, content_hash
 
     found = file_kind(path, kind, "data.kind")
     if found == "hcpe3":
@@ -342,7 +342,7 @@ def count_file(path: Path, kind: str = "auto") -> tuple[int, str]:
 
 
 def positions_close(positions: Hcpe3Positions) -> None:
-    from tideborn.data.cachefile import close_arrays
+    from tideborn.data.cache.cachefile import close_arrays
 
     close_arrays(positions.arrays.values())
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import cshogi
 import numpy as np
 
-from tideborn.data.game_index import GameEntry, IndexHeader, index_path, write_index
-from tideborn.data.games import RESULT_NAMES, Game, GameReadError, find_game_files, read_games
-from tideborn.data.progress import CountProgress
-from tideborn.data.records import RECORD_DTYPES, records_fingerprint
+from tideborn.data.formats.game_index import GameEntry, IndexHeader, index_path, write_index
+from tideborn.data.formats.games import RESULT_NAMES, Game, GameReadError, find_game_files, read_games
+from tideborn.data.formats.records import RECORD_DTYPES, records_fingerprint
+from tideborn.data.tools.progress import CountProgress
 from tideborn.errors import UserError
 from tideborn.outputs import StagedOutputs
 from tideborn.safefile import file_type

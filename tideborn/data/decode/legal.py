@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from cshogi.dlshogi import make_move_label
 
-from tideborn.data.features import POLICY_CLASSES, packed_positions
+from tideborn.data.decode.features import POLICY_CLASSES, packed_positions
 
 
 class LegalLabels:

@@ -27,8 +27,8 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_move_label
 
-from tideborn.data.cachefile import CacheArray
-from tideborn.data.hcpe3_replay import ANCHOR_EVERY, NO_LABEL, anchor_starts, move_labels
+from tideborn.data.cache.cachefile import CacheArray
+from tideborn.data.decode.hcpe3_replay import ANCHOR_EVERY, NO_LABEL, anchor_starts, move_labels
 
 COMPACT_NAMES = ("game_offsets", "hcp", "anchor_position", "anchor_game", "anchor_ply", "anchor_result", "anchor",
                  "eval", "move16", "cand_offsets", "cand_move16", "cand_visits")
@@ -237,7 +237,7 @@ class CompactPositions:
         first = int(indices[0])
         move_array = np.asarray(s["move16"][first - int(steps[0]):int(indices[-1])]).astype(np.int64)
         out = np.empty((len(indices), 32), np.uint8)
-        from tideborn.data import compiled  # here: numba's import is for a process that reads hcpe3 positions
+        from tideborn.data.decode import compiled  # here: numba's import is for a process that reads hcpe3 positions
         if compiled.replay_range(np.ascontiguousarray(start_hcp), steps, move_array, int(steps[0]), out):
             return out
         moves = move_array.tolist()  # a position or move the compiled loop did not certify: cshogi's replay

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tideborn.data.features import POLICY_CLASSES
+from tideborn.data.decode.features import POLICY_CLASSES
 from tideborn.errors import UserError
 from tideborn.safefile import create_scratch_file, os_error_text, remove_stale_scratch
 

@@ -67,7 +67,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def _files(args: argparse.Namespace) -> tuple[list[Path], str, list[Path]]:
     """(hcpe or psv files, their kind, hcpe3 files): hcpe3 files are games, read apart from the records."""
-    from tideborn.data.records import expand_paths, resolve_kind
+    from tideborn.data.formats.records import expand_paths, resolve_kind
 
     paths = expand_paths(args.files, ".", "FILE")
     for path in paths:
@@ -83,7 +83,7 @@ def _files(args: argparse.Namespace) -> tuple[list[Path], str, list[Path]]:
 
 
 def command_inspect(args: argparse.Namespace) -> int:
-    from tideborn.data.checks import format_hcpe3, format_inspection, inspect_files, summarise_hcpe3
+    from tideborn.data.tools.checks import format_hcpe3, format_inspection, inspect_files, summarise_hcpe3
 
     paths, kind, games = _files(args)
     report = inspect_files(paths, kind, progress=not args.quiet) if paths else {"kind": kind, "files": []}
@@ -98,7 +98,7 @@ def command_inspect(args: argparse.Namespace) -> int:
 
 
 def command_verify(args: argparse.Namespace) -> int:
-    from tideborn.data.checks import verify_files, verify_hcpe3
+    from tideborn.data.tools.checks import verify_files, verify_hcpe3
 
     paths, kind, games = _files(args)
     checked, problems = verify_files(paths, kind, progress=not args.quiet) if paths else (0, [])
@@ -115,7 +115,7 @@ def command_verify(args: argparse.Namespace) -> int:
 
 
 def command_convert(args: argparse.Namespace) -> int:
-    from tideborn.data.convert import ConvertFilters, convert_games
+    from tideborn.data.tools.convert import ConvertFilters, convert_games
 
     if args.min_ply < 0:
         raise UserError(f"--min-ply {args.min_ply}: must be >= 0")
@@ -127,7 +127,7 @@ def command_convert(args: argparse.Namespace) -> int:
 
 
 def command_split(args: argparse.Namespace) -> int:
-    from tideborn.data.split import split_games
+    from tideborn.data.tools.split import split_games
 
     report = split_games(args.source, args.train, args.test, args.test_fraction, args.seed,
                          progress=not args.quiet)

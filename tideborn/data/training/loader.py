@@ -1,7 +1,7 @@
 """Teacher batches for the training loop: the same interface as `SyntheticBatches`, fed by worker processes.
 
 `TeacherBatches(data, loader_settings, device, rank, world_size)`: the `[data]` settings and the few numbers the
-loader needs from the rest (`LoaderSettings`), a `BatchSource` (`data.batch`): `next_batch() -> Batch` on
+loader needs from the rest (`LoaderSettings`), a `BatchSource` (`data.training.batch`): `next_batch() -> Batch` on
 `device`, `state_dict()` / `load_state_dict()` with the data cursor, `close()`. Time spent inside
 `next_batch()` is the data wait: with enough workers it is a queue pop and a host-to-device copy.
 
@@ -29,11 +29,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from tideborn.config.schema import DataSettings
-from tideborn.data.batch import AverageNote, Batch, DataSummary, Hcpe3Note, SkippedRecords, WindowControl, WindowNote
-from tideborn.data.dataset import GlobalOrder
-from tideborn.data.evalfix import ScaleFit, fit_files, scales_by_file
-from tideborn.data.features import FEATURES1_NUM, BadRecord
-from tideborn.data.sources import (
+from tideborn.data.decode.features import FEATURES1_NUM, BadRecord
+from tideborn.data.sets.evalfix import ScaleFit, fit_files, scales_by_file
+from tideborn.data.sets.sources import (
     BatchDecoder,
     TeacherSource,
     count_file,
@@ -41,7 +39,17 @@ from tideborn.data.sources import (
     training_source,
     watched_patterns,
 )
-from tideborn.data.watch import DataWatch, ScanResult, window_seed
+from tideborn.data.training.batch import (
+    AverageNote,
+    Batch,
+    DataSummary,
+    Hcpe3Note,
+    SkippedRecords,
+    WindowControl,
+    WindowNote,
+)
+from tideborn.data.training.dataset import GlobalOrder
+from tideborn.data.training.watch import DataWatch, ScanResult, window_seed
 from tideborn.errors import UserError
 
 SKIP_EXAMPLES = 5
@@ -214,7 +222,7 @@ def _to_device(array: np.ndarray | torch.Tensor, device: torch.device, non_block
 class TeacherBatches:
     """An endless stream of teacher micro-batches for one rank (a `BatchSource`); resumable at any step boundary,
     at any world size (the cursor is the global one of `GlobalOrder`). `accumulation`: micro-batches a rank takes
-    per step (default `accumulation_steps`). `source`: `data.train` as the trainer opened it (`data.opened`),
+    per step (default `accumulation_steps`). `source`: `data.train` as the trainer opened it (`data.training.opened`),
     taken over (closed with the loader); None: opened here. With `data.watch` it is its own `window`."""
 
     def __init__(self, data: DataSettings, loader_settings: LoaderSettings, device: torch.device, rank: int = 0,
@@ -281,7 +289,7 @@ class TeacherBatches:
         of them, in a data order keyed by the seed and the watch's generation; the cursor starts over."""
         data = self.data
         if data.use_average:
-            from tideborn.data.average import averaged_source
+            from tideborn.data.sets.average import averaged_source
 
             records = averaged_source(records, data, scales=scales_by_file(self.scale_fits))
         self.records = records
@@ -384,8 +392,9 @@ class TeacherBatches:
 
     def take_warnings(self) -> list[str]:
         """The cache warnings said in this process since last taken (`cachefile.take_cache_warnings`): those of
-        opening this data (before the loader, `data.opened`, or in it: averaging, a watched window), once each."""
-        from tideborn.data.cachefile import take_cache_warnings
+        opening this data (before the loader, `data.training.opened`, or in it: averaging, a watched window), once
+        each."""
+        from tideborn.data.cache.cachefile import take_cache_warnings
 
         return take_cache_warnings()
 
@@ -401,7 +410,7 @@ class TeacherBatches:
         if workers:
             # The workers fork from here (a fresh set each epoch): they inherit the compiled decoder loaded now
             # rather than each loading it again.
-            from tideborn.data import compiled  # here: only a run on teacher data needs the compiled loops
+            from tideborn.data.decode import compiled  # here: only a run on teacher data needs the compiled loops
             compiled.prepare_decoder()
         dataset = _DecodedBatches(self.records, self.order, self.decoder_args, self.pack_planes, self.first)
         extra = {"prefetch_factor": self.data.prefetch_batches} if workers else {}

@@ -24,9 +24,9 @@ from pathlib import Path
 import cshogi
 import numpy as np
 
-from tideborn.data.game_index import GameEntry, IndexHeader, index_mismatch, index_path, read_index, write_index
-from tideborn.data.progress import CountProgress
-from tideborn.data.records import check_record_file, records_fingerprint, stream_records
+from tideborn.data.formats.game_index import GameEntry, IndexHeader, index_mismatch, index_path, read_index, write_index
+from tideborn.data.formats.records import check_record_file, records_fingerprint, stream_records
+from tideborn.data.tools.progress import CountProgress
 from tideborn.errors import UserError
 from tideborn.outputs import StagedOutputs, same_output
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tideborn.data.features import evals_for_side_to_move, results_for_side_to_move
-from tideborn.data.sources import as_source
+from tideborn.data.decode.features import evals_for_side_to_move, results_for_side_to_move
+from tideborn.data.sets.sources import as_source
 from tideborn.errors import UserError
 
 if typing.TYPE_CHECKING:
-    from tideborn.data.records import RecordSet
-    from tideborn.data.sources import TeacherSource
+    from tideborn.data.formats.records import RecordSet
+    from tideborn.data.sets.sources import TeacherSource
 
 FIT_SAMPLE = 100_000
 """Records per file the fit reads (evenly spaced through the file): plenty for one parameter."""

@@ -25,8 +25,8 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_move_label
 
-from tideborn.data.features import material_problem, sane_kings
-from tideborn.data.hcpe3_ops import (
+from tideborn.data.decode.features import material_problem, sane_kings
+from tideborn.data.decode.hcpe3_ops import (
     ALLOWED_PIECES,
     ANCHOR_BIT,
     CHECK_BITS,
@@ -221,7 +221,7 @@ def _walk(words: memoryview, base: int, size: int, at_file_end: bool, first_game
     window, end = _Window(), len(words)
     # The whole, sane games first, in compiled code (a Python loop over the moves was a sixth of a first open);
     # the loop below goes on from where it stopped: a game cut by the window's end, or one it must name.
-    from tideborn.data import compiled  # here: numba's import is for a process that opens hcpe3
+    from tideborn.data.decode import compiled  # here: numba's import is for a process that opens hcpe3
     move_prefix = np.empty(end // 3 + 1, np.int64)  # a move is at least 3 words, a game 18
     game_prefix, first_prefix = np.empty(end // 18 + 1, np.int64), np.empty(end // 18 + 1, np.int64)
     walked, prefix_moves, k = compiled.walk_games(np.frombuffer(words, dtype=np.uint16), 0, end, MAX_LEGAL_MOVES,
@@ -443,7 +443,7 @@ class ReplayedPositions:
         checked and played it, 0 where it left the game to the loops below (a usable game only: its result
         byte and kings are right); and per move, nonzero where a repetition leaves the position out."""
         # Imported here: numba's import is for a process that opens hcpe3.
-        from tideborn.data import compiled
+        from tideborn.data.decode import compiled
         played = np.zeros(len(usable), dtype=np.uint8)
         gaps = np.zeros(len(hcp), dtype=np.uint8)
         compiled.play_games(starts, usable, first_moves, ops, op_starts, hcp, played, gaps)

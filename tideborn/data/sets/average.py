@@ -36,18 +36,8 @@ import cshogi
 import numpy as np
 from cshogi.dlshogi import make_move_label
 
-from tideborn.data.average_merge import ExternalMerge, Scratch, ScratchUnwritable, SpooledArray
-from tideborn.data.cachefile import CacheArray, DamagedCache, HostileCache, close_arrays, warn_about_cache
-from tideborn.data.features import (
-    BadRecord,
-    DecodedBatch,
-    evals_for_side_to_move,
-    packed_positions,
-    results_for_side_to_move,
-    sane_kings,
-    stored_move,
-)
-from tideborn.data.hcpe3 import (
+from tideborn.data.cache.cachefile import CacheArray, DamagedCache, HostileCache, close_arrays, warn_about_cache
+from tideborn.data.cache.hcpe3 import (
     RESULT_MASK,
     LabelOutOfRange,
     _rows,
@@ -59,12 +49,22 @@ from tideborn.data.hcpe3 import (
     trusted_owners,
     write_arrays,
 )
-from tideborn.data.hcpe3_compact import labels_of
+from tideborn.data.cache.hcpe3_compact import labels_of
+from tideborn.data.decode.features import (
+    BadRecord,
+    DecodedBatch,
+    evals_for_side_to_move,
+    packed_positions,
+    results_for_side_to_move,
+    sane_kings,
+    stored_move,
+)
+from tideborn.data.sets.average_merge import ExternalMerge, Scratch, ScratchUnwritable, SpooledArray
 from tideborn.errors import UserError
 
 if typing.TYPE_CHECKING:
     from tideborn.config.schema import DataSettings
-    from tideborn.data.sources import BatchDecoder, TeacherSource
+    from tideborn.data.sets.sources import BatchDecoder, TeacherSource
 
 CACHE_FORMAT = "tideborn-averaged-positions"
 CHUNK = 65536
@@ -371,7 +371,7 @@ def averaged_source(source: TeacherSource, data: DataSettings, warn: typing.Call
                     scales: dict[str, float] | None = None) -> TeacherSource:
     """`source`'s positions with duplicates merged: read from the cache when it is there, else built (and
     written beside the first training file; in memory, with a warning, where that cannot be written)."""
-    from tideborn.data.sources import TeacherSource
+    from tideborn.data.sets.sources import TeacherSource
 
     key = average_key(source, data, scales)
     path = average_cache_path(source, key)

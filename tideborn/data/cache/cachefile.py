@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tideborn.data.records import pread_full
+from tideborn.data.formats.records import pread_full
 from tideborn.errors import UserError
 from tideborn.safefile import NotARegularFile, link_target, open_regular_fd, trust_problem
 

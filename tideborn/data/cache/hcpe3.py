@@ -43,7 +43,7 @@ without touching any cache; `policy_targets(...)` turns visit counts into the tr
 
 The replay (`hcpe3_replay`) keeps to cshogi's board what only a board can answer (legality, `to_hcp`,
 repetitions) and does the rest in bulk with numpy; `build_caches` decodes several files at once, each in a
-child process. Timing the decoder: `python -m tideborn.data.hcpe3 FILE.hcpe3` decodes FILE without the cache
+child process. Timing the decoder: `python -m tideborn.data.cache.hcpe3 FILE.hcpe3` decodes FILE without the cache
 and prints games, positions and positions/s (docs/benchmarks.md has figures).
 """
 
@@ -62,7 +62,7 @@ from pathlib import Path
 import cshogi
 import numpy as np
 
-from tideborn.data.cachefile import (
+from tideborn.data.cache.cachefile import (
     CacheArray,
     DamagedCache,
     HostileCache,
@@ -71,11 +71,17 @@ from tideborn.data.cachefile import (
     open_cache,
     warn_about_cache,
 )
-from tideborn.data.features import POLICY_CLASSES
-from tideborn.data.hcpe3_compact import CompactPositions, compact, labels_of
-from tideborn.data.hcpe3_compact import consistent as compact_consistent
-from tideborn.data.hcpe3_replay import WINDOW_BYTES, ReplayedPositions, truncated
-from tideborn.data.records import ChangedWhileRead, open_record_file, pread_full, readable_size, records_fingerprint
+from tideborn.data.cache.hcpe3_compact import CompactPositions, compact, labels_of
+from tideborn.data.cache.hcpe3_compact import consistent as compact_consistent
+from tideborn.data.decode.features import POLICY_CLASSES
+from tideborn.data.decode.hcpe3_replay import WINDOW_BYTES, ReplayedPositions, truncated
+from tideborn.data.formats.records import (
+    ChangedWhileRead,
+    open_record_file,
+    pread_full,
+    readable_size,
+    records_fingerprint,
+)
 from tideborn.errors import UserError
 
 HEADER_DTYPE = np.dtype([("hcp", np.uint8, 32), ("moveNum", "<u2"), ("result", "u1"), ("opponent", "u1")])
@@ -495,7 +501,7 @@ def build_caches(paths: typing.Sequence[Path], processes: int | None = None) -> 
     opening the files after this (`Hcpe3File.positions`) decodes in the process whatever is still missing,
     and says every error and warning, in file order.
 
-    The children are plain `python -m tideborn.data.hcpe3 --write-cache FILE` processes, not
+    The children are plain `python -m tideborn.data.cache.hcpe3 --write-cache FILE` processes, not
     multiprocessing's: those import the caller's main module again, which a script without a
     `__main__` guard does not survive, and a fork would copy a trainer's CUDA state and threads."""
     import subprocess
@@ -519,7 +525,7 @@ def build_caches(paths: typing.Sequence[Path], processes: int | None = None) -> 
         while waiting or running:
             while waiting and len(running) < at_once:
                 path = waiting.pop(0)
-                running[path] = subprocess.Popen([sys.executable, "-m", "tideborn.data.hcpe3", "--write-cache",
+                running[path] = subprocess.Popen([sys.executable, "-m", "tideborn.data.cache.hcpe3", "--write-cache",
                                                   str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
             time.sleep(0.05)  # polled, never os.wait(): that would reap the caller's other children too
             for path, child in list(running.items()):
@@ -738,7 +744,7 @@ def _main(argv: list[str]) -> int:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         return 0 if all([_build_cache_in_child(name) for name in argv[1:]]) else 1
     if not argv:
-        print("usage: python -m tideborn.data.hcpe3 FILE.hcpe3 ...  (decode without the cache; positions/s)")
+        print("usage: python -m tideborn.data.cache.hcpe3 FILE.hcpe3 ...  (decode without the cache; positions/s)")
         return 2
     for name in argv:
         started = time.perf_counter()

@@ -28,7 +28,16 @@ from numba import njit
 from numba.core.caching import FunctionCache
 from numba.core.dispatcher import Dispatcher
 
-from tideborn.data.hcpe3_ops import ALLOWED_PIECES, ANCHOR_BIT, DONE, MOVE_OP, NEVER, PLAIN, REPETITION_PLIES, SLOW
+from tideborn.data.decode.hcpe3_ops import (
+    ALLOWED_PIECES,
+    ANCHOR_BIT,
+    DONE,
+    MOVE_OP,
+    NEVER,
+    PLAIN,
+    REPETITION_PLIES,
+    SLOW,
+)
 
 _BLACK_KING, _WHITE_KING = 8, 24
 _FEATURES1_PER_COLOR = 31  # 14 piece planes, 14 attack planes, 3 attack-count planes

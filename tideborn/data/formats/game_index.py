@@ -102,7 +102,7 @@ def read_index_header(path: Path) -> IndexHeader | None:
 def index_mismatch(records_path: Path) -> str | None:
     """Why the index beside `records_path` does not belong to that file's present content, or None (it
     does, or it has no header to tell)."""
-    from tideborn.data.records import records_fingerprint
+    from tideborn.data.formats.records import records_fingerprint
 
     index = index_path(records_path)
     header = read_index_header(index)

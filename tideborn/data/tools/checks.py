@@ -14,7 +14,7 @@ from pathlib import Path
 import cshogi
 import numpy as np
 
-from tideborn.data.features import (
+from tideborn.data.decode.features import (
     EVAL_LIMIT,
     Decoder,
     evals_for_side_to_move,
@@ -24,7 +24,7 @@ from tideborn.data.features import (
     sane_kings,
     stored_move,
 )
-from tideborn.data.game_index import (
+from tideborn.data.formats.game_index import (
     index_mismatch,
     index_path,
     partner_of,
@@ -32,8 +32,7 @@ from tideborn.data.game_index import (
     read_index_header,
     split_mismatch,
 )
-from tideborn.data.progress import CountProgress
-from tideborn.data.records import (
+from tideborn.data.formats.records import (
     RECORD_DTYPES,
     ChangedWhileRead,
     open_record_file,
@@ -41,6 +40,7 @@ from tideborn.data.records import (
     size_problem,
     stream_records,
 )
+from tideborn.data.tools.progress import CountProgress
 from tideborn.errors import UserError
 
 CHUNK = 65536
@@ -282,7 +282,7 @@ def verify_files(paths: list[Path], kind: str, progress: bool = True) -> tuple[i
 
 def summarise_hcpe3(path: Path, progress: bool = True) -> dict:
     """An hcpe3 file's games, positions and search data (decoding it, through its positions cache)."""
-    from tideborn.data.hcpe3 import RESULT_FLAGS, RESULT_MASK, Hcpe3File
+    from tideborn.data.cache.hcpe3 import RESULT_FLAGS, RESULT_MASK, Hcpe3File
 
     bar = CountProgress("inspect", readable_size(path, "hcpe3"), "bytes", enabled=progress)
     positions = Hcpe3File(path).positions(progress=lambda done, total: bar.update(done))
@@ -333,7 +333,7 @@ def summarise_hcpe3(path: Path, progress: bool = True) -> dict:
 
 
 def _hcpe3_headers(path: Path, offsets: np.ndarray) -> np.ndarray:
-    from tideborn.data.hcpe3 import HEADER_DTYPE, HEADER_SIZE
+    from tideborn.data.cache.hcpe3 import HEADER_DTYPE, HEADER_SIZE
 
     out = np.zeros(len(offsets), HEADER_DTYPE)
     fd, _ = open_record_file(path, "hcpe3")
@@ -375,7 +375,7 @@ def format_hcpe3(f: dict) -> str:
 def verify_hcpe3(path: Path) -> list[BadRecordReport]:
     """Replay every game of `path` (without the cache): the first malformed game, if any; then its positions
     cache, when there is one (`cache_problem`)."""
-    from tideborn.data.hcpe3 import _build
+    from tideborn.data.cache.hcpe3 import _build
 
     try:
         built, content = _build(Path(path))
@@ -394,9 +394,9 @@ def cache_problem(path: Path, arrays: dict[str, np.ndarray], content: str) -> Ba
     whose bytes hash to `content`: its arrays fail their checksums, or it was built from this very content
     yet holds other positions. A cache built from another version of the file is not a problem (the next
     run rebuilds it), nor one that training leaves alone (a link, someone else's: training warns)."""
-    from tideborn.data.cachefile import DamagedCache, HostileCache
-    from tideborn.data.hcpe3 import CACHE_FORMAT, cache_path, read_arrays, trusted_owners
-    from tideborn.data.hcpe3_compact import compact
+    from tideborn.data.cache.cachefile import DamagedCache, HostileCache
+    from tideborn.data.cache.hcpe3 import CACHE_FORMAT, cache_path, read_arrays, trusted_owners
+    from tideborn.data.cache.hcpe3_compact import compact
 
     cache = cache_path(path)
     source = f"the positions cache of {path}"

@@ -3,7 +3,7 @@
     python -m benchmarks.launch [--positions 1e7] [--repeats 10] [--compare OLD_CHECKOUT]
 
 Writes a corpus of about `--positions` positions (`scale_corpus`: the shipped games repeated, made-up search
-statistics), builds its positions cache with one run of this checkout (not counted), then starts real
+statistics), builds its positions cache with one run of each checkout (not counted), then starts real
 `tideborn train` processes of `--steps` steps (the scale benchmark's settings: `scale.train_figures`), this
 checkout's and, with `--compare`, OLD_CHECKOUT's in turn (this Python, its working directory and `PYTHONPATH`
 there; a checkout set up as its README says). Per launch: from `Popen` to the first `step` event's time, the
@@ -33,7 +33,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
         scratch = Path(scratch_name)
         corpus = scratch / "corpus.hcpe3"
         positions = write_hcpe3_corpus(make_seed(), corpus, args.positions)
-        train_figures(corpus, args, scratch)  # the first open: the cache is built, every launch after finds it
+        for checkout in checkouts.values():  # the first open builds the caches (each checkout its own, should
+            train_figures(corpus, args, scratch, checkout)  # their keys differ): every launch after finds them
         runs: dict[str, list[dict]] = {label: [] for label in checkouts}
         for _ in range(args.repeats):  # in turn, so that both see the same spells of load
             for label, checkout in checkouts.items():

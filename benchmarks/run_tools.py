@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from tideborn.rundir.events import EventWriter, encode_event
+from tideborn.rundir.kinds import RunStarted, Step
 
 TOOL = [sys.executable, "-m", "tideborn.tools.train_run"]
 
@@ -66,7 +67,7 @@ def status_rep(run_dir: Path) -> tuple[float, float]:
 def watch_latencies(run_dir: Path, count: int, interval: float) -> list[float]:
     run_dir.mkdir(parents=True, exist_ok=True)
     writer = EventWriter(run_dir / "events.jsonl")
-    writer.emit("run_started", step=0, max_steps=10**9, pid=os.getpid(), host="bench", settings={}, world_size=1)
+    writer.emit(RunStarted, step=0, max_steps=10**9, pid=os.getpid(), host="bench", settings={}, world_size=1)
     watch = subprocess.Popen([*TOOL, "watch", "--out-dir", str(run_dir), "--follow-only", "--forever"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     selector = selectors.DefaultSelector()
@@ -77,7 +78,7 @@ def watch_latencies(run_dir: Path, count: int, interval: float) -> list[float]:
         time.sleep(1.5)  # let watch start and reach the end of the file
         for step in range(1, count + 1):
             sent = time.time()
-            writer.emit("step", step=step, loss=1.0, sent=sent)
+            writer.emit(Step, step=step, loss=1.0, sent=sent)
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
                 if selector.select(timeout=0.5):

@@ -22,6 +22,7 @@ from tideborn.config.load import load_settings
 from tideborn.network.model import build_model
 from tideborn.network.optim import build_optimizer, build_scheduler
 from tideborn.rundir.events import EventWriter, read_events
+from tideborn.rundir.kinds import Step
 from tideborn.trainer.loop import Trainer, prepare
 from tideborn.trainer.synthetic import SyntheticBatches
 
@@ -83,7 +84,7 @@ def event_write_microseconds(count: int = 20_000) -> float:
     with tempfile.TemporaryDirectory() as tmp, EventWriter(Path(tmp) / "events.jsonl") as writer:
         started = time.perf_counter()
         for _ in range(count):
-            writer.emit("step", **record)
+            writer.emit(Step, **record)
         return (time.perf_counter() - started) / count * 1e6
 
 

@@ -17,7 +17,7 @@ import torch
 from benchmarks import gpu as bench_gpu
 from benchmarks import gpu_runs
 from tests.helpers.common import REPO_ROOT, child_env, describe, events_of, step_events, terminal_events, train
-from tideborn.rundir.events import as_float
+from tideborn.rundir.kinds import as_float
 
 
 def test_bf16_autocast_trains_on_the_cpu_with_finite_falling_losses(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ import pytest
 from tests.helpers.common import REPO_ROOT, events_of, settings_args, trainer_in_process
 from tests.helpers.hcpe3 import records_of_positions, sample_games, write_hcpe3
 from tideborn.config.schema import DataSettings
-from tideborn.data import hcpe3 as hcpe3_module
 from tideborn.data.cache import cachefile
+from tideborn.data.cache import hcpe3 as hcpe3_module
 from tideborn.data.cache.hcpe3 import HEADER_DTYPE, MOVE_INFO_DTYPE, Hcpe3File, build_positions, cache_path, iter_games
 from tideborn.data.sets.average import averaged_source, build_average
 from tideborn.data.sets.sources import BatchDecoder, open_source

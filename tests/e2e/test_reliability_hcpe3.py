@@ -32,7 +32,7 @@ from tests.helpers.common import (
 from tests.helpers.hcpe3 import records_of_positions, sample_games, write_hcpe3
 from tests.helpers.reliability import launched_runs, tmpfs, tool
 from tideborn.config.schema import DataSettings
-from tideborn.data import hcpe3 as hcpe3_module
+from tideborn.data.cache import hcpe3 as hcpe3_module
 from tideborn.data.cache.cachefile import CacheArray
 from tideborn.data.cache.hcpe3 import Hcpe3File, build_positions, cache_path
 from tideborn.data.sets.average import averaged_source

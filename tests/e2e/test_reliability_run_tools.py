@@ -28,6 +28,7 @@ import pytest
 from tests.helpers.common import REPO_ROOT, SMOKE_CONFIG, assert_user_error, child_env, describe, out_dir_set
 from tests.helpers.reliability import TOOL, launched_runs, tool, wait_for
 from tideborn.rundir.events import EventWriter, read_events
+from tideborn.rundir.kinds import RunStarted, Step
 from tideborn.tools import train_run
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -244,22 +245,22 @@ def test_the_event_writer_starts_a_new_file_and_never_writes_into_one_planted_th
     events, moved, victim = tmp_path / "events.jsonl", tmp_path / "events.jsonl.1", tmp_path / "victim"
     victim.write_text("precious\n")
     writer = EventWriter(events)
-    writer.emit("run_started", step=0)
+    writer.emit(RunStarted, step=0)
     os.rename(events, moved)
-    writer.emit("step", step=1)
+    writer.emit(Step, step=1)
     assert [e["kind"] for e in read_events(moved)] == ["run_started"]
     assert [(e["kind"], e.get("step")) for e in read_events(events)] == [("warning", 1), ("step", 1)]
     capfd.readouterr()
     os.rename(events, tmp_path / "events.jsonl.2")
     for plant in (lambda: events.symlink_to(victim), lambda: os.mkfifo(events)):
         plant()
-        writer.emit("step", step=2)  # never through the link, never blocked on the FIFO
-        writer.emit("step", step=3)
+        writer.emit(Step, step=2)  # never through the link, never blocked on the FIFO
+        writer.emit(Step, step=3)
         assert victim.read_text() == "precious\n"
         err = capfd.readouterr().err.splitlines()
         assert len(err) == 1 and "no new one can be started there" in err[0], err  # once, not every event
         events.unlink()
-    writer.emit("step", step=4)  # the planted thing gone: a new file again
+    writer.emit(Step, step=4)  # the planted thing gone: a new file again
     assert [e["kind"] for e in read_events(events)] == ["warning", "step"]
     assert [e["step"] for e in read_events(tmp_path / "events.jsonl.2") if e["kind"] == "step"] == [1, 2, 3, 2, 3]
     writer.close()

@@ -39,6 +39,7 @@ from tideborn.data.tools.convert import convert_games
 from tideborn.data.tools.split import split_games
 from tideborn.rundir.events import EventWriter
 from tideborn.rundir.files import PidRecord, boot_relative_start, this_host
+from tideborn.rundir.kinds import Gpu, Match, RunStarted, Step
 from tideborn.tools.tensorboard_scalars import SCALARS_FILE
 from tideborn.trainer.cli import main as trainer
 
@@ -146,15 +147,15 @@ def test_gpu_figures_and_a_diverged_loss_become_scalars(tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     with EventWriter(run_dir / "events.jsonl") as writer:
-        writer.emit("gpu", step=10, torch_peak_memory_bytes=3_000_000_000, torch_memory_allocated_bytes=None,
+        writer.emit(Gpu, step=10, torch_peak_memory_bytes=3_000_000_000, torch_memory_allocated_bytes=None,
                     devices=[{"index": 0, "name": "NVIDIA H100", "utilization_percent": 97, "temperature_c": 71,
                               "memory_used_bytes": 60_000_000_000, "memory_total_bytes": 80_000_000_000,
                               "power_watts": None},
                              {"index": 1, "name": "NVIDIA H100", "utilization_percent": 12, "temperature_c": 40,
                               "memory_used_bytes": 1_000_000_000, "memory_total_bytes": 80_000_000_000,
                               "power_watts": 100.5}])
-        writer.emit("step", step=20, loss=float("nan"), policy_loss=1.0, value_loss=float("inf"), lr=0.1)
-        writer.emit("match", step=20, elo=float("inf"), elo_low=400.0, elo_high=float("inf"), score=1.0)
+        writer.emit(Step, step=20, loss=float("nan"), policy_loss=1.0, value_loss=float("inf"), lr=0.1)
+        writer.emit(Match, step=20, elo=float("inf"), elo_low=400.0, elo_high=float("inf"), score=1.0)
     assert tideborn(["run", "tensorboard", "--out-dir", str(run_dir)]) == 0
     board = read_back(run_dir / "tensorboard")
     assert points(board, "gpu/0/utilization_percent") == [(10, 97.0)]
@@ -265,8 +266,8 @@ def looks_live(run_dir: Path, pid: int) -> None:
                        **boot_relative_start(pid))
     (run_dir / "train.pid").write_text(json.dumps(record.to_dict()))
     with EventWriter(run_dir / "events.jsonl") as writer:
-        writer.emit("run_started", step=0, pid=pid, host=this_host(), max_steps=1000)
-        writer.emit("step", step=1, loss=2.0, policy_loss=1.5, value_loss=0.5, lr=0.1)
+        writer.emit(RunStarted, step=0, pid=pid, host=this_host(), max_steps=1000)
+        writer.emit(Step, step=1, loss=2.0, policy_loss=1.5, value_loss=0.5, lr=0.1)
 
 
 def test_follow_says_so_and_exits_3_when_the_run_directory_is_renamed_away_or_removed(tmp_path):

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tideborn.rundir.events import EventReader, EventWriter, as_float, encode_event, read_events
+from tideborn.rundir.events import EventReader, EventWriter, encode_event, read_events
+from tideborn.rundir.kinds import Step, as_float
 
 
 def line(kind: str, **fields: object) -> bytes:
@@ -52,7 +53,7 @@ def test_malformed_lines_are_counted_and_skipped(tmp_path: Path) -> None:
 def test_non_finite_floats_are_strict_json_and_read_back_with_as_float(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     with EventWriter(path) as writer:
-        writer.emit("step", step=3, loss=math.nan, policy_loss=math.inf, value_loss=-math.inf,
+        writer.emit(Step, step=3, loss=math.nan, policy_loss=math.inf, value_loss=-math.inf,
                     lr=0.5, nested={"g": [math.inf, 1.0]})
 
     raw = path.read_bytes()
@@ -133,10 +134,10 @@ def test_writer_appends_one_line_per_event_and_refuses_after_close(tmp_path: Pat
     path = tmp_path / "events.jsonl"
     path.write_bytes(line("run_started", step=0))
     writer = EventWriter(path)
-    returned = writer.emit("step", step=1, loss=0.25)
+    returned = writer.emit(Step, step=1, loss=0.25)
     writer.close()
 
     assert returned["kind"] == "step" and returned["loss"] == 0.25
     assert [e["kind"] for e in read_events(path)] == ["run_started", "step"]
     with pytest.raises(ValueError, match="closed"):
-        writer.emit("step", step=2)
+        writer.emit(Step, step=2)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tideborn.errors import UserError
+from tideborn.rundir.kinds import Step
 from tideborn.tui.overrides import OverrideModel
 from tideborn.tui.plan import LaunchPlan
 
@@ -68,12 +69,12 @@ def test_the_event_writer_refuses_what_the_run_directory_check_refuses(tmp_path,
 
     path = tmp_path / "events.jsonl"
     with EventWriter(path) as writer:
-        writer.emit("step", step=1)
+        writer.emit(Step, step=1)
         os.rename(path, tmp_path / "events.jsonl.1")
         path.write_bytes(b"")
         os.chown(path, -1, 4242)  # a gid no group on a test machine has: not the owner's private group
         path.chmod(0o664)
-        writer.emit("step", step=2)
+        writer.emit(Step, step=2)
     assert path.read_bytes() == b""
     assert [event["step"] for event in read_events(tmp_path / "events.jsonl.1")] == [1, 2]
     assert "events.jsonl is writable by others (mode 664)" in capfd.readouterr().err

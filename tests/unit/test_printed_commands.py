@@ -18,6 +18,7 @@ import pytest
 from tests.helpers.common import assert_user_error, settings_args
 from tideborn.rundir.events import EventWriter
 from tideborn.rundir.files import PidRecord, boot_relative_start, this_host
+from tideborn.rundir.kinds import Step
 from tideborn.tools import control, train_run
 
 PROG = "python -m tideborn.tools.train_run"
@@ -96,7 +97,7 @@ def test_the_chmod_a_refusal_suggests_pastes_as_one_argument(hostile_dir, capsys
 def test_tensorboard_prints_a_view_command_that_pastes_as_one_argument(hostile_dir, capsys):
     hostile_dir.mkdir()
     with EventWriter(hostile_dir / "events.jsonl") as writer:
-        writer.emit("step", step=1, loss=2.0, policy_loss=1.5, value_loss=0.5, lr=0.1)
+        writer.emit(Step, step=1, loss=2.0, policy_loss=1.5, value_loss=0.5, lr=0.1)
     assert train_run.main(["tensorboard", "--out-dir", str(hostile_dir)]) == 0
     out = capsys.readouterr().out
     assert pasted(printed_command(out, "view")) == ["tensorboard", "--logdir", str(hostile_dir / "tensorboard")]

@@ -3,7 +3,6 @@ in words and as JSON, and what the monitor's header and run list show) and the t
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import os
@@ -260,32 +259,31 @@ def test_the_monitor_header_renders_the_typed_status(tmp_path: Path) -> None:
 
 # -- event kinds ----------------------------------------------------------------------------------------------
 
-def emitted_kinds() -> set[str]:
-    """Every kind the package writes: `emit("kind", ...)`, the trainer's `_terminal("kind", ...)`, and the stop
-    signal's `_tell("kind", ...)`, read from the source."""
-    kinds = set()
-    for path in (REPO / "tideborn").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in ("emit", "_terminal", "_tell") and node.args
-                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-                kinds.add(node.args[0].value)
-    return kinds
+def test_every_kind_is_written_and_read_through_its_record_and_documented(tmp_path: Path) -> None:
+    """The writer takes a record class, never a kind's name: every kind written has the record that reads it."""
+    from tideborn.rundir.events import EventWriter, read_events
+    from tideborn.rundir.kinds import RECORDS, EventRecord, RunEnded, RunFailed, Step, parse_event
 
-
-def test_every_kind_the_trainer_writes_has_a_typed_record_and_a_docs_entry() -> None:
-    from tideborn.rundir.kinds import RECORDS, EventRecord, parse_event
-
-    kinds = emitted_kinds()
-    assert {"run_started", "step", "stop_requested", "run_finished", "run_stopped", "run_failed"} <= kinds
+    assert {"run_started", "step", "stop_requested", "run_finished", "run_stopped", "run_failed"} <= set(RECORDS)
+    assert all(kind == record.KIND for kind, record in RECORDS.items())
     docs = (REPO / "docs" / "events.md").read_text()
     documented = set(re.findall(r"^### `(\w+)`", docs, re.M)) | set(re.findall(r"^\| `(run_\w+)` \|", docs, re.M))
-    assert kinds <= set(RECORDS), f"kinds written without a typed record: {sorted(kinds - set(RECORDS))}"
     undocumented = sorted(set(RECORDS) - documented)
     assert not undocumented, f"records without a section in docs/events.md: {undocumented}"
     for kind, record in RECORDS.items():
         parsed = parse_event({"v": 1, "time": 1.0, "kind": kind, "step": 3})
         assert type(parsed) is record and isinstance(parsed, EventRecord) and (parsed.kind, parsed.step) == (kind, 3)
+    assert isinstance(parse_event({"kind": "run_failed"}), RunEnded)
+
+    with EventWriter(tmp_path / "events.jsonl") as writer:
+        assert writer.emit(Step, step=1, loss=0.5)["kind"] == "step"
+        writer.emit(RunFailed, step=1, error="boom")
+        for not_a_record in ("step", Step(event={}, kind="step", time=None, step=1, loss=None, policy_loss=None,
+                                          value_loss=None, lr=None, grad_norm=None, positions_per_second=None),
+                             EventRecord, dict):
+            with pytest.raises(TypeError, match="event record class"):
+                writer.emit(not_a_record, step=2)
+    assert [event["kind"] for event in read_events(tmp_path / "events.jsonl")] == ["step", "run_failed"]
     assert parse_event({"kind": "something_new", "step": 1}) is None  # a newer writer's kind: skipped
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from tests.helpers.common import assert_user_error
 from tideborn.rundir.events import EventWriter
+from tideborn.rundir.kinds import Step
 from tideborn.safefile import LinkRefused
 from tideborn.tools import tensorboard_scalars, train_run
 from tideborn.tools.tensorboard_scalars import SCALARS_FILE, ScalarFile, load_protos
@@ -19,7 +20,7 @@ from tideborn.tools.tensorboard_scalars import SCALARS_FILE, ScalarFile, load_pr
 def a_run(run_dir: Path) -> Path:
     run_dir.mkdir(parents=True)
     with EventWriter(run_dir / "events.jsonl") as writer:
-        writer.emit("step", step=1, loss=2.0, policy_loss=1.5, value_loss=0.5, lr=0.1)
+        writer.emit(Step, step=1, loss=2.0, policy_loss=1.5, value_loss=0.5, lr=0.1)
     return run_dir
 
 

@@ -12,7 +12,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 
-from tideborn.rundir.events import as_float
+from tideborn.rundir.kinds import as_float
 
 NONFINITE_LOSS = "nonfinite_loss"
 DIVERGENCE = "divergence"

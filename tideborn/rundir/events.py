@@ -3,7 +3,7 @@
 Writers (the trainer's rank 0) append; readers (status, watch, the TUI) follow the file from a byte
 offset, hold back a torn last line until its newline arrives, and skip lines they cannot parse while
 counting them. Non-finite floats are written as the strings "nan", "inf" and "-inf" so every line
-stays strict JSON (`jq` reads it); `as_float` turns them back. Schema: docs/events.md.
+stays strict JSON (`jq` reads it); `kinds.as_float` turns them back. Schema: docs/events.md.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import typing
 from pathlib import Path
 
 from tideborn.errors import UserError
+from tideborn.rundir.kinds import EventRecord, RunWarning
 from tideborn.safefile import NotARegularFile, no_such_file, open_regular, open_run_file, trust_problem, whose
 
 SCHEMA_VERSION = 1
 TERMINAL_KINDS = ("run_finished", "run_stopped", "run_failed")
-_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 def jsonable(value: object) -> object:
@@ -62,17 +62,6 @@ def _ends_mid_line(fd: int) -> bool:
     return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
 
 
-def as_float(value: object) -> float | None:
-    """A loss or rate from an event as a float ("nan"/"inf"/"-inf" included); None if absent or not numeric."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        return _NONFINITE.get(value)
-    return None
-
-
 class EventWriter:
     """Appends events to `path`; each event is one `os.write` of one line (O_APPEND), so it is flushed
     when `emit` returns and a concurrent reader sees whole lines or a torn tail, never interleaving.
@@ -94,7 +83,11 @@ class EventWriter:
         self._refused: str | None = None
         """Why the path was last not reopened (said once on stderr, not at every event)."""
 
-    def emit(self, kind: str, **fields: object) -> dict:
+    def emit(self, record: type[EventRecord], **fields: object) -> dict:
+        """Write one event of `record`'s kind (a record class of `rundir.kinds`: the kind is its `KIND`, so no kind
+        is written without the record that reads it) and return it as written."""
+        if not (isinstance(record, type) and issubclass(record, EventRecord) and record.KIND):
+            raise TypeError(f"emit takes an event record class (tideborn.rundir.kinds), not {record!r}")
         if self._fd is None:
             raise ValueError(f"event writer for {self.path} is closed")
         if not self._following:
@@ -103,7 +96,7 @@ class EventWriter:
                 self._follow_path(fields.get("step"))
             finally:
                 self._following = False
-        data = encode_event(kind, fields)
+        data = encode_event(record.KIND, fields)
         self._write(data)
         return json.loads(data)
 
@@ -148,7 +141,8 @@ class EventWriter:
         text = (f"{self.path.name} was moved or deleted under the run (log rotation by rename?): this file continues "
                 f"it; the events before this one, this session's run_started among them, are in {moved_to}")
         note = {"step": step} if isinstance(step, int) else {}
-        self._write(encode_event("warning", {**note, "message": text, "events_moved_to": moved_to, "pid": os.getpid()}))
+        self._write(encode_event(RunWarning.KIND, {**note, "message": text, "events_moved_to": moved_to,
+                                                   "pid": os.getpid()}))
         _say(f"warning: {text}")
 
     def _refuse(self, why: str, moved_to: str) -> None:

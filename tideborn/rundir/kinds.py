@@ -2,16 +2,31 @@
 place (`parse_event`), so that readers use typed fields instead of picking a dict apart with `.get`.
 
 A field of the wrong type (a hand-edited or foreign event) reads as absent (`None`); a kind not listed in
-`RECORDS` (a newer writer's) parses to `None` and readers skip it. A new kind is: the trainer's `emit`, its
-section in docs/events.md, a record here (in `RECORDS`), and the reader that uses it.
+`RECORDS` (a newer writer's) parses to `None` and readers skip it.
+
+The records are also how events are written: `EventWriter.emit` takes a record class and writes its `KIND`, so
+a kind cannot be written without its record. A new kind is: a record here (its `KIND`, in `RECORDS`), its section
+in docs/events.md, the trainer's `emit(Record, ...)`, and the reader that uses it.
 """
 
 from __future__ import annotations
 
+import math
 import typing
 from dataclasses import dataclass
 
-from tideborn.rundir.events import TERMINAL_KINDS, as_float
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def as_float(value: object) -> float | None:
+    """A loss or rate from an event as a float ("nan"/"inf"/"-inf" included); None if absent or not numeric."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        return _NONFINITE.get(value)
+    return None
 
 
 def _int(value: object) -> int | None:
@@ -35,6 +50,9 @@ class EventRecord:
     """What every kind has. `event` is the line as read (unknown fields included): what `status --json`
     passes on, and what the anomaly rules read."""
 
+    KIND: typing.ClassVar[str] = ""
+    """The `kind` this record is written and read under (set by each record)."""
+
     event: typing.Mapping[str, object]
     kind: str
     time: float | None
@@ -56,6 +74,8 @@ def _base(event: typing.Mapping[str, object]) -> dict:
 
 @dataclass(frozen=True)
 class RunStarted(EventRecord):
+    KIND = "run_started"
+
     pid: int | None
     launcher_pid: int | None
     """Under torchrun, torchrun's pid (the process `train_run` records)."""
@@ -94,6 +114,8 @@ LOSS_NAMES = ("loss", "policy_loss", "value_loss")
 
 @dataclass(frozen=True)
 class Step(EventRecord):
+    KIND = "step"
+
     loss: float | None
     policy_loss: float | None
     value_loss: float | None
@@ -116,6 +138,7 @@ class Step(EventRecord):
 class Eval(EventRecord):
     """The figures are open-ended (docs/events.md lists them; `ema` nests): readers show `figures()`."""
 
+    KIND = "eval"
     def figures(self) -> dict[str, object]:
         """The figures in the event's order, `step` first, as status and the monitor show them."""
         return {k: v for k, v in self.public().items() if k not in ("time", "kind")}
@@ -123,6 +146,8 @@ class Eval(EventRecord):
 
 @dataclass(frozen=True)
 class Match(EventRecord):
+    KIND = "match"
+
     elo: float | None
     """+-inf at a 100% or 0% score; NaN reads as None."""
     elo_low: float | None
@@ -141,6 +166,8 @@ class Match(EventRecord):
 
 @dataclass(frozen=True)
 class CheckpointSaved(EventRecord):
+    KIND = "checkpoint_saved"
+
     path: str | None
     bytes: int | None
 
@@ -151,6 +178,8 @@ class CheckpointSaved(EventRecord):
 
 @dataclass(frozen=True)
 class Gpu(EventRecord):
+    KIND = "gpu"
+
     devices: tuple[typing.Mapping[str, object], ...]
     torch_peak_memory_bytes: int | None
     torch_memory_allocated_bytes: int | None
@@ -166,6 +195,8 @@ class Gpu(EventRecord):
 
 @dataclass(frozen=True)
 class Compile(EventRecord):
+    KIND = "compile"
+
     first_step_seconds: float | None
 
     @classmethod
@@ -175,6 +206,8 @@ class Compile(EventRecord):
 
 @dataclass(frozen=True)
 class Export(EventRecord):
+    KIND = "export"
+
     path: str | None
     bytes: int | None
     latest: str | None
@@ -188,6 +221,8 @@ class Export(EventRecord):
 
 @dataclass(frozen=True)
 class Watchdog(EventRecord):
+    KIND = "watchdog"
+
     reason: str | None
     trip_step: int | None
     resume_from: str | None
@@ -200,6 +235,8 @@ class Watchdog(EventRecord):
 
 @dataclass(frozen=True)
 class StopRequested(EventRecord):
+    KIND = "stop_requested"
+
     signal: str | None
     requested_at: float | None
     """When the signal arrived (the event's `time` is when it was written, which may be later)."""
@@ -214,6 +251,8 @@ class StopRequested(EventRecord):
 
 @dataclass(frozen=True)
 class RunWarning(EventRecord):
+    KIND = "warning"
+
     message: str | None
     match_rebaseline: bool
     """The run's match reference was lost and the Elo curve's origin moved (`old_reference_step` ->
@@ -233,6 +272,7 @@ class RunWarning(EventRecord):
 class DataWindow(EventRecord):
     """`data.watch`: the window of training files changed, or the trainer waits for data (a heartbeat)."""
 
+    KIND = "data_window"
     reason: str | None
     """`start`, `rescan`, `resumed` or `waiting`."""
     positions: int | None
@@ -259,7 +299,8 @@ class DataWindow(EventRecord):
 
 @dataclass(frozen=True)
 class RunEnded(EventRecord):
-    """`run_finished`, `run_stopped` or `run_failed`: the attempt's one terminal event."""
+    """`run_finished`, `run_stopped` or `run_failed` (`RunFinished`, `RunStopped`, `RunFailed`): the attempt's one
+    terminal event."""
 
     reason: str | None
     error: str | None
@@ -275,11 +316,24 @@ class RunEnded(EventRecord):
                    resume_from=_str(event.get("resume_from")))
 
 
-RECORDS: dict[str, type[EventRecord]] = {
-    "run_started": RunStarted, "step": Step, "eval": Eval, "match": Match, "compile": Compile, "export": Export,
-    "watchdog": Watchdog, "checkpoint_saved": CheckpointSaved, "gpu": Gpu, "stop_requested": StopRequested,
-    "warning": RunWarning, "data_window": DataWindow, **dict.fromkeys(TERMINAL_KINDS, RunEnded),
-}
+@dataclass(frozen=True)
+class RunFinished(RunEnded):
+    KIND = "run_finished"
+
+
+@dataclass(frozen=True)
+class RunStopped(RunEnded):
+    KIND = "run_stopped"
+
+
+@dataclass(frozen=True)
+class RunFailed(RunEnded):
+    KIND = "run_failed"
+
+
+RECORDS: dict[str, type[EventRecord]] = {record.KIND: record for record in (
+    RunStarted, Step, Eval, Match, Compile, Export, Watchdog, CheckpointSaved, Gpu, StopRequested, RunWarning,
+    DataWindow, RunFinished, RunStopped, RunFailed)}
 """Every kind the trainer writes, and its record (docs/events.md has a section for each)."""
 
 

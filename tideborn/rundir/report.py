@@ -10,8 +10,7 @@ from pathlib import Path
 
 from tideborn.humanize import clock, compact, duration, number, percent
 from tideborn.rundir.anomaly import EVENTS_GONE, Anomaly
-from tideborn.rundir.events import as_float
-from tideborn.rundir.kinds import DataWindow, Eval, RunEnded, StopRequested
+from tideborn.rundir.kinds import DataWindow, Eval, RunEnded, StopRequested, as_float
 from tideborn.rundir.layout import EVENTS_FILE
 from tideborn.rundir.status import CheckpointOnDisk, EloPoint, Rebaseline, RunStatus
 

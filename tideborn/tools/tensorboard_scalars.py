@@ -20,8 +20,8 @@ from pathlib import Path
 
 from tideborn.errors import UserError
 from tideborn.outputs import probe_directory
-from tideborn.rundir.events import EventReader, as_float
-from tideborn.rundir.kinds import EventRecord, Gpu, Match, RunStarted, Step, parse_event
+from tideborn.rundir.events import EventReader
+from tideborn.rundir.kinds import EventRecord, Gpu, Match, RunStarted, Step, as_float, parse_event
 from tideborn.rundir.layout import EVENTS_FILE
 from tideborn.rundir.state import ENDED_STATES, RunTracker
 from tideborn.safefile import (

@@ -16,6 +16,7 @@ from pathlib import Path
 from tideborn.config.schema import RuntimeSettings
 from tideborn.errors import UserError
 from tideborn.network.checkpoint import REFERENCE_STEP_KEY, prune_checkpoints, save_checkpoint
+from tideborn.rundir.kinds import CheckpointSaved, EventRecord, RunWarning
 from tideborn.rundir.layout import (
     ARCHIVE_DIR,
     EVENTS_FILE,
@@ -35,7 +36,7 @@ from tideborn.trainer.watchdog import healthy_step_of
 class Reporter(typing.Protocol):
     """How the checkpointer speaks: events (rank 0 only writes them) and the progress lines on stderr."""
 
-    def emit(self, kind: str, **fields: object) -> None: ...
+    def emit(self, record: type[EventRecord], **fields: object) -> None: ...
 
     def say(self, text: str) -> None: ...
 
@@ -75,7 +76,7 @@ class Checkpointer:
         saved = save_checkpoint(self.run_dir, step, contents)
         pruned = (prune_checkpoints(self.run_dir, self.runtime.keep_checkpoints, saved.path,
                                     self.healthy_checkpoint()) if healthy else [])
-        self.report.emit("checkpoint_saved", path=str(saved.path), bytes=saved.bytes, seconds=saved.seconds,
+        self.report.emit(CheckpointSaved, path=str(saved.path), bytes=saved.bytes, seconds=saved.seconds,
                          pruned=[str(path) for path in pruned], healthy=healthy)
         self.last_saved = saved.path
         return saved.path
@@ -103,7 +104,7 @@ class Checkpointer:
                 reason = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
                 text = (f"could not move {names} ({why}) to {self.run_dir}/archive/: {reason}; do not resume from "
                         "them (train passes them over by default)")
-            self.report.emit("warning", message=text)
+            self.report.emit(RunWarning, message=text)
             self.report.say(f"warning: {text}")
         return self.healthy_checkpoint()
 
@@ -190,5 +191,5 @@ class Checkpointer:
         self.reference_step = played
 
     def _warn(self, text: str, **fields: object) -> None:
-        self.report.emit("warning", message=text, **fields)
+        self.report.emit(RunWarning, message=text, **fields)
         self.report.say(text)

@@ -9,6 +9,7 @@ import time
 import typing
 from pathlib import Path
 
+from tideborn.rundir.kinds import DataWindow, RunWarning
 from tideborn.trainer.duties import Interval
 
 if typing.TYPE_CHECKING:
@@ -90,12 +91,12 @@ class WatchDuty:
                           f"{self.window.window_positions:,} positions")
 
     def window_event(self, why: str, **fields: object) -> None:
-        self.events.emit("data_window", step=self.step(), reason=why,
+        self.events.emit(DataWindow, step=self.step(), reason=why,
                          **{"joined": [], "joined_count": 0, "left": [], "left_count": 0, "growing": [], **fields},
                          **self.window.window_fields())
 
     def _warn(self, text: str) -> None:
-        self.events.emit("warning", step=self.step(), message=text)
+        self.events.emit(RunWarning, step=self.step(), message=text)
         self.progress.message(f"warning: {text}")
 
     def _say(self, text: str) -> None:

@@ -30,6 +30,19 @@ from tideborn.humanize import duration
 from tideborn.rundir.access import check_run_dir
 from tideborn.rundir.events import EventWriter
 from tideborn.rundir.files import boot_relative_start
+from tideborn.rundir.kinds import (
+    Compile,
+    EventRecord,
+    Gpu,
+    RunEnded,
+    RunFailed,
+    RunFinished,
+    RunStarted,
+    RunStopped,
+    RunWarning,
+    Step,
+    Watchdog,
+)
 from tideborn.rundir.layout import EVENTS_FILE, temp_checkpoints
 from tideborn.rundir.lock import RunDirLock
 from tideborn.safefile import make_dirs, os_error_text
@@ -135,7 +148,7 @@ def world_size_change(checkpoint: Path | None, payload: dict, settings: Settings
 class _NoEvents:
     """Ranks other than 0 write no events."""
 
-    def emit(self, kind: str, **fields: object) -> None:
+    def emit(self, record: type[EventRecord], **fields: object) -> None:
         return None
 
     def close(self) -> None:
@@ -188,9 +201,9 @@ class Trainer:
         self.events_lost = False
         """A terminal event could not be written (a full disk): the exit status must say the run went wrong."""
 
-    def emit(self, kind: str, **fields: object) -> None:
+    def emit(self, record: type[EventRecord], **fields: object) -> None:
         """An event of the current step (`Reporter`, for the checkpointer and the duties)."""
-        self.events.emit(kind, step=self.step, **fields)
+        self.events.emit(record, step=self.step, **fields)
 
     def say(self, text: str) -> None:
         """A progress line on stderr (`Reporter`)."""
@@ -246,7 +259,7 @@ class Trainer:
             self.progress.end_line()
             report_failure(self.env, str(exc))
             if self.announced:
-                self._terminal("run_failed", error=str(exc), traceback=None, rank=self.env.rank)
+                self._terminal(RunFailed, error=str(exc), traceback=None, rank=self.env.rank)
             # else the attempt was refused before its run_started (a checkpoint's data cursor that does not fit
             # the files, say): nothing started, so there is no run_failed to write, and the error is the one line
             raise
@@ -257,7 +270,7 @@ class Trainer:
             other = failure_elsewhere(self.env)
             if other and not other.startswith(f"rank {self.env.rank}:"):
                 text = f"{other} (rank {self.env.rank} then saw: {text})"
-            self._terminal("run_failed", error=text, traceback=traceback.format_exc(limit=20),
+            self._terminal(RunFailed, error=text, traceback=traceback.format_exc(limit=20),
                            rank=self.env.rank)
             traceback.print_exc()
             print(f"run failed at step {self.step} (rank {self.env.rank}): {text}", file=sys.stderr)
@@ -268,7 +281,7 @@ class Trainer:
         s, p, state = self.settings, self.p, self.state
         assert state is not None
         summary = state.data.summary
-        self.emit("run_started", **started_fields(p, self.setup, state, archived))
+        self.emit(RunStarted, **started_fields(p, self.setup, state, archived))
         if summary is not None and summary.average is not None:
             average = summary.average
             self.say(f"data.use_average: {average.inputs:,} positions merged into {average.positions:,} "
@@ -279,12 +292,12 @@ class Trainer:
         self.announced = True
         # Stop signals become events as they arrive (`stop_requested`, a repeat's `warning`), so a second
         # `stop` or a monitor sees a stop in progress even in the middle of a long step or save.
-        self.stop.listen(lambda kind, fields: self.emit(kind, **fields))
+        self.stop.listen(lambda record, fields: self.emit(record, **fields))
         for text in warnings + eval_scale_warnings(state, s):
-            self.emit("warning", message=text)
+            self.emit(RunWarning, message=text)
             self.say(f"warning: {text}")
         for text in state.data.take_warnings():  # said on stderr as the data was opened
-            self.emit("warning", message=text)
+            self.emit(RunWarning, message=text)
         where = f"resuming from {p.start.checkpoint} at step {self.step}" if p.start.checkpoint else "from step 0"
         ranks = f" x {self.env.world_size} processes" if self.env.distributed else ""
         if state.threads.source == "checkpoint":
@@ -333,7 +346,7 @@ class Trainer:
         due, the `compile` event after the first."""
         assert self.state is not None and self.watchdog is not None
         if self.duties.gpu.should_run():
-            self.emit("gpu", **gpu_snapshot(self.setup.device))
+            self.emit(Gpu, **gpu_snapshot(self.setup.device))
         started = time.perf_counter()
         result = self.state.train_step(self.step)
         if self.duties.compile_report.should_run():
@@ -341,7 +354,7 @@ class Trainer:
             if self.setup.is_cuda:
                 torch.cuda.synchronize(self.setup.device)
             seconds = time.perf_counter() - started
-            self.events.emit("compile", step=self.step + 1, first_step_seconds=seconds)
+            self.events.emit(Compile, step=self.step + 1, first_step_seconds=seconds)
             self.say(f"torch.compile: the first step took {seconds:.1f} s (compilation included)")
         self.step += 1
         self.window.add(result)
@@ -367,7 +380,7 @@ class Trainer:
         means (loss, policy, value, grad norm)."""
         runtime = self.settings.runtime
         read = self.window.read(self.step)
-        self.events.emit("step", **read.record)
+        self.events.emit(Step, **read.record)
         self._report_skipped_records()
         self.progress.step(self.step, runtime.max_steps, read.record,
                            (runtime.max_steps - self.step) * read.seconds / self.window.steps)
@@ -418,7 +431,7 @@ class Trainer:
             if self.duties.export.should_run(self.step, final=True):
                 assert self.state is not None and last_saved is not None
                 export_final(self.state, self.step, last_saved, self)
-            self._terminal("run_finished", checkpoint=str(last_saved))
+            self._terminal(RunFinished, checkpoint=str(last_saved))
             elapsed = duration(time.perf_counter() - self.started)
             self.say(f"finished at step {self.step} in {elapsed}; checkpoint {last_saved}")
             return 0
@@ -427,7 +440,7 @@ class Trainer:
         if self.agent_watch is not None and self.agent_watch.parent_gone():
             # The stop came from a worker that found torchrun's agent dead (its own SIGTERM, or another rank's).
             reason, orphaned = "agent_gone", {"agent_pid": self.agent_watch.parent}
-        self._terminal("run_stopped", reason=reason, checkpoint=str(last_saved) if last_saved else None,
+        self._terminal(RunStopped, reason=reason, checkpoint=str(last_saved) if last_saved else None,
                        repeated_signals=self.stop.repeated, **orphaned)
         if self.step == self.p.start.step:  # stopped during start-up: this attempt trained and saved nothing
             if reason == "SIGINT":  # Ctrl-C: the command says so in one line, exit status 130
@@ -451,11 +464,11 @@ class Trainer:
             flush()
         text = trip.text() if trip is not None else "gradient watchdog tripped on another rank"
         if trip is not None:
-            self.emit("watchdog", resume_from=_text_or_none(self.checkpoints.healthy_checkpoint()),
+            self.emit(Watchdog, resume_from=_text_or_none(self.checkpoints.healthy_checkpoint()),
                       **trip.event_fields())
         resume = self.checkpoints.set_aside_unhealthy("saved while the gradient norm was spiking")
         text += f"; stopped without saving, {_resume_point(resume)}; settings: [watchdog]"
-        self._terminal("run_failed", error=text, traceback=None, resume_from=_text_or_none(resume))
+        self._terminal(RunFailed, error=text, traceback=None, resume_from=_text_or_none(resume))
         self.say(f"run failed: {text}")
         raise _Halted(1)
 
@@ -464,7 +477,7 @@ class Trainer:
             "saved while the gradient norm was spiking before the non-finite loss")
         text = (f"non-finite loss at step {self.step} (loss {means[0]}, policy {means[1]}, value {means[2]}); "
                 f"stopped without saving, {_resume_point(resume)} (runtime.stop_on_nonfinite)")
-        self._terminal("run_failed", error=text, traceback=None, resume_from=_text_or_none(resume))
+        self._terminal(RunFailed, error=text, traceback=None, resume_from=_text_or_none(resume))
         self.say(f"run failed: {text}")
         return 1
 
@@ -474,24 +487,24 @@ class Trainer:
         if skipped.count > self.skipped_reported:
             text = (f"skipped {skipped.count - self.skipped_reported} teacher record(s) with an empty or illegal "
                     f"move ({skipped.count} in all; data.bad_records=\"skip\")")
-            self.emit("warning", message=text, skipped_records=skipped.count, examples=list(skipped.examples))
+            self.emit(RunWarning, message=text, skipped_records=skipped.count, examples=list(skipped.examples))
             self.say(f"warning: {text}")
             self.skipped_reported = skipped.count
 
-    def _terminal(self, kind: str, **fields: object) -> None:
+    def _terminal(self, record: type[RunEnded], **fields: object) -> None:
         """End the attempt in the events. Without its run_started in the file, a terminal event would seem to
         end the attempt before; a write that fails (a full disk) cannot be reported in the events. Either
         way stderr says so and the exit status is non-zero."""
         self.stop.listen(None)  # nothing may follow the terminal event: a later stop signal is only noted on stderr
         if not self.announced:
             self.events_lost = True
-            _tell(f"{kind} not written to {EVENTS_FILE}: this attempt's run_started is not there")
+            _tell(f"{record.KIND} not written to {EVENTS_FILE}: this attempt's run_started is not there")
             return
         try:
-            self.emit(kind, pid=os.getpid(), elapsed_seconds=time.perf_counter() - self.started, **fields)
+            self.emit(record, pid=os.getpid(), elapsed_seconds=time.perf_counter() - self.started, **fields)
         except OSError as exc:
             self.events_lost = True
-            _tell(f"could not write {kind} to {self.p.run_dir / EVENTS_FILE}: {exc}")
+            _tell(f"could not write {record.KIND} to {self.p.run_dir / EVENTS_FILE}: {exc}")
 
 
 def started_fields(p: Prepared, setup: DeviceSetup, state: TrainingState, archived: Path | None) -> dict:

@@ -27,8 +27,9 @@ import time
 import typing
 
 from tideborn.errors import interrupt
+from tideborn.rundir.kinds import EventRecord, RunWarning, StopRequested
 
-Listener = typing.Callable[[str, dict], None]
+Listener = typing.Callable[[type[EventRecord], dict], None]
 """Called from the signal handler with an event kind (`stop_requested` or `warning`) and its fields."""
 
 
@@ -74,7 +75,7 @@ class StopRequest:
         """Tell `listener` about stop signals from now on; a stop asked for before is told at once."""
         self._listener = listener
         if self.reason is not None:
-            self._tell("stop_requested", {"signal": self.reason, "requested_at": self.requested_at})
+            self._tell(StopRequested, {"signal": self.reason, "requested_at": self.requested_at})
 
     @contextlib.contextmanager
     def saving(self) -> typing.Iterator[None]:
@@ -92,7 +93,7 @@ class StopRequest:
         name = signal.Signals(signum).name
         if self.reason is None:
             self.reason, self.requested_at = name, time.time()
-            self._tell("stop_requested", {"signal": name, "requested_at": self.requested_at})
+            self._tell(StopRequested, {"signal": name, "requested_at": self.requested_at})
             return
         self.repeated.append(name)
         if signum == signal.SIGINT and not self._saving:
@@ -107,16 +108,16 @@ class StopRequest:
                     f"finishes the step, saves a checkpoint and exits); kill -KILL {os.getpid()} ends it at once, "
                     "losing the steps since the last checkpoint")
         _stderr(text)
-        self._tell("warning", {"message": text, "signal": name})
+        self._tell(RunWarning, {"message": text, "signal": name})
 
-    def _tell(self, kind: str, fields: dict) -> None:
+    def _tell(self, record: type[EventRecord], fields: dict) -> None:
         if self._listener is None:
             return
         # An exception must not escape a signal handler: it would be raised wherever the main thread was.
         try:
-            self._listener(kind, fields)
+            self._listener(record, fields)
         except (OSError, ValueError) as exc:
-            _stderr(f"could not write the {kind} event: {exc}")
+            _stderr(f"could not write the {record.KIND} event: {exc}")
 
 
 def _stderr(text: str) -> None:

@@ -15,6 +15,7 @@ import torch
 from tideborn.config.schema import Settings
 from tideborn.data.decode.targets import value_lambda_at
 from tideborn.errors import UserError
+from tideborn.rundir.kinds import Eval, Export, Match, RunWarning
 from tideborn.trainer.checkpointer import Checkpointer, Reporter
 from tideborn.trainer.device import DeviceSetup
 from tideborn.trainer.state import TrainingState
@@ -32,7 +33,7 @@ def evaluate(state: TrainingState, settings: Settings, setup: DeviceSetup, step:
         averaged = state.evaluator.run(state.ema.module, setup.autocast, mix)
         result["ema"] = {k: averaged[k] for k in ("policy_loss", "value_loss", "policy_accuracy", "value_accuracy")}
     result["seconds"] = time.perf_counter() - started
-    report.emit("eval", **result)
+    report.emit(Eval, **result)
     value = result["value_accuracy"]
     report.say(
         f"eval at step {step}: policy loss {result['policy_loss']:.4f}, value loss "
@@ -59,11 +60,11 @@ def play_match(saved: Path, checkpoints: Checkpointer, settings: Settings, devic
                                device=str(device), run_files=(True, not runtime.match_reference))
     except (UserError, OSError, ImportError) as exc:  # ImportError: an image without cshogi
         text = f"match at step {step} not played: {exc}"
-        report.emit("warning", message=text)
+        report.emit(RunWarning, message=text)
         report.say(text)
         return
     checkpoints.reference_played(played["second"]["step"], reference)
-    report.emit("match", checkpoint=str(saved), reference=str(reference), reference_step=played["second"]["step"],
+    report.emit(Match, checkpoint=str(saved), reference=str(reference), reference_step=played["second"]["step"],
                 **{key: played[key] for key in ("games", "wins", "draws", "losses", "score", "los", "model",
                                                 "seconds", "games_per_second")},
                 **{key: unbounded(played, key) for key in ("elo", "elo_low", "elo_high")})
@@ -83,10 +84,10 @@ def export_final(state: TrainingState, step: int, checkpoint: Path, report: Repo
         done = export_onnx(state.payload(step), target)
     except (ParityError, UserError, OSError) as exc:
         text = f"ONNX export to {target} failed: {' '.join(str(exc).split())}"
-        report.emit("warning", message=text)
+        report.emit(RunWarning, message=text)
         report.say(f"warning: {text}")
         return
-    report.emit("export", **done.event_fields())
+    report.emit(Export, **done.event_fields())
     report.say(f"exported {done.weights} weights to {done.path} (parity max abs diff: policy "
                f"{done.policy_max_abs_diff:.1e}, value {done.value_max_abs_diff:.1e})")
 
@@ -108,7 +109,7 @@ def export_for_engine(state: TrainingState, step: int, run_dir: Path, keep: int,
     except EngineExportFailed as exc:
         _warn(report, str(exc))
         return
-    report.emit("export", **done.event_fields())
+    report.emit(Export, **done.event_fields())
     for text in done.prune_problems:
         _warn(report, text)
     report.say(f"exported step {step}'s {done.report.weights} weights for the engine: {done.latest} (parity max "
@@ -116,7 +117,7 @@ def export_for_engine(state: TrainingState, step: int, run_dir: Path, keep: int,
 
 
 def _warn(report: Reporter, text: str) -> None:
-    report.emit("warning", message=text)
+    report.emit(RunWarning, message=text)
     report.say(text)
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import psutil
 
 from tideborn.rundir.anomaly import same_process
-from tideborn.rundir.events import as_float
 from tideborn.rundir.files import process_facts
+from tideborn.rundir.kinds import as_float
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from tideborn.rundir.anomaly import Anomaly, nonfinite_loss
-from tideborn.rundir.events import as_float, loads_bounded
+from tideborn.rundir.events import loads_bounded
 from tideborn.rundir.files import first_event
+from tideborn.rundir.kinds import as_float
 from tideborn.safefile import open_regular
 from tideborn.tui.plotting import Band, Marker
 from tideborn.tui.series import Column, ColumnSpec, Series, StepTable

@@ -11,12 +11,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tideborn.data.training.batch import Batch
 
-def policy_loss(logits: torch.Tensor, batch, reduction: str = "mean") -> torch.Tensor:
+
+def policy_loss(logits: torch.Tensor, batch: Batch, reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy of `logits` [N, 2187] (computed in float32) against `batch`'s policy target;
     `reduction`: `mean`, `sum` or `none`."""
     logits = logits.float()
-    probs = getattr(batch, "policy_probs", None)
+    probs = batch.policy_probs
     if probs is None:
         return F.cross_entropy(logits, batch.policy, reduction=reduction)
     log_probs = F.log_softmax(logits, dim=1).gather(1, batch.policy_labels)

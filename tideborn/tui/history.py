@@ -321,7 +321,7 @@ _OTHER_WANTED = re.compile(rb'"kind":"(?:run_started|eval|checkpoint_saved|match
 
 def _parse_lines(data: bytes) -> list[dict]:
     events = []
-    for line in data.tools.split(b"\n"):
+    for line in data.split(b"\n"):
         if not line.strip() or (b'"kind":"' in line and not any(needle in line for needle in _WANTED)):
             continue  # compact JSON of a kind the plot does not draw: not worth parsing
         try:

@@ -72,9 +72,9 @@ class _Finder:
             else:
                 emit = loaded.EventWriter.emit
 
-                def emitted(self, kind, **fields):
-                    emit(self, kind, **fields)
-                    if kind == _what:
+                def emitted(self, record, **fields):  # record: the event's record class (rundir.kinds)
+                    emit(self, record, **fields)
+                    if record.KIND == _what:
                         _ctrl_c()
 
                 loaded.EventWriter.emit = emitted

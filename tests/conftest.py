@@ -7,6 +7,7 @@ The functions the tests share are in tests/helpers/, never here: a test file imp
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,14 @@ from tests.helpers import order
 from tests.helpers.common import TEMPLATE_SETS, Trainer, train
 
 E2E = Path(__file__).resolve().parent / "e2e"
+
+# A suite started in the background by a shell without job control (`nohup ... &` in a script, some CI runners)
+# inherits SIGINT ignored, and so would every process it starts: the Ctrl-C tests would then see their commands
+# shrug the signal off and exit 0. The tests start their processes as a terminal does, with SIGINT's default
+# (a handler here is reset to the default in an exec'd child; an ignored signal stays ignored). Here, at import,
+# so that it holds in each pytest-xdist worker as well.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from tests.helpers.common import assert_same_tensors, events_of, train
+from tests.helpers.data import hcpe_records, random_positions, write_records
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
 from tideborn.config.load import load_settings
 from tideborn.data.sets.sources import count_file
@@ -121,6 +123,92 @@ def test_a_changed_or_vanished_file_leaves_with_a_warning_and_is_not_read_again(
     counted.clear()
     _aged(folder / "a.hcpe3")
     assert not watch.scan().joined and counted == []  # never re-read under that name
+
+
+def _rewrite_keeping_size_and_mtime(path: Path, positions_seed: int) -> None:
+    """Other records of the same size written over `path`, its mtime put back: only the ctime tells."""
+    before = path.stat()
+    records = hcpe_records(random_positions(before.st_size // 38, seed=positions_seed), seed=positions_seed)
+    with open(path, "r+b") as handle:
+        handle.write(records.tobytes())
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+
+
+def _hcpe_folder(tmp_path: Path, *names: str) -> Path:
+    folder = tmp_path / "selfplay"
+    folder.mkdir()
+    for seed, name in enumerate(names):
+        write_records(folder / name, hcpe_records(random_positions(40, seed=seed), seed=seed))
+        _aged(folder / name)
+    return folder
+
+
+def test_a_rewrite_in_place_that_keeps_size_and_mtime_is_seen_and_a_chmod_is_not_a_change(tmp_path):
+    folder = _hcpe_folder(tmp_path, "a.hcpe", "b.hcpe")
+    watch, counted, _ = _watch(folder)
+    assert len(watch.scan().joined) == 2
+    (folder / "b.hcpe").chmod(0o600)  # the ctime moves, the content does not: read again, and it stays
+    counted.clear()
+    result = watch.scan()
+    assert not result.changed and not result.warnings() and counted == [folder / "b.hcpe"]
+    assert not watch.scan().changed and counted == [folder / "b.hcpe"]  # its new look is remembered
+    _rewrite_keeping_size_and_mtime(folder / "a.hcpe", positions_seed=7)
+    result = watch.scan()
+    assert result.left == [(str(folder / "a.hcpe"), "it was rewritten in place (the same size and mtime, other "
+                                                     "content)")]
+    assert [Path(j.path).name for j in watch.joined] == ["b.hcpe"] and len(result.warnings()) == 1
+
+
+def test_at_resume_a_rewrite_in_place_leaves_and_an_older_checkpoint_is_read_again(tmp_path):
+    folder = _hcpe_folder(tmp_path, "a.hcpe", "b.hcpe")
+    watch, _, _ = _watch(folder)
+    watch.scan()
+    state = json.loads(json.dumps(watch.state_dict()))  # as a checkpoint keeps it
+    _rewrite_keeping_size_and_mtime(folder / "a.hcpe", positions_seed=8)
+    resumed, counted, _ = _watch(folder)
+    assert resumed.load_state_dict(state) == [(str(folder / "a.hcpe"), "its content changed since the checkpoint")]
+    assert [Path(j.path).name for j in resumed.joined] == ["b.hcpe"] and counted == [folder / "a.hcpe"]
+    # a checkpoint of a version that kept no ctime: each file is read once to compare its content, then trusted
+    for joined in state["joined"]:
+        del joined["seen"]["ctime_ns"]
+    older, counted, _ = _watch(folder)
+    older.load_state_dict(state)
+    assert sorted(p.name for p in counted) == ["a.hcpe", "b.hcpe"]
+    counted.clear()
+    assert not older.scan().changed and counted == []
+
+
+def test_a_joined_file_moved_to_another_matching_name_keeps_its_place_and_a_copy_is_not_new_data(tmp_path):
+    folder = _hcpe_folder(tmp_path, "a.hcpe", "b.hcpe")
+    counted: list[Path] = []
+    watch = DataWatch([str(folder / "**" / "*.hcpe")], lambda path: counted.append(path) or count_file(path),
+                      window_positions=80, rescan_seconds=30.0)
+    watch.scan()
+    (folder / "done").mkdir()
+    os.rename(folder / "a.hcpe", folder / "done" / "a.hcpe")  # a producer archiving what it wrote
+    result = watch.scan()
+    assert result.moved == [(str(folder / "a.hcpe"), str(folder / "done" / "a.hcpe"))]
+    assert not result.left and not result.joined and not result.warnings() and watch.generation == 2
+    assert result.notes() == [f"data.watch: {folder / 'a.hcpe'} moved to {folder / 'done' / 'a.hcpe'}; it keeps "
+                              f"its place in the window"]
+    assert [j.path for j in watch.joined] == [str(folder / "done" / "a.hcpe"), str(folder / "b.hcpe")]
+    shutil.copy(folder / "b.hcpe", folder / "b-copy.hcpe")
+    _aged(folder / "b-copy.hcpe")
+    write_records(folder / "c.hcpe", hcpe_records(random_positions(40, seed=9), seed=9))
+    _aged(folder / "c.hcpe")
+    result = watch.scan()
+    assert [Path(j.path).name for j in result.joined] == ["c.hcpe"]
+    assert result.copies == [(str(folder / "b-copy.hcpe"), str(folder / "b.hcpe"))]
+    assert result.warnings() == [f"data.watch: {folder / 'b-copy.hcpe'} holds the same positions as "
+                                 f"{folder / 'b.hcpe'}, which joined already: not new data, not joined"]
+    # the newest data is the newest file, not the one that moved: the window is b and c
+    files, cut = watch.window()
+    assert [Path(j.path).name for j in files] == ["b.hcpe", "c.hcpe"] and cut == 0
+    assert not watch.scan().warnings()  # said once
+    (folder / "done" / "a.hcpe").unlink()
+    assert watch.scan().left == [(str(folder / "done" / "a.hcpe"), "the file is gone")]
 
 
 def test_a_vanished_directory_keeps_the_window_with_one_warning(tmp_path, games):

@@ -75,8 +75,8 @@ class WatchDuty:
         self.report(self.window.rescan(), "rescan")
 
     def report(self, result, why: str) -> None:
-        """A `data_window` event for a change (files joined or left), a warning for each file that left or does
-        not parse, and a progress line."""
+        """A `data_window` event for a change (files joined, moved or left), a warning for each file that left,
+        does not parse or copies a joined one, and a progress line."""
         for text in result.warnings():
             self._warn(text)
         growing_news = result.growing != self.growing_said
@@ -84,7 +84,10 @@ class WatchDuty:
         if result.changed or why == "start" or growing_news:
             self.window_event(why, joined=[j.path for j in result.joined][:NAMES_IN_EVENT],
                               joined_count=len(result.joined), left=[p for p, _ in result.left][:NAMES_IN_EVENT],
-                              left_count=len(result.left), growing=result.growing[:NAMES_IN_EVENT])
+                              left_count=len(result.left), growing=result.growing[:NAMES_IN_EVENT],
+                              moved=[new for _, new in result.moved][:NAMES_IN_EVENT])
+            for text in result.notes():
+                self._say(text)
             if result.joined:
                 self._say(f"data.watch: {len(result.joined)} file(s) joined "
                           f"({sum(j.positions for j in result.joined):,} positions); the window holds "
@@ -92,7 +95,8 @@ class WatchDuty:
 
     def window_event(self, why: str, **fields: object) -> None:
         self.events.emit(DataWindow, step=self.step(), reason=why,
-                         **{"joined": [], "joined_count": 0, "left": [], "left_count": 0, "growing": [], **fields},
+                         **{"joined": [], "joined_count": 0, "left": [], "left_count": 0, "growing": [], "moved": [],
+                            **fields},
                          **self.window.window_fields())
 
     def _warn(self, text: str) -> None:

@@ -10,6 +10,13 @@ rejoins under that path (its positions may have been trained on: a changed file 
 does not parse is reported once and tried again only when it changes. A directory of the globs that vanishes
 leaves the window as it is, with one warning: a deleted directory looks the same as an unmounted one.
 
+A file's identity is its size, mtime, inode and ctime, and its content. Any write moves the ctime, even one that
+puts the mtime back, so a rewrite in place is seen at the next scan and at resume; a file whose ctime alone moved
+(a `chmod`, a `touch` that kept the times) is read again and stays if its content is the same. A joined file
+moved to another matching name (a producer archiving into `done/`) is the same data: it keeps its place in the
+arrival order under its new name. A new name holding the content of a joined file (a copy) is not new data: it is
+said once and does not join.
+
 Arrival order is the order files joined; files joining at one scan in sorted path order. The window is the last
 `window_positions` positions of the joined files in that order (the oldest file in it may be cut: its newest
 positions stay). No torch here; everything is plain data so that the checkpoint records it (`state_dict`).
@@ -17,6 +24,8 @@ positions stay). No torch here; everything is plain data so that the checkpoint 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import glob
 import os
 import time
@@ -37,10 +46,17 @@ class Seen:
     size: int
     mtime_ns: int
     inode: int
+    ctime_ns: int = 0
+    """Any write moves it, also one that puts the mtime back. 0: recorded by a version that did not keep it
+    (the file is then read again to compare its content)."""
 
     @classmethod
     def of(cls, facts: os.stat_result) -> Seen:
-        return cls(facts.st_size, facts.st_mtime_ns, facts.st_ino)
+        return cls(facts.st_size, facts.st_mtime_ns, facts.st_ino, facts.st_ctime_ns)
+
+    def same_bytes_as(self, other: Seen) -> bool:
+        """The same file, the same size and mtime: only the ctime may differ (its content then needs a look)."""
+        return (self.size, self.mtime_ns, self.inode) == (other.size, other.mtime_ns, other.inode)
 
 
 @dataclass(frozen=True)
@@ -72,10 +88,14 @@ class ScanResult:
     """(path, why) of complete-looking files that do not parse, said once per version of the file."""
     vanished_dirs: list[str] = field(default_factory=list)
     """Directories of the globs that are gone now (said once, when they go)."""
+    moved: list[tuple[str, str]] = field(default_factory=list)
+    """(old path, new path) of joined files that moved to another matching name: they keep their place."""
+    copies: list[tuple[str, str]] = field(default_factory=list)
+    """(path, joined path) of new files with the content of a joined file: not new data, said once."""
 
     @property
     def changed(self) -> bool:
-        return bool(self.joined or self.left)
+        return bool(self.joined or self.left or self.moved)
 
     def warnings(self) -> list[str]:
         texts = [f"data.watch: {path} left the window: {why}; it is not read again under that name"
@@ -83,7 +103,13 @@ class ScanResult:
         texts += [f"data.watch: {path} not joined: {why}" for path, why in self.refused]
         texts += [f"data.watch: {folder} is gone; the window stays as it is until it is back" for folder in
                   self.vanished_dirs]
+        texts += [f"data.watch: {path} holds the same positions as {joined}, which joined already: not new data, "
+                  f"not joined" for path, joined in self.copies]
         return texts
+
+    def notes(self) -> list[str]:
+        """What changed that is no problem: joined files that moved and keep their place."""
+        return [f"data.watch: {old} moved to {new}; it keeps its place in the window" for old, new in self.moved]
 
 
 Counter = typing.Callable[[Path], tuple[int, str]]
@@ -136,13 +162,15 @@ class DataWatch:
         self.gone_dirs = set(missing)
         present = set(paths)
         kept: list[JoinedFile] = []
+        gone: list[JoinedFile] = []
+        """Joined files no longer at their path: one may have moved to a new name (below)."""
         for joined in self.joined:
             if joined.path not in present:
                 if _fixed_folder_of(joined.path, missing):
                     kept.append(joined)  # its directory is gone: kept, said once above
                     continue
-                result.left.append((joined.path, "the file is gone"))
-                self.barred.add(joined.path)
+                gone.append(joined)
+                kept.append(joined)  # in its place until the new names are seen
                 continue
             try:
                 seen = Seen.of(os.stat(joined.path))
@@ -151,13 +179,16 @@ class DataWatch:
                 self.barred.add(joined.path)
                 continue
             if seen != joined.seen:
-                result.left.append((joined.path, f"it changed after joining (size {joined.seen.size:,} -> "
-                                                 f"{seen.size:,} bytes)"))
-                self.barred.add(joined.path)
-                continue
+                why = self._rewritten(joined, seen)
+                if why is not None:
+                    result.left.append((joined.path, why))
+                    self.barred.add(joined.path)
+                    continue
+                joined = dataclasses.replace(joined, seen=seen)
             kept.append(joined)
         self.joined = kept
         in_window = {j.path for j in kept}
+        by_content = {j.content: j.path for j in kept if j not in gone}
         pending: dict[str, Seen] = {}
         for path in paths:
             if path in in_window or path in self.barred:
@@ -195,9 +226,25 @@ class DataWatch:
                 result.refused.append((path, "holds no training position"))
                 continue
             self.refused.pop(path, None)
+            moved = next((j for j in gone if j.content == content), None)
+            if moved is not None:
+                gone.remove(moved)  # the same data under a new name: it keeps its place and its arrival time
+                where = self.joined.index(moved)
+                self.joined[where] = dataclasses.replace(moved, path=path, seen=seen)
+                result.moved.append((moved.path, path))
+                continue
+            if content in by_content:
+                self.refused[path] = seen
+                result.copies.append((path, by_content[content]))
+                continue
             joined = JoinedFile(path, seen, positions, content, now)
+            by_content[content] = path
             self.joined.append(joined)
             result.joined.append(joined)
+        for joined in gone:
+            self.joined.remove(joined)
+            result.left.append((joined.path, "the file is gone"))
+            self.barred.add(joined.path)
         self.pending = pending
         if result.changed:
             self.generation += 1
@@ -263,12 +310,14 @@ class DataWatch:
         for joined in self.joined:
             why = self._changed_since(joined)
             if why is None:
+                with contextlib.suppress(OSError):  # the same content: what it looks like now is what counts
+                    joined = dataclasses.replace(joined, seen=Seen.of(os.stat(joined.path)))
                 kept.append(joined)
             else:
                 left.append((joined.path, why))
                 self.barred.add(joined.path)
+        self.joined = kept
         if left:
-            self.joined = kept
             self.generation += 1
         return left
 
@@ -286,6 +335,19 @@ class DataWatch:
         if content != joined.content:
             return "its content changed since the checkpoint"
         return None if positions == joined.positions else "its positions changed since the checkpoint"
+
+    def _rewritten(self, joined: JoinedFile, seen: Seen) -> str | None:
+        """Why a joined file that looks different now (`seen`) leaves the window; None when only its ctime moved
+        and its content is what joined (a `chmod`, say: it stays)."""
+        if not seen.same_bytes_as(joined.seen):
+            return f"it changed after joining (size {joined.seen.size:,} -> {seen.size:,} bytes)"
+        try:
+            positions, content = self.count(Path(joined.path))
+        except UserError as exc:
+            return f"it was rewritten in place and no longer parses ({exc})"
+        if (content, positions) != (joined.content, joined.positions):
+            return "it was rewritten in place (the same size and mtime, other content)"
+        return None
 
     def unseen_files(self) -> list[str]:
         """Matching files that are neither in the window nor known to the watch (arrived since the state was

@@ -321,6 +321,28 @@ def test_a_stopped_watched_run_resumes_exactly(tmp_path, selfplay):
     assert started[0]["reason"] == "start" and started[0]["positions"] == 200 and started[0]["joined_count"] == 3
 
 
+def test_a_window_file_moved_before_a_resume_keeps_its_place_and_the_run_resumes_exactly(tmp_path, selfplay):
+    folder = tmp_path / "selfplay"
+    folder.mkdir()
+    for path in sorted(selfplay.glob("*.hcpe3")):
+        shutil.copy2(path, folder / path.name)  # with its mtime: complete, it joins at once
+    sets = (f"data.train=[{json.dumps(str(folder / '**' / '*.hcpe3'))}]", "data.watch=true", *WATCHED,
+            "data.window_positions=200", "runtime.max_steps=6")
+    train(tmp_path / "whole", *sets, cwd=tmp_path)
+    train(tmp_path / "parts", *sets, cwd=tmp_path, extra=["--stop-at-step", "3"])
+    (folder / "done").mkdir()
+    os.rename(folder / "game-0.hcpe3", folder / "done" / "game-0.hcpe3")  # the producer archives the oldest
+    resumed = train(tmp_path / "parts", *sets, cwd=tmp_path)
+    assert (f"data.watch: {folder / 'game-0.hcpe3'} moved to {folder / 'done' / 'game-0.hcpe3'}; it keeps its "
+            f"place in the window") in resumed.stdout
+    assert not [e for e in events_of(tmp_path / "parts") if e["kind"] == "warning"]
+    whole, parts = _final(tmp_path / "whole", 6), _final(tmp_path / "parts", 6)
+    for key in ("model", "optimizer"):
+        assert_same_tensors(whole[key], parts[key], key)
+    joined = [Path(j["path"]).relative_to(folder) for j in parts["data_cursor"]["watch"]["joined"]]
+    assert joined == [Path("done", "game-0.hcpe3"), Path("game-1.hcpe3"), Path("game-2.hcpe3")]
+
+
 def test_runs_given_the_same_files_in_the_same_arrival_order_train_identically(tmp_path, selfplay, games):
     """Two runs in two directories, each stopped at step 3 while a file arrives, then resumed: the file joins at
     the next rescan (the step-6 checkpoint's), the resumed run says so, and both train the same to the end."""

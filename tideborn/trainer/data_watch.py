@@ -40,6 +40,8 @@ class WatchDuty:
         if resumed_from is not None:
             for path, why in window.resume_left:
                 self._warn(f"data.watch: {path} left the window: {why}; it is not read again under that name")
+            for old, new in window.resume_moved:
+                self._say(f"data.watch: {old} moved to {new}; it keeps its place in the window")
             unseen = window.unseen_files()
             self._say(f"data.watch: resumed the window recorded in {resumed_from.name} ({window.joined_files} "
                       f"file(s), {window.window_positions:,} positions)"

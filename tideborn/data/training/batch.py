@@ -98,6 +98,8 @@ class WindowControl(typing.Protocol):
     rescan_seconds: float
     resume_left: list[tuple[str, str]]
     """Window files gone or changed since the checkpoint resumed from (they left; warnings)."""
+    resume_moved: list[tuple[str, str]]
+    """(old path, new path) of window files found under another name at resume (they kept their place)."""
     first_scan: typing.Any
     """The scan made when the data was opened (`data.training.watch.ScanResult`), reported as the run starts."""
 

@@ -238,6 +238,8 @@ class TeacherBatches:
         self._iterator: typing.Iterator | None = None
         self._loader: DataLoader | None = None
         self.resume_left: list[tuple[str, str]] = []
+        self.resume_moved: list[tuple[str, str]] = []
+        """With `data.watch`: window files found under another name at resume (they kept their place; notes)."""
         """With `data.watch`: window files gone or changed since the checkpoint (they left; warnings)."""
         self.kind = data.resolved_kind
         self.batch_size = micro_batch_size or loader_settings.micro_batch_size
@@ -482,6 +484,7 @@ class TeacherBatches:
                 raise UserError("cannot resume the data order: the checkpoint was written without data.watch; train "
                                 "the watched set in a new run directory (--mode finetune with run.init_checkpoint)")
             self.resume_left = self.watch.load_state_dict(state["watch"])
+            self.resume_moved = self.watch.resume_moved
             self._open_window()
             if self.resume_left:  # the window changed: its order starts over, as at any change
                 self.batches_delivered = int(state.get("position", 0))

@@ -14,8 +14,8 @@ A file's identity is its size, mtime, inode and ctime, and its content. Any writ
 puts the mtime back, so a rewrite in place is seen at the next scan and at resume; a file whose ctime alone moved
 (a `chmod`, a `touch` that kept the times) is read again and stays if its content is the same. A joined file
 moved to another matching name (a producer archiving into `done/`) is the same data: it keeps its place in the
-arrival order under its new name. A new name holding the content of a joined file (a copy) is not new data: it is
-said once and does not join.
+arrival order under its new name, whether the move is seen at a scan or at resume. A new name holding the content
+of a joined file (a copy) is not new data: it is said once and does not join.
 
 Arrival order is the order files joined; files joining at one scan in sorted path order. The window is the last
 `window_positions` positions of the joined files in that order (the oldest file in it may be cut: its newest
@@ -136,6 +136,8 @@ class DataWatch:
         self.gone_dirs: set[str] = set()
         self.generation = 0
         """Counts window changes: each gives the data order a new key."""
+        self.resume_moved: list[tuple[str, str]] = []
+        """(old path, new path) of window files found under another name at resume: they kept their place."""
 
     # -- scanning -------------------------------------------------------------------------------------------
     def _matches(self) -> tuple[list[str], list[str]]:
@@ -307,7 +309,19 @@ class DataWatch:
         self.generation = int(state["generation"])
         left: list[tuple[str, str]] = []
         kept: list[JoinedFile] = []
+        self.resume_moved = []
+        unknown: list[str] | None = None
         for joined in self.joined:
+            if not os.path.exists(joined.path):
+                if unknown is None:
+                    known = {j.path for j in self.joined} | set(self.pending) | set(self.refused) | self.barred
+                    unknown = [path for path in self._matches()[0] if path not in known]
+                moved = self._moved_to(joined, unknown)
+                if moved is not None:
+                    unknown.remove(moved.path)
+                    self.resume_moved.append((joined.path, moved.path))
+                    kept.append(moved)
+                    continue
             why = self._changed_since(joined)
             if why is None:
                 with contextlib.suppress(OSError):  # the same content: what it looks like now is what counts
@@ -320,6 +334,24 @@ class DataWatch:
         if left:
             self.generation += 1
         return left
+
+    def _moved_to(self, joined: JoinedFile, candidates: list[str]) -> JoinedFile | None:
+        """`joined`, gone from its path, under one of `candidates` (paths the watch has not seen): the file whose
+        size and mtime are its own (a rename or `mv` keeps both) and whose content is its own."""
+        for path in candidates:
+            try:
+                seen = Seen.of(os.stat(path))
+            except OSError:
+                continue
+            if (seen.size, seen.mtime_ns) != (joined.seen.size, joined.seen.mtime_ns):
+                continue
+            try:
+                positions, content = self.count(Path(path))
+            except UserError:
+                continue
+            if (content, positions) == (joined.content, joined.positions):
+                return dataclasses.replace(joined, path=path, seen=seen)
+        return None
 
     def _changed_since(self, joined: JoinedFile) -> str | None:
         try:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -209,6 +211,19 @@ def test_a_joined_file_moved_to_another_matching_name_keeps_its_place_and_a_copy
     assert not watch.scan().warnings()  # said once
     (folder / "done" / "a.hcpe").unlink()
     assert watch.scan().left == [(str(folder / "done" / "a.hcpe"), "the file is gone")]
+
+
+def test_random_bytes_named_like_training_data_never_join_and_say_which_record(tmp_path):
+    folder = _hcpe_folder(tmp_path, "a.hcpe")
+    (folder / "noise.hcpe").write_bytes(np.random.default_rng(5).bytes(38_000))  # 1,000 whole "records"
+    _aged(folder / "noise.hcpe")
+    watch, _, _ = _watch(folder)
+    result = watch.scan()
+    assert [Path(j.path).name for j in result.joined] == ["a.hcpe"]
+    [(path, why)] = result.refused
+    assert path == str(folder / "noise.hcpe") and re.fullmatch(r"record \d+: [^\n]+", why), why
+    assert result.warnings() == [f"data.watch: {path} not joined: {why}"]
+    assert not watch.scan().refused and [Path(j.path).name for j in watch.joined] == ["a.hcpe"]  # said once
 
 
 def test_a_vanished_directory_keeps_the_window_with_one_warning(tmp_path, games):

@@ -366,3 +366,22 @@ class Decoder:
             features1[count:] = 0  # the rows past the batch stay zeroed, as the caller handed them over
             features2, policy = features2[kept], policy[kept]
         return self._batch(records, results, kept, features1[:count], features2, policy, skipped, eval_scale)
+
+
+def record_problems(records: np.ndarray, kind: str, decoder: Decoder) -> typing.Iterator[tuple[int, str]]:
+    """(index in `records`, reason) for every unusable record, in order."""
+    packed = packed_positions(records)
+    kings = sane_kings(packed).tolist()
+    results = results_for_side_to_move(records, kind).tolist()
+    evals = evals_for_side_to_move(records, kind).tolist()
+    moves = stored_move(records, kind).tolist()
+    for i in range(len(records)):
+        reason = decoder.undecodable_reason(packed[i], kings[i], results[i])
+        if reason is None:
+            reason = material_problem(decoder.board)
+        if reason is None and abs(evals[i]) > EVAL_LIMIT:
+            reason = f"eval {int(evals[i])} out of range (|eval| <= {EVAL_LIMIT})"
+        if reason is None:
+            reason = decoder.move_reason(moves[i])[1]
+        if reason is not None:
+            yield i, reason

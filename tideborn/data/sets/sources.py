@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tideborn.data.decode.features import BadRecord, DecodedBatch, Decoder, kept_positions
-from tideborn.data.formats.records import EXTENSION_KINDS, RecordSet, expand_paths
+from tideborn.data.decode.features import BadRecord, DecodedBatch, Decoder, kept_positions, record_problems
+from tideborn.data.formats.records import EXTENSION_KINDS, RecordSet, expand_paths, stream_records
 from tideborn.errors import UserError
 
 if typing.TYPE_CHECKING:
@@ -321,10 +321,15 @@ def watched_patterns(data: DataSettings, data_root: str | os.PathLike) -> list[s
     return [str(Path(p).expanduser() if Path(p).expanduser().is_absolute() else root / p) for p in data.train]
 
 
+VERIFY_CHUNK = 65536
+"""Records checked at a time as a watched file joins (`count_file`)."""
+
+
 def count_file(path: Path, kind: str = "auto") -> tuple[int, str]:
     """(positions, hash of the whole content) of one training file, read whole: an hcpe3 file decoded into its
-    positions cache, a record file checked to hold whole records. What `data.watch` asks before a file joins;
-    `UserError` for a file that does not parse (a game cut short, a partial record, an unknown extension)."""
+    positions cache, a record file checked record by record as `data verify` checks it. What `data.watch` asks
+    before a file joins, so that garbage never joins; `UserError` for a file that does not parse (a game cut
+    short, a partial record, an unknown extension) or holds a record training could not use, naming the first."""
     from tideborn.data.cache.hcpe3 import Hcpe3File, content_hash
 
     found = file_kind(path, kind, "data.kind")
@@ -336,9 +341,14 @@ def count_file(path: Path, kind: str = "auto") -> tuple[int, str]:
             positions_close(positions)
     records = RecordSet([path], found)
     try:
-        return len(records), content_hash(path, found)
+        count = len(records)
     finally:
         records.close()
+    decoder = Decoder(found, eval_scale=1.0, value_lambda=0.0)
+    for start, chunk in stream_records(path, found, count, VERIFY_CHUNK):
+        for index, reason in record_problems(chunk, found, decoder):
+            raise UserError(f"{path}: record {start + index}: {reason}")
+    return count, content_hash(path, found)
 
 
 def positions_close(positions: Hcpe3Positions) -> None:

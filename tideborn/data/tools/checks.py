@@ -7,7 +7,6 @@ training would, and adds the checks training skips for speed (impossible materia
 from __future__ import annotations
 
 import os
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,13 +14,11 @@ import cshogi
 import numpy as np
 
 from tideborn.data.decode.features import (
-    EVAL_LIMIT,
     Decoder,
     evals_for_side_to_move,
-    material_problem,
     packed_positions,
+    record_problems,
     results_for_side_to_move,
-    sane_kings,
     stored_move,
 )
 from tideborn.data.formats.game_index import (
@@ -221,25 +218,6 @@ class BadRecordReport:
     def __str__(self) -> str:
         where = self.path if self.index is None else f"{self.path}: record {self.index}"
         return f"{where}: {self.reason}"
-
-
-def record_problems(records: np.ndarray, kind: str, decoder: Decoder) -> typing.Iterator[tuple[int, str]]:
-    """(index in `records`, reason) for every unusable record, in order."""
-    packed = packed_positions(records)
-    kings = sane_kings(packed).tolist()
-    results = results_for_side_to_move(records, kind).tolist()
-    evals = evals_for_side_to_move(records, kind).tolist()
-    moves = stored_move(records, kind).tolist()
-    for i in range(len(records)):
-        reason = decoder.undecodable_reason(packed[i], kings[i], results[i])
-        if reason is None:
-            reason = material_problem(decoder.board)
-        if reason is None and abs(evals[i]) > EVAL_LIMIT:
-            reason = f"eval {int(evals[i])} out of range (|eval| <= {EVAL_LIMIT})"
-        if reason is None:
-            reason = decoder.move_reason(moves[i])[1]
-        if reason is not None:
-            yield i, reason
 
 
 def pair_problems(path: Path) -> list[str]:

@@ -15,13 +15,14 @@ import pytest
 import torch
 
 from tests.helpers.common import assert_same_tensors, events_of, train
-from tests.helpers.data import hcpe_records, random_positions, write_records
+from tests.helpers.data import hcpe_records, random_positions, settings_for, write_records
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
 from tideborn.config.load import load_settings
-from tideborn.data.sets.sources import count_file
+from tideborn.data.sets.sources import count_file, derived_files
 from tideborn.data.training.watch import DataWatch
 from tideborn.errors import UserError
 from tideborn.rundir.kinds import DataWindow, parse_event
+from tideborn.trainer.state import teacher_batches
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +225,50 @@ def test_random_bytes_named_like_training_data_never_join_and_say_which_record(t
     assert path == str(folder / "noise.hcpe") and re.fullmatch(r"record \d+: [^\n]+", why), why
     assert result.warnings() == [f"data.watch: {path} not joined: {why}"]
     assert not watch.scan().refused and [Path(j.path).name for j in watch.joined] == ["a.hcpe"]  # said once
+
+
+def test_positions_caches_follow_their_files_and_go_when_no_window_uses_them(tmp_path, games):
+    folder = tmp_path / "selfplay"
+    folder.mkdir()
+    for name, seed in (("a.hcpe3", 1), ("b.hcpe3", 2)):
+        write_hcpe3(folder / name, games[seed * 2:seed * 2 + 2], seed=seed)
+        _aged(folder / name)
+    watch = DataWatch([str(folder / "**" / "*.hcpe3")], count_file, rescan_seconds=30.0, derived=derived_files)
+    watch.scan()
+    cache_a, cache_b = folder / ".a.hcpe3.positions", folder / ".b.hcpe3.positions"
+    assert cache_a.is_file() and cache_b.is_file()
+    built = cache_b.stat().st_ino
+    (folder / "a.hcpe3").unlink()
+    (folder / "done").mkdir()
+    os.rename(folder / "b.hcpe3", folder / "done" / "b.hcpe3")
+    shutil.copy(folder / "done" / "b.hcpe3", folder / "copy.hcpe3")  # decoded to be compared, then not needed
+    _aged(folder / "copy.hcpe3")
+    result = watch.scan()
+    assert result.left == [(str(folder / "a.hcpe3"), "the file is gone")] and len(result.moved) == 1
+    assert result.copies == [(str(folder / "copy.hcpe3"), str(folder / "done" / "b.hcpe3"))]
+    assert not cache_a.exists() and not cache_b.exists() and not (folder / ".copy.hcpe3.positions").exists()
+    assert (folder / "done" / ".b.hcpe3.positions").stat().st_ino == built  # moved along, not decoded again
+    assert derived_files(folder / "x.hcpe") == [] and derived_files(folder / "x.psv") == []  # none for records
+    assert derived_files(folder / "notes.txt") == []  # nor for what is not training data
+
+
+def test_the_merged_set_of_a_window_that_changed_is_removed(tmp_path, games):
+    folder = tmp_path / "selfplay"
+    folder.mkdir()
+    for name, seed in (("a.hcpe3", 1), ("b.hcpe3", 2)):
+        write_hcpe3(folder / name, games[seed * 2:seed * 2 + 2], seed=seed)
+        _aged(folder / name)
+    settings = settings_for(tmp_path, "data.watch=true", "data.use_average=true", 'data.kind="auto"',
+                            train=[str(folder / "*.hcpe3")])
+    with teacher_batches(settings, torch.device("cpu")) as data:
+        data.next_batch()
+        [first] = folder.glob(".*.average-*.positions")
+        write_hcpe3(folder / "c.hcpe3", games[6:8], seed=3)
+        _aged(folder / "c.hcpe3")
+        assert [Path(j.path).name for j in data.rescan().joined] == ["c.hcpe3"]
+        data.next_batch()
+        [second] = folder.glob(".*.average-*.positions")
+        assert second != first and not first.exists()
 
 
 def test_a_vanished_directory_keeps_the_window_with_one_warning(tmp_path, games):

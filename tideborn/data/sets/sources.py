@@ -351,6 +351,18 @@ def count_file(path: Path, kind: str = "auto") -> tuple[int, str]:
     return count, content_hash(path, found)
 
 
+def derived_files(path: Path, kind: str = "auto") -> list[Path]:
+    """The hidden files the project derives from data file `path` on its own: an hcpe3 file's positions cache
+    (`.NAME.positions`, `cache.hcpe3.cache_path`); none for a record file."""
+    from tideborn.data.cache.hcpe3 import cache_path
+
+    try:
+        found = file_kind(path, kind, "data.kind")
+    except UserError:
+        return []
+    return [cache_path(Path(path))] if found == "hcpe3" else []
+
+
 def positions_close(positions: Hcpe3Positions) -> None:
     from tideborn.data.cache.cachefile import close_arrays
 

@@ -35,6 +35,7 @@ from tideborn.data.sets.sources import (
     BatchDecoder,
     TeacherSource,
     count_file,
+    derived_files,
     open_source,
     training_source,
     watched_patterns,
@@ -262,7 +263,7 @@ class TeacherBatches:
                 source.close()  # (nothing to take over: the window's files are opened as they join)
             self.watch = DataWatch(watched_patterns(data, loader_settings.data_root),
                                    lambda path: count_file(path, data.kind), data.window_positions,
-                                   data.rescan_seconds)
+                                   data.rescan_seconds, derived=lambda path: derived_files(path, data.kind))
             self.first_scan = self.watch.scan()
             self._open_window()
         else:
@@ -317,15 +318,20 @@ class TeacherBatches:
         """The watch's window as the records (none while no file has joined); the cursor starts over."""
         assert self.watch is not None
         self._stop_workers()
+        merged_before = None
         if self.records is not None:
+            merged_before = self.records.note.get("average", {}).get("cache")
             self.records.close()
         self.records, self.order = None, None
         self.epoch, self.micro, self.micro_in_step = 0, 0, 0
         files, _ = self.watch.window()  # the cut is the same as `_use_records` makes
-        if not files:
-            return
-        records = open_source([Path(f.path) for f in files], self.data.kind)
-        self._use_records(records, files)
+        if files:
+            records = open_source([Path(f.path) for f in files], self.data.kind)
+            self._use_records(records, files)
+        merged_now = None if self.records is None else self.records.note.get("average", {}).get("cache")
+        if merged_before is not None and merged_before != merged_now:
+            # the merged set of a window that is no more: nothing reads it again (a resume rebuilds the one it needs)
+            Path(merged_before).unlink(missing_ok=True)
 
     def rescan(self) -> ScanResult:
         """A rescan of the watched globs; a change of the window opens it anew (the data order starts over)."""

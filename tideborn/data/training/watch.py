@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tideborn.errors import UserError
+from tideborn.safefile import publish
 
 RATE_SPAN_SECONDS = 3600.0
 """The arrival rate is the positions joined over this span (or since the watch began, when that is shorter)."""
@@ -115,14 +116,24 @@ class ScanResult:
 Counter = typing.Callable[[Path], tuple[int, str]]
 """A file's (positions, content hash), parsing it whole; raises `UserError` for a file that does not parse."""
 
+Derived = typing.Callable[[Path], list[Path]]
+"""The project's own hidden files derived from a data file (an hcpe3 file's positions cache): removed when the
+file leaves the window or does not join, moved along when it moves."""
+
+
+def _no_derived(path: Path) -> list[Path]:
+    return []
+
 
 class DataWatch:
     """The joined files of `patterns` (absolute globs or paths) and the window over them."""
 
     def __init__(self, patterns: typing.Sequence[str], count: Counter, window_positions: int = 0,
-                 rescan_seconds: float = 60.0, clock: typing.Callable[[], float] = time.time):
+                 rescan_seconds: float = 60.0, clock: typing.Callable[[], float] = time.time,
+                 derived: Derived = _no_derived):
         self.patterns = list(patterns)
         self.count = count
+        self.derived = derived
         self.window_positions = window_positions
         self.rescan_seconds = rescan_seconds
         self.clock = clock
@@ -156,42 +167,19 @@ class DataWatch:
         return list(dict.fromkeys(found)), missing
 
     def scan(self) -> ScanResult:
-        """One rescan: files join, leave, or are reported growing (see the module docstring)."""
+        """One rescan: files join, leave, move, or are reported growing (see the module docstring)."""
         now = self.clock()
         result = ScanResult()
         paths, missing = self._matches()
         result.vanished_dirs = sorted(set(missing) - self.gone_dirs)
         self.gone_dirs = set(missing)
-        present = set(paths)
-        kept: list[JoinedFile] = []
-        gone: list[JoinedFile] = []
-        """Joined files no longer at their path: one may have moved to a new name (below)."""
-        for joined in self.joined:
-            if joined.path not in present:
-                if _fixed_folder_of(joined.path, missing):
-                    kept.append(joined)  # its directory is gone: kept, said once above
-                    continue
-                gone.append(joined)
-                kept.append(joined)  # in its place until the new names are seen
-                continue
-            try:
-                seen = Seen.of(os.stat(joined.path))
-            except OSError as exc:
-                result.left.append((joined.path, f"cannot be read ({exc.strerror or exc})"))
-                self.barred.add(joined.path)
-                continue
-            if seen != joined.seen:
-                why = self._rewritten(joined, seen)
-                if why is not None:
-                    result.left.append((joined.path, why))
-                    self.barred.add(joined.path)
-                    continue
-                joined = dataclasses.replace(joined, seen=seen)
-            kept.append(joined)
-        self.joined = kept
-        in_window = {j.path for j in kept}
-        by_content = {j.content: j.path for j in kept if j not in gone}
+        gone = self._check_joined(set(paths), missing, result)
+        in_window = {j.path for j in self.joined}
+        by_content = {j.content: j.path for j in self.joined if j not in gone}
         pending: dict[str, Seen] = {}
+        if gone:  # a gone file under a new name (its inode, size and mtime) is where it moved: before any copy
+            renamed = {(j.seen.inode, j.seen.size, j.seen.mtime_ns) for j in gone}
+            paths = sorted(paths, key=lambda path: _same_file_key(path) not in renamed)
         for path in paths:
             if path in in_window or path in self.barred:
                 continue
@@ -209,48 +197,97 @@ class DataWatch:
                 pending[path] = seen
                 result.growing.append(path)
                 continue
-            try:
-                positions, content = self.count(Path(path))
-            except UserError as exc:
-                self.refused[path] = seen
-                result.refused.append((path, str(exc).removeprefix(f"{path}: ")))
-                continue
-            try:
-                after = Seen.of(os.stat(path))
-            except OSError:
-                continue
-            if after != seen:  # written to while it was parsed: not complete after all
-                pending[path] = after
-                result.growing.append(path)
-                continue
-            if positions == 0:
-                self.refused[path] = seen
-                result.refused.append((path, "holds no training position"))
-                continue
-            self.refused.pop(path, None)
-            moved = next((j for j in gone if j.content == content), None)
-            if moved is not None:
-                gone.remove(moved)  # the same data under a new name: it keeps its place and its arrival time
-                where = self.joined.index(moved)
-                self.joined[where] = dataclasses.replace(moved, path=path, seen=seen)
-                result.moved.append((moved.path, path))
-                continue
-            if content in by_content:
-                self.refused[path] = seen
-                result.copies.append((path, by_content[content]))
-                continue
-            joined = JoinedFile(path, seen, positions, content, now)
-            by_content[content] = path
-            self.joined.append(joined)
-            result.joined.append(joined)
+            counted = self._count_new(path, seen, gone, pending, result)
+            if counted is not None:
+                self._place(path, seen, *counted, gone, by_content, result, now)
         for joined in gone:
             self.joined.remove(joined)
             result.left.append((joined.path, "the file is gone"))
             self.barred.add(joined.path)
+            self._remove_derived(joined.path)
         self.pending = pending
         if result.changed:
             self.generation += 1
         return result
+
+    def _check_joined(self, present: set[str], missing: list[str], result: ScanResult) -> list[JoinedFile]:
+        """Joined files as they are now: changed ones leave (into `result`), a chmod is remembered; returned, those
+        no longer at their path, kept in their place until the scan has seen whether they moved."""
+        kept: list[JoinedFile] = []
+        gone: list[JoinedFile] = []
+        for joined in self.joined:
+            if joined.path not in present:
+                if not _fixed_folder_of(joined.path, missing):  # (a vanished directory keeps its files, said once)
+                    gone.append(joined)
+                kept.append(joined)
+                continue
+            try:
+                seen = Seen.of(os.stat(joined.path))
+            except OSError as exc:
+                result.left.append((joined.path, f"cannot be read ({exc.strerror or exc})"))
+                self.barred.add(joined.path)
+                continue
+            if seen != joined.seen:
+                why = self._rewritten(joined, seen)
+                if why is not None:
+                    result.left.append((joined.path, why))
+                    self.barred.add(joined.path)
+                    self._remove_derived(joined.path)
+                    continue
+                joined = dataclasses.replace(joined, seen=seen)
+            kept.append(joined)
+        self.joined = kept
+        return gone
+
+    def _count_new(self, path: str, seen: Seen, gone: list[JoinedFile], pending: dict[str, Seen],
+                   result: ScanResult) -> tuple[int, str] | None:
+        """(positions, content) of a complete-looking new file, or None: it does not parse or holds nothing
+        (refused, said once), or it was written to while read (growing after all)."""
+        for joined in gone:  # moved, it seems (a rename keeps both): its cache goes along, not built again
+            if (joined.seen.size, joined.seen.mtime_ns) == (seen.size, seen.mtime_ns):
+                self._move_derived(joined.path, path)
+                break
+        try:
+            positions, content = self.count(Path(path))
+        except UserError as exc:
+            self.refused[path] = seen
+            result.refused.append((path, str(exc).removeprefix(f"{path}: ")))
+            self._remove_derived(path)
+            return None
+        try:
+            after = Seen.of(os.stat(path))
+        except OSError:
+            return None
+        if after != seen:  # written to while it was parsed: not complete after all
+            pending[path] = after
+            result.growing.append(path)
+            return None
+        if positions == 0:
+            self.refused[path] = seen
+            result.refused.append((path, "holds no training position"))
+            return None
+        self.refused.pop(path, None)
+        return positions, content
+
+    def _place(self, path: str, seen: Seen, positions: int, content: str, gone: list[JoinedFile],
+               by_content: dict[str, str], result: ScanResult, now: float) -> None:
+        """A counted new file: a joined file that moved here (its place kept), a copy of one (not joined), or new
+        data (joined, the newest)."""
+        moved = next((j for j in gone if j.content == content), None)
+        if moved is not None:
+            gone.remove(moved)  # the same data under a new name: it keeps its place and its arrival time
+            self.joined[self.joined.index(moved)] = dataclasses.replace(moved, path=path, seen=seen)
+            by_content[content] = path
+            result.moved.append((moved.path, path))
+        elif content in by_content:
+            self.refused[path] = seen
+            result.copies.append((path, by_content[content]))
+            self._remove_derived(path)
+        else:
+            joined = JoinedFile(path, seen, positions, content, now)
+            by_content[content] = path
+            self.joined.append(joined)
+            result.joined.append(joined)
 
     # -- the window -----------------------------------------------------------------------------------------
     @property
@@ -337,14 +374,17 @@ class DataWatch:
 
     def _moved_to(self, joined: JoinedFile, candidates: list[str]) -> JoinedFile | None:
         """`joined`, gone from its path, under one of `candidates` (paths the watch has not seen): the file whose
-        size and mtime are its own (a rename or `mv` keeps both) and whose content is its own."""
-        for path in candidates:
+        size and mtime are its own (a rename or `mv` keeps both) and whose content is its own; its own inode
+        first (a rename keeps it, where `cp -p` would make a copy with the same size and mtime)."""
+        own = (joined.seen.inode, joined.seen.size, joined.seen.mtime_ns)
+        for path in sorted(candidates, key=lambda path: _same_file_key(path) != own):
             try:
                 seen = Seen.of(os.stat(path))
             except OSError:
                 continue
             if (seen.size, seen.mtime_ns) != (joined.seen.size, joined.seen.mtime_ns):
                 continue
+            self._move_derived(joined.path, path)
             try:
                 positions, content = self.count(Path(path))
             except UserError:
@@ -352,6 +392,20 @@ class DataWatch:
             if (content, positions) == (joined.content, joined.positions):
                 return dataclasses.replace(joined, path=path, seen=seen)
         return None
+
+    def _remove_derived(self, path: str) -> None:
+        """Remove what the project derived from `path` (its data is no longer in any window)."""
+        for derived in self.derived(Path(path)):
+            with contextlib.suppress(OSError):  # already gone, or not ours to remove: nothing to say
+                derived.unlink()
+
+    def _move_derived(self, old: str, new: str) -> None:
+        """Move what the project derived from `old` to where `new`'s would be, where nothing is there yet (a
+        derived file checks its source when opened: a wrong match is rebuilt, never trusted)."""
+        for before, after in zip(self.derived(Path(old)), self.derived(Path(new))):
+            if before.exists() and not after.exists():
+                with contextlib.suppress(OSError):  # another filesystem, say: then it is built again
+                    publish([(before, after)])
 
     def _changed_since(self, joined: JoinedFile) -> str | None:
         try:
@@ -405,6 +459,15 @@ def _fixed_folder(pattern: str) -> str:
             break
         fixed.append(part)
     return str(Path(*fixed)) if fixed else "."
+
+
+def _same_file_key(path: str) -> tuple[int, int, int] | None:
+    """(inode, size, mtime): what a rename keeps (a new file may reuse a deleted file's inode, not all three)."""
+    try:
+        facts = os.stat(path)
+    except OSError:
+        return None
+    return facts.st_ino, facts.st_size, facts.st_mtime_ns
 
 
 def _fixed_folder_of(path: str, folders: list[str]) -> bool:

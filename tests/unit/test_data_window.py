@@ -18,6 +18,7 @@ from tests.helpers.common import assert_same_tensors, events_of, train
 from tests.helpers.data import hcpe_records, random_positions, settings_for, write_records
 from tests.helpers.hcpe3 import sample_games, write_hcpe3
 from tideborn.config.load import load_settings
+from tideborn.data.cache.hcpe3 import content_hash
 from tideborn.data.sets.sources import count_file, derived_files
 from tideborn.data.training.watch import DataWatch
 from tideborn.errors import UserError
@@ -225,14 +226,22 @@ def test_random_bytes_named_like_training_data_never_join_and_say_which_record(t
     assert path == str(folder / "noise.hcpe") and re.fullmatch(r"record \d+: [^\n]+", why), why
     assert result.warnings() == [f"data.watch: {path} not joined: {why}"]
     assert not watch.scan().refused and [Path(j.path).name for j in watch.joined] == ["a.hcpe"]  # said once
+    # a record file is read once to verify and to hash it: the content identity is the caches' content hash
+    assert count_file(folder / "a.hcpe") == (40, content_hash(folder / "a.hcpe", "hcpe"))
 
 
-def test_positions_caches_follow_their_files_and_go_when_no_window_uses_them(tmp_path, games):
+def _hcpe3_folder(tmp_path: Path, games: list) -> Path:
+    """`selfplay/` with two complete hcpe3 files, `a.hcpe3` and `b.hcpe3`."""
     folder = tmp_path / "selfplay"
     folder.mkdir()
     for name, seed in (("a.hcpe3", 1), ("b.hcpe3", 2)):
         write_hcpe3(folder / name, games[seed * 2:seed * 2 + 2], seed=seed)
         _aged(folder / name)
+    return folder
+
+
+def test_positions_caches_follow_their_files_and_go_when_no_window_uses_them(tmp_path, games):
+    folder = _hcpe3_folder(tmp_path, games)
     watch = DataWatch([str(folder / "**" / "*.hcpe3")], count_file, rescan_seconds=30.0, derived=derived_files)
     watch.scan()
     cache_a, cache_b = folder / ".a.hcpe3.positions", folder / ".b.hcpe3.positions"
@@ -253,11 +262,7 @@ def test_positions_caches_follow_their_files_and_go_when_no_window_uses_them(tmp
 
 
 def test_the_merged_set_of_a_window_that_changed_is_removed(tmp_path, games):
-    folder = tmp_path / "selfplay"
-    folder.mkdir()
-    for name, seed in (("a.hcpe3", 1), ("b.hcpe3", 2)):
-        write_hcpe3(folder / name, games[seed * 2:seed * 2 + 2], seed=seed)
-        _aged(folder / name)
+    folder = _hcpe3_folder(tmp_path, games)
     settings = settings_for(tmp_path, "data.watch=true", "data.use_average=true", 'data.kind="auto"',
                             train=[str(folder / "*.hcpe3")])
     with teacher_batches(settings, torch.device("cpu")) as data:

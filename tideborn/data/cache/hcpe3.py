@@ -136,6 +136,12 @@ def cache_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.positions")
 
 
+def content_digest() -> typing.Any:
+    """A fresh digest of a file's content identity (`content_hash`, the caches' `content`): fed the whole file's
+    bytes in order."""
+    return hashlib.blake2b(digest_size=16)
+
+
 class _SourceReader:
     """An hcpe3 file read forward in chunks by `pread` (not a memory map: a file truncated under a map kills
     the process with SIGBUS). `get(offset, n)` gives a buffer holding bytes [offset, offset + n) and where
@@ -146,7 +152,7 @@ class _SourceReader:
         self.path, self.size = path, size
         self.fd, _ = open_record_file(path, kind)  # refused if replaced by a FIFO since it was checked
         self.buffer, self.base = b"", 0
-        self.digest = hashlib.blake2b(digest_size=16)
+        self.digest = content_digest()
 
     def get(self, offset: int, n: int) -> tuple[bytes, int]:
         end = self.base + len(self.buffer)

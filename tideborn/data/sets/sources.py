@@ -23,7 +23,13 @@ from pathlib import Path
 import numpy as np
 
 from tideborn.data.decode.features import BadRecord, DecodedBatch, Decoder, kept_positions, record_problems
-from tideborn.data.formats.records import EXTENSION_KINDS, RecordSet, expand_paths, stream_records
+from tideborn.data.formats.records import (
+    EXTENSION_KINDS,
+    RecordSet,
+    check_record_file,
+    expand_paths,
+    stream_records,
+)
 from tideborn.errors import UserError
 
 if typing.TYPE_CHECKING:
@@ -330,7 +336,7 @@ def count_file(path: Path, kind: str = "auto") -> tuple[int, str]:
     positions cache, a record file checked record by record as `data verify` checks it. What `data.watch` asks
     before a file joins, so that garbage never joins; `UserError` for a file that does not parse (a game cut
     short, a partial record, an unknown extension) or holds a record training could not use, naming the first."""
-    from tideborn.data.cache.hcpe3 import Hcpe3File, content_hash
+    from tideborn.data.cache.hcpe3 import Hcpe3File, content_digest
 
     found = file_kind(path, kind, "data.kind")
     if found == "hcpe3":
@@ -339,16 +345,14 @@ def count_file(path: Path, kind: str = "auto") -> tuple[int, str]:
             return len(positions), str(positions.header["content"])
         finally:
             positions_close(positions)
-    records = RecordSet([path], found)
-    try:
-        count = len(records)
-    finally:
-        records.close()
+    count = check_record_file(path, found)
     decoder = Decoder(found, eval_scale=1.0, value_lambda=0.0)
+    digest = content_digest()  # in the same pass: the file is read once, in order, as `content_hash` reads it
     for start, chunk in stream_records(path, found, count, VERIFY_CHUNK):
         for index, reason in record_problems(chunk, found, decoder):
             raise UserError(f"{path}: record {start + index}: {reason}")
-    return count, content_hash(path, found)
+        digest.update(chunk.tobytes())
+    return count, digest.hexdigest()
 
 
 def derived_files(path: Path, kind: str = "auto") -> list[Path]:

@@ -28,7 +28,8 @@ from tests.helpers.reliability import (
     read_history,
 )
 from tideborn.network.checkpoint import load_checkpoint
-from tideborn.rundir.events import TERMINAL_KINDS, EventReader
+from tideborn.rundir.events import EventReader
+from tideborn.rundir.kinds import TERMINAL_KINDS
 from tideborn.rundir.layout import EVENTS_FILE, list_checkpoints, temp_checkpoints
 
 CHECKPOINT_EVERY = 3

@@ -41,7 +41,7 @@ from tests.helpers.reliability import (
     wait_for,
     write_hostile_checkpoint,
 )
-from tideborn.rundir.events import TERMINAL_KINDS
+from tideborn.rundir.kinds import TERMINAL_KINDS
 from tideborn.rundir.layout import list_checkpoints
 from tideborn.safefile import DIR_MODE, FILE_MODE
 

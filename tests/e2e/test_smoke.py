@@ -19,7 +19,7 @@ from tests.helpers.common import (
     trainer_in_process,
 )
 from tideborn.network.checkpoint import load_checkpoint
-from tideborn.rundir.events import TERMINAL_KINDS
+from tideborn.rundir.kinds import TERMINAL_KINDS
 from tideborn.rundir.layout import ARCHIVE_DIR, EVENTS_FILE, list_checkpoints
 
 # smoke.toml's out_dir "ckpt/smoke" under the default paths.runs_root "runs", from the current directory.

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tideborn.rundir.events import TERMINAL_KINDS, read_events
+from tideborn.rundir.events import read_events
+from tideborn.rundir.kinds import TERMINAL_KINDS
 from tideborn.rundir.layout import EVENTS_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

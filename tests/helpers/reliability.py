@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.common import SMOKE_CONFIG, assert_same_tensors, out_dir_set
-from tideborn.rundir.events import TERMINAL_KINDS, EventReader
+from tideborn.rundir.events import EventReader
+from tideborn.rundir.kinds import TERMINAL_KINDS
 from tideborn.rundir.layout import EVENTS_FILE
 
 RELIABILITY_SEED = int(os.environ.get("TIDEBORN_RELIABILITY_SEED", "20260601"))

@@ -21,7 +21,6 @@ from tideborn.rundir.kinds import EventRecord, RunWarning
 from tideborn.safefile import NotARegularFile, no_such_file, open_regular, open_run_file, trust_problem, whose
 
 SCHEMA_VERSION = 1
-TERMINAL_KINDS = ("run_finished", "run_stopped", "run_failed")
 
 
 def jsonable(value: object) -> object:

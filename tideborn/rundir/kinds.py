@@ -331,6 +331,9 @@ class RunFailed(RunEnded):
     KIND = "run_failed"
 
 
+TERMINAL_KINDS = tuple(record.KIND for record in (RunFinished, RunStopped, RunFailed))
+"""The kinds that end an attempt: exactly one of them, last."""
+
 RECORDS: dict[str, type[EventRecord]] = {record.KIND: record for record in (
     RunStarted, Step, Eval, Match, Compile, Export, Watchdog, CheckpointSaved, Gpu, StopRequested, RunWarning,
     DataWindow, RunFinished, RunStopped, RunFailed)}

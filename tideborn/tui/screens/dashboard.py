@@ -18,8 +18,8 @@ from textual.widgets import Footer, OptionList
 from tideborn.errors import UserError
 from tideborn.humanize import duration
 from tideborn.rundir.anomaly import STALLED, VANISHED
-from tideborn.rundir.events import TERMINAL_KINDS
 from tideborn.rundir.files import file_size, first_event
+from tideborn.rundir.kinds import TERMINAL_KINDS
 from tideborn.rundir.layout import LAUNCH_FILE, list_checkpoints
 from tideborn.rundir.status import RunStatus
 from tideborn.tools.control import CheckedLaunch, NotRunning, TrainerExited, check_launch, launch_run, signal_run
